@@ -1,0 +1,78 @@
+// How bytes reach memory: a stream of large chunks over a list of files, read by one of the engines
+// with several chunks in flight on a thread pool, in file order.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <future>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dlstore/aligned_buffer.hpp"
+#include "dlstore/file_handle.hpp"
+#include "dlstore/thread_pool.hpp"
+
+namespace dlstore {
+
+enum class EngineKind { Buffered, Mmap, Direct };
+EngineKind parse_engine(const std::string& name);
+const char* engine_name(EngineKind kind);
+
+struct EngineOptions {
+  EngineKind kind = EngineKind::Buffered;
+  size_t chunk_size = 8u << 20;  // big reads: fewer syscalls, and what O_DIRECT needs to stream
+  size_t headroom = 1u << 20;    // space before each chunk where a record's start is moved so the
+                                 // record becomes contiguous without a separate allocation
+  size_t depth = 4;              // chunks in flight
+  size_t threads = 2;            // I/O threads
+};
+
+constexpr uint64_t kUnknownSize = ~uint64_t(0);
+
+struct Chunk {
+  std::shared_ptr<void> owner;  // keeps data alive (a pooled buffer or the file's mapping)
+  uint8_t* data = nullptr;
+  size_t len = 0;
+  uint64_t offset = 0;          // position of data[0] in the (uncompressed) file
+  uint64_t file_size = kUnknownSize;
+  size_t file_index = 0;
+  size_t headroom = 0;          // writable bytes available before data
+  bool contiguous = false;      // the bytes before data are the file's preceding bytes (mmap)
+  bool last = false;            // last chunk of its file
+};
+
+class ChunkStream {
+ public:
+  virtual ~ChunkStream() = default;
+  // Next chunk in order; false at the end of the last file.
+  virtual bool next(Chunk& out) = 0;
+};
+
+class ChunkReader : public ChunkStream {
+ public:
+  ChunkReader(std::vector<std::string> paths, EngineOptions opts);
+  ~ChunkReader() override;
+  bool next(Chunk& out) override;
+  // Per-file notes such as "direct -> buffered: the filesystem refuses O_DIRECT".
+  const std::vector<std::string>& notes() const { return notes_; }
+  uint64_t bytes_read() const { return bytes_read_; }
+  const std::shared_ptr<BufferPool>& pool() const { return pool_; }
+  const EngineOptions& options() const { return opts_; }
+
+ private:
+  struct OpenFile;
+  void open_next_file();
+  void fill();
+  std::vector<std::string> paths_;
+  EngineOptions opts_;
+  std::shared_ptr<BufferPool> pool_;
+  std::unique_ptr<ThreadPool> threads_;
+  std::shared_ptr<OpenFile> current_;  // file whose chunks are being scheduled
+  size_t next_file_ = 0;
+  std::deque<std::future<Chunk>> inflight_;
+  std::vector<std::string> notes_;
+  uint64_t bytes_read_ = 0;
+};
+
+}  // namespace dlstore

@@ -1,0 +1,66 @@
+// RAII file descriptors and mappings; every failure names the file and the offset.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace dlstore {
+
+struct DirectAlignment {
+  uint32_t memory = 4096;  // buffer address alignment
+  uint32_t offset = 4096;  // file offset and length alignment
+  std::string source;      // "statx" or "logical block size" or "default"
+};
+
+class FileHandle {
+ public:
+  FileHandle() = default;
+  // Opens read-only; with `direct` adds O_DIRECT and throws Error(kind Alignment) when the
+  // filesystem refuses it (tmpfs does), so the caller can fall back and say why.
+  FileHandle(const std::string& path, bool direct);
+  ~FileHandle();
+  FileHandle(const FileHandle&) = delete;
+  FileHandle& operator=(const FileHandle&) = delete;
+  FileHandle(FileHandle&& o) noexcept;
+  FileHandle& operator=(FileHandle&& o) noexcept;
+
+  int fd() const { return fd_; }
+  const std::string& path() const { return path_; }
+  uint64_t size() const { return size_; }
+  int64_t mtime_ns() const { return mtime_ns_; }
+  bool direct() const { return direct_; }
+
+  // Reads up to n bytes at offset, retrying EINTR and short reads; stops early only at end of file.
+  size_t pread_full(void* dst, size_t n, uint64_t offset) const;
+  DirectAlignment direct_alignment() const;
+
+ private:
+  int fd_ = -1;
+  std::string path_;
+  uint64_t size_ = 0;
+  int64_t mtime_ns_ = 0;
+  bool direct_ = false;
+};
+
+// A read-only mapping of a whole file.
+class Mapping {
+ public:
+  explicit Mapping(const std::string& path);
+  ~Mapping();
+  Mapping(const Mapping&) = delete;
+  Mapping& operator=(const Mapping&) = delete;
+  const uint8_t* data() const { return data_; }
+  uint64_t size() const { return size_; }
+  const std::string& path() const { return path_; }
+  // Faults in [offset, offset+n) ahead of use (MADV_POPULATE_READ where the kernel has it, else a
+  // touch per page), so the consumer thread does not pay the page faults.
+  void populate(uint64_t offset, size_t n) const;
+
+ private:
+  std::string path_;
+  uint8_t* data_ = nullptr;
+  uint64_t size_ = 0;
+};
+
+}  // namespace dlstore

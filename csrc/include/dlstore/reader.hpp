@@ -1,0 +1,46 @@
+// A record reader over a list of files: engine -> (inflate) -> record framing, in one object.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dlstore/compression.hpp"
+#include "dlstore/engine.hpp"
+#include "dlstore/record_scan.hpp"
+
+namespace dlstore {
+
+struct ReaderOptions {
+  EngineOptions engine;
+  ScanOptions scan;
+  std::vector<Compression> compression;  // one per file; empty: none for all
+};
+
+struct ReaderStats {
+  uint64_t records = 0;
+  uint64_t payload_bytes = 0;
+  uint64_t file_bytes_read = 0;
+  uint64_t skipped = 0;
+  uint64_t moved_bytes = 0;
+  uint64_t spilled_records = 0;
+  size_t buffers_allocated = 0;
+};
+
+class Reader {
+ public:
+  Reader(std::vector<std::string> paths, ReaderOptions opts);
+  bool next_batch(RecordBatch& out) { return scanner_->next_batch(out); }
+  ReaderStats stats() const;
+  const std::vector<std::string>& notes() const { return chunks_->notes(); }
+  const std::vector<CorruptionReport>& corruptions() const { return scanner_->stats().corruptions; }
+  const std::vector<std::string>& paths() const { return paths_; }
+
+ private:
+  std::vector<std::string> paths_;
+  std::unique_ptr<ChunkReader> chunks_;
+  std::unique_ptr<InflateStream> inflate_;
+  std::unique_ptr<RecordScanner> scanner_;
+};
+
+}  // namespace dlstore

@@ -1,0 +1,115 @@
+// Splits chunks into records: TFRecord framing with CRC checks, MXNet RecordIO framing with
+// multi-part records. Records are handed out in batches that point into the chunk buffers.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dlstore/aligned_buffer.hpp"
+#include "dlstore/engine.hpp"
+
+namespace dlstore {
+
+enum class Format { TFRecord, RecordIO };
+Format parse_format(const std::string& name);
+
+enum class OnError { Raise, Skip };
+
+constexpr uint32_t kRecordIOMagic = 0xced7230a;
+
+struct ScanOptions {
+  Format format = Format::TFRecord;
+  bool verify = true;           // check TFRecord CRCs
+  OnError on_error = OnError::Raise;
+  size_t max_records = 0;       // per batch; 0: as many as one chunk holds
+  // Upper bound for one record when the file size is unknown (compressed files): a hostile length
+  // field is refused before it can cause a large allocation.
+  uint64_t max_record_bytes = uint64_t(1) << 31;
+};
+
+// Records lie in one contiguous region: record i is base[offsets[i] .. offsets[i]+lengths[i]).
+struct RecordBatch {
+  std::shared_ptr<void> owner;
+  const uint8_t* base = nullptr;
+  size_t region_len = 0;
+  size_t file_index = 0;
+  std::vector<uint64_t> offsets, lengths;
+  std::vector<uint64_t> file_offsets;  // where each record's frame starts in its file
+  uint64_t payload_bytes = 0;
+  size_t size() const { return offsets.size(); }
+  void clear();
+};
+
+struct CorruptionReport {
+  size_t file_index;
+  int64_t offset;
+  std::string what;
+};
+
+struct ScanStats {
+  uint64_t records = 0;
+  uint64_t payload_bytes = 0;
+  uint64_t skipped = 0;          // corrupt records skipped under OnError::Skip
+  uint64_t moved_bytes = 0;      // bytes moved into headroom to join records across chunks
+  uint64_t spilled_records = 0;  // records too large for headroom, assembled apart
+  std::vector<CorruptionReport> corruptions;  // first kMaxReports, under OnError::Skip
+};
+
+class RecordScanner {
+ public:
+  RecordScanner(ChunkStream& src, std::vector<std::string> paths, ScanOptions opts);
+  // Fills `out` with the next records; false when every file is consumed.
+  bool next_batch(RecordBatch& out);
+  const ScanStats& stats() const { return stats_; }
+  static constexpr size_t kMaxReports = 10000;
+
+ private:
+  struct Region {
+    std::shared_ptr<void> owner;
+    uint8_t* base = nullptr;
+    size_t len = 0;
+    size_t pos = 0;
+    uint64_t base_offset = 0;  // file offset of base[0]
+    uint64_t file_size = kUnknownSize;
+    size_t file_index = 0;
+    bool last = false;         // no more bytes of this file after this region
+    bool valid = false;
+  };
+  enum class Parse { Complete, Incomplete, Skipped };
+  struct Frame {
+    uint64_t data_off = 0;  // relative to region base
+    uint64_t data_len = 0;
+    uint64_t frame_len = 0;
+    uint32_t cflag = 0;
+    uint64_t needed = 0;    // for Incomplete: frame bytes needed, 0 when the header is incomplete
+  };
+  Parse parse_tfrecord(Frame& f);
+  Parse parse_recordio(Frame& f);
+  Parse parse(Frame& f) {
+    return opts_.format == Format::TFRecord ? parse_tfrecord(f) : parse_recordio(f);
+  }
+  // A corruption at the current position: raise, or record it and resynchronise.
+  Parse corrupt(int64_t offset, const std::string& what, size_t resync_step);
+  bool pull_region();
+  void extend_region(const Frame& f);
+  void truncated(const Frame& f);  // raises, or under OnError::Skip records it and drops the tail
+  bool take_part(const Frame& f, RecordBatch& out);
+  const std::string& path(size_t i) const { return paths_[i]; }
+
+  ChunkStream& src_;
+  std::vector<std::string> paths_;
+  ScanOptions opts_;
+  ScanStats stats_;
+  Region region_;
+  Region pending_;  // what is left of a chunk after a record was assembled apart
+  bool resyncing_ = false;
+  // RecordIO multi-part assembly.
+  bool assembling_ = false;
+  std::shared_ptr<AlignedBuffer> assembly_;
+  size_t assembly_len_ = 0;
+  uint64_t assembly_offset_ = 0;
+};
+
+}  // namespace dlstore

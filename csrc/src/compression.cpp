@@ -1,0 +1,142 @@
+#include "dlstore/compression.hpp"
+
+#include <zlib.h>
+
+#include "dlstore/error.hpp"
+
+namespace dlstore {
+
+Compression parse_compression(const std::string& name) {
+  if (name.empty() || name == "none") return Compression::None;
+  if (name == "gzip" || name == "GZIP") return Compression::Gzip;
+  if (name == "zlib" || name == "ZLIB") return Compression::Zlib;
+  throw_error(ErrorKind::Generic, "", -1, "unknown compression '" + name + "' (none, gzip, zlib)");
+}
+
+struct InflateStream::State {
+  z_stream zs{};
+  bool active = false;     // zs initialised for the current file
+  bool ended = false;      // Z_STREAM_END seen for the current member
+  Chunk in;                // current compressed chunk
+  bool have_in = false;
+  bool pending_pass = false;  // `in` belongs to an uncompressed file and is passed on as is
+  size_t file_index = 0;
+  uint64_t out_offset = 0;    // uncompressed bytes produced for the current file
+  ~State() {
+    if (active) inflateEnd(&zs);
+  }
+};
+
+InflateStream::InflateStream(ChunkStream& upstream, std::vector<Compression> per_file,
+                             std::vector<std::string> paths, std::shared_ptr<BufferPool> pool,
+                             size_t headroom)
+    : up_(upstream), per_file_(std::move(per_file)), paths_(std::move(paths)), pool_(std::move(pool)),
+      headroom_(headroom), st_(new State) {}
+
+InflateStream::~InflateStream() = default;
+
+bool InflateStream::pull_input() {
+  if (!up_.next(st_->in)) return false;
+  st_->have_in = true;
+  return true;
+}
+
+bool InflateStream::next(Chunk& out) {
+  State& s = *st_;
+  for (;;) {
+    if (!s.have_in && !pull_input()) {
+      if (s.active && !s.ended)
+        throw_error(ErrorKind::Corrupt, paths_[s.file_index], static_cast<int64_t>(s.out_offset),
+                    "truncated compressed stream: the file ends before the end of its deflate data");
+      return false;
+    }
+    Chunk& in = s.in;
+    if (per_file_[in.file_index] == Compression::None) {
+      out = std::move(in);
+      s.have_in = false;
+      return true;
+    }
+    if (!s.active || s.file_index != in.file_index) {
+      if (s.active) {
+        if (!s.ended)
+          throw_error(ErrorKind::Corrupt, paths_[s.file_index], static_cast<int64_t>(s.out_offset),
+                      "truncated compressed stream: the file ends before the end of its deflate data");
+        inflateEnd(&s.zs);
+        s.active = false;
+      }
+      s.zs = z_stream{};
+      // 16+: gzip wrapper; plain window bits: zlib wrapper.
+      int bits = per_file_[in.file_index] == Compression::Gzip ? 16 + MAX_WBITS : MAX_WBITS;
+      if (inflateInit2(&s.zs, bits) != Z_OK)
+        throw_error(ErrorKind::Generic, paths_[in.file_index], 0, "inflateInit2 failed");
+      s.active = true;
+      s.ended = false;
+      s.file_index = in.file_index;
+      s.out_offset = 0;
+      s.zs.next_in = in.data;
+      s.zs.avail_in = static_cast<uInt>(in.len);
+    }
+    // Fill one output chunk.
+    std::shared_ptr<AlignedBuffer> buf = pool_->acquire();
+    size_t cap = buf->size() - headroom_;
+    uint8_t* dst = buf->data() + headroom_;
+    s.zs.next_out = dst;
+    s.zs.avail_out = static_cast<uInt>(cap);
+    bool file_done = false;
+    while (s.zs.avail_out > 0) {
+      if (s.zs.avail_in == 0) {
+        if (in.last) {
+          file_done = true;
+          break;
+        }
+        if (!pull_input() || s.in.file_index != s.file_index)
+          throw_error(ErrorKind::Corrupt, paths_[s.file_index], -1, "compressed stream ended early");
+        s.zs.next_in = s.in.data;
+        s.zs.avail_in = static_cast<uInt>(s.in.len);
+      }
+      if (s.ended) {
+        // Concatenated gzip members (as `cat a.gz b.gz` makes) continue the same stream.
+        if (inflateReset(&s.zs) != Z_OK)
+          throw_error(ErrorKind::Generic, paths_[s.file_index], -1, "inflateReset failed");
+        s.ended = false;
+      }
+      uint64_t in_pos = s.in.offset + (s.in.len - s.zs.avail_in);
+      int r = inflate(&s.zs, Z_NO_FLUSH);
+      if (r == Z_STREAM_END) {
+        s.ended = true;
+        if (s.zs.avail_in == 0 && s.in.last) {
+          file_done = true;
+          break;
+        }
+        continue;
+      }
+      if (r == Z_BUF_ERROR) continue;  // needs more input; the loop fetches it
+      if (r != Z_OK)
+        throw_error(ErrorKind::Corrupt, paths_[s.file_index], static_cast<int64_t>(in_pos),
+                    std::string("corrupt compressed data at compressed byte ") + std::to_string(in_pos) +
+                        ": " + (s.zs.msg ? s.zs.msg : "inflate error " + std::to_string(r)));
+    }
+    size_t produced = cap - s.zs.avail_out;
+    if (file_done) {
+      if (!s.ended)
+        throw_error(ErrorKind::Corrupt, paths_[s.file_index], static_cast<int64_t>(s.out_offset + produced),
+                    "truncated compressed stream: the file ends before the end of its deflate data");
+      inflateEnd(&s.zs);
+      s.active = false;
+      s.have_in = false;
+    }
+    out = Chunk{};
+    out.owner = buf;
+    out.data = dst;
+    out.len = produced;
+    out.offset = s.out_offset;
+    out.file_size = kUnknownSize;
+    out.file_index = s.file_index;
+    out.headroom = headroom_;
+    out.last = file_done;
+    s.out_offset += produced;
+    if (produced > 0 || file_done) return true;
+  }
+}
+
+}  // namespace dlstore

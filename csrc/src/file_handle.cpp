@@ -1,0 +1,133 @@
+#include "dlstore/file_handle.hpp"
+
+#include <cerrno>
+#include <fcntl.h>
+#include <fstream>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <unistd.h>
+
+#include "dlstore/error.hpp"
+
+namespace dlstore {
+
+// Defined in dio_align.cpp: it needs <linux/stat.h>, which clashes with <sys/stat.h>.
+bool statx_dio_alignment(int fd, uint32_t* mem_align, uint32_t* offset_align);
+
+FileHandle::FileHandle(const std::string& path, bool direct) : path_(path), direct_(direct) {
+  int flags = O_RDONLY | O_CLOEXEC | (direct ? O_DIRECT : 0);
+  fd_ = ::open(path.c_str(), flags);
+  if (fd_ < 0) {
+    int err = errno;
+    if (direct && err == EINVAL)
+      throw_error(ErrorKind::Alignment, path, -1, "the filesystem refuses O_DIRECT (EINVAL on open)");
+    throw_errno(path, -1, "open", err);
+  }
+  struct stat st;
+  if (::fstat(fd_, &st) != 0) {
+    int err = errno;
+    ::close(fd_);
+    fd_ = -1;
+    throw_errno(path, -1, "fstat", err);
+  }
+  size_ = static_cast<uint64_t>(st.st_size);
+  mtime_ns_ = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000LL + st.st_mtim.tv_nsec;
+}
+
+FileHandle::~FileHandle() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+FileHandle::FileHandle(FileHandle&& o) noexcept { *this = std::move(o); }
+
+FileHandle& FileHandle::operator=(FileHandle&& o) noexcept {
+  std::swap(fd_, o.fd_);
+  std::swap(path_, o.path_);
+  std::swap(size_, o.size_);
+  std::swap(mtime_ns_, o.mtime_ns_);
+  std::swap(direct_, o.direct_);
+  return *this;
+}
+
+size_t FileHandle::pread_full(void* dst, size_t n, uint64_t offset) const {
+  size_t got = 0;
+  while (got < n) {
+    ssize_t r = ::pread(fd_, static_cast<uint8_t*>(dst) + got, n - got, static_cast<off_t>(offset + got));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      throw_errno(path_, static_cast<int64_t>(offset + got),
+                  "pread of " + std::to_string(n - got) + " bytes", errno);
+    }
+    if (r == 0) break;  // end of file
+    got += static_cast<size_t>(r);
+    // O_DIRECT continues only from an aligned position; an unaligned short read means end of file.
+    if (direct_ && (got % 512) != 0) break;
+  }
+  return got;
+}
+
+static uint32_t logical_block_size(dev_t dev) {
+  // /sys/dev/block/M:m is the partition or the disk; a partition's queue/ lives on its parent.
+  std::string base = "/sys/dev/block/" + std::to_string(major(dev)) + ":" + std::to_string(minor(dev));
+  for (const char* rel : {"/queue/logical_block_size", "/../queue/logical_block_size"}) {
+    std::ifstream f(base + rel);
+    uint32_t v = 0;
+    if (f >> v && v > 0) return v;
+  }
+  return 0;
+}
+
+DirectAlignment FileHandle::direct_alignment() const {
+  DirectAlignment a;
+  uint32_t mem = 0, off = 0;
+  if (statx_dio_alignment(fd_, &mem, &off) && mem > 0 && off > 0) {
+    a.memory = mem;
+    a.offset = off;
+    a.source = "statx(STATX_DIOALIGN)";
+    return a;
+  }
+  struct stat st;
+  if (::fstat(fd_, &st) == 0) {
+    if (uint32_t lbs = logical_block_size(st.st_dev)) {
+      a.memory = lbs;
+      a.offset = lbs;
+      a.source = "logical block size";
+      return a;
+    }
+  }
+  a.source = "default 4096";
+  return a;
+}
+
+Mapping::Mapping(const std::string& path) : path_(path) {
+  FileHandle fh(path, false);
+  size_ = fh.size();
+  if (size_ == 0) return;  // mmap of length 0 fails; an empty file is simply empty
+  void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fh.fd(), 0);
+  if (p == MAP_FAILED) throw_errno(path, 0, "mmap", errno);
+  data_ = static_cast<uint8_t*>(p);
+  ::madvise(data_, size_, MADV_SEQUENTIAL);
+}
+
+Mapping::~Mapping() {
+  if (data_) ::munmap(data_, size_);
+}
+
+void Mapping::populate(uint64_t offset, size_t n) const {
+  if (!data_ || offset >= size_) return;
+  if (offset + n > size_) n = size_ - offset;
+  const long page = ::sysconf(_SC_PAGESIZE);
+  uint64_t start = offset / page * page;
+  size_t len = n + (offset - start);
+#ifdef MADV_POPULATE_READ
+  if (::madvise(data_ + start, len, MADV_POPULATE_READ) == 0) return;
+  if (errno == EFAULT || errno == EIO)
+    throw_errno(path_, static_cast<int64_t>(offset), "madvise(MADV_POPULATE_READ)", errno);
+#endif
+  volatile uint8_t sink = 0;
+  for (uint64_t p = start; p < start + len; p += page) sink ^= data_[p];
+  (void)sink;
+}
+
+}  // namespace dlstore

@@ -1,0 +1,34 @@
+#include "dlstore/reader.hpp"
+
+#include <algorithm>
+
+namespace dlstore {
+
+Reader::Reader(std::vector<std::string> paths, ReaderOptions opts) : paths_(std::move(paths)) {
+  chunks_.reset(new ChunkReader(paths_, opts.engine));
+  ChunkStream* stream = chunks_.get();
+  bool any_compressed = std::any_of(opts.compression.begin(), opts.compression.end(),
+                                    [](Compression c) { return c != Compression::None; });
+  if (any_compressed) {
+    opts.compression.resize(paths_.size(), Compression::None);
+    inflate_.reset(new InflateStream(*chunks_, opts.compression, paths_, chunks_->pool(),
+                                     chunks_->options().headroom));
+    stream = inflate_.get();
+  }
+  scanner_.reset(new RecordScanner(*stream, paths_, opts.scan));
+}
+
+ReaderStats Reader::stats() const {
+  ReaderStats s;
+  const ScanStats& sc = scanner_->stats();
+  s.records = sc.records;
+  s.payload_bytes = sc.payload_bytes;
+  s.skipped = sc.skipped;
+  s.moved_bytes = sc.moved_bytes;
+  s.spilled_records = sc.spilled_records;
+  s.file_bytes_read = chunks_->bytes_read();
+  s.buffers_allocated = chunks_->pool()->allocated();
+  return s;
+}
+
+}  // namespace dlstore

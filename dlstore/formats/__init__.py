@@ -1,0 +1,8 @@
+"""What the bytes mean: TFRecord and RecordIO framing, tf.train.Example, index files.
+
+Nothing here opens files; :mod:`dlstore.io` and the reader do.
+"""
+from dlstore.formats import index, recordio, tfrecord
+from dlstore.formats.detect import detect
+
+__all__ = ["detect", "index", "recordio", "tfrecord"]

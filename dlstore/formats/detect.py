@@ -1,0 +1,64 @@
+"""Telling a file's format and compression from its name and first bytes."""
+from __future__ import annotations
+
+from typing import Tuple
+
+from dlstore.formats import recordio, tfrecord
+
+__all__ = ["detect", "FORMATS", "COMPRESSIONS"]
+
+FORMATS = ("tfrecord", "recordio")
+COMPRESSIONS = ("none", "gzip", "zlib")
+
+_GZIP_MAGIC = b"\x1f\x8b"
+
+
+def _looks_like_zlib(head: bytes) -> bool:
+    # RFC 1950: CM=8 (deflate), window <= 32K, and the 16-bit header is a multiple of 31.
+    return len(head) >= 2 and head[0] & 0x0F == 8 and head[0] >> 4 <= 7 and ((head[0] << 8) | head[1]) % 31 == 0
+
+
+def detect(name: str, head: bytes, format: str = "auto", compression: str = "auto") -> Tuple[str, str]:
+    """Resolves ``(format, compression)`` for one file.
+
+    Parameters
+    ----------
+    name : str
+        The file name (its extension is a hint: ``.rec``, ``.tfrecord``, ``.gz``, ``.zlib``).
+    head : bytes
+        The file's first bytes (at least 12 when the file has them).
+    format, compression : str
+        ``"auto"`` or an explicit choice, which wins.
+
+    Raises
+    ------
+    ValueError
+        When the format cannot be told; the message shows the first bytes.
+    """
+    lower = name.lower()
+    if compression == "auto":
+        if lower.endswith((".gz", ".gzip")) or head[:2] == _GZIP_MAGIC:
+            compression = "gzip"
+        elif lower.endswith((".zlib", ".zz")):
+            compression = "zlib"
+        elif head and not tfrecord.looks_like_tfrecord(head) and not recordio.looks_like_recordio(head) \
+                and _looks_like_zlib(head):
+            compression = "zlib"
+        else:
+            compression = "none"
+    if compression not in COMPRESSIONS:
+        raise ValueError(f"compression must be one of {COMPRESSIONS} or 'auto', not {compression!r}")
+    if format == "auto":
+        if recordio.looks_like_recordio(head) or lower.endswith(".rec"):
+            format = "recordio"
+        elif compression != "none" or not head or tfrecord.looks_like_tfrecord(head) \
+                or lower.endswith((".tfrecord", ".tfrec", ".tfrecords")):
+            format = "tfrecord"
+        else:
+            raise ValueError(f"{name}: cannot tell the record format from its first bytes "
+                             f"({head[:12].hex(' ')}); pass format='tfrecord' or 'recordio'")
+    if format not in FORMATS:
+        raise ValueError(f"format must be one of {FORMATS} or 'auto', not {format!r}")
+    if format == "recordio" and compression != "none":
+        raise ValueError(f"{name}: compressed RecordIO files are not a format MXNet writes")
+    return format, compression

@@ -1,0 +1,106 @@
+"""Index files built on the fly: one sequential pass over a file, written beside it, or in the cache
+directory when the data is read-only, and checked against the data before use."""
+from __future__ import annotations
+
+import hashlib
+import os
+from typing import Optional, Tuple
+
+import numpy as np
+
+from dlstore import settings
+from dlstore.formats import index as index_format
+
+__all__ = ["index_path_for", "build_index", "load_index", "ensure_index"]
+
+
+def _suffix(fmt: str) -> str:
+    return ".idx"
+
+
+def index_path_for(path: str, fmt: str = "tfrecord", writable: Optional[bool] = None) -> str:
+    """Where the index of ``path`` lives: beside it (``path + .idx``, or MXNet's ``x.rec -> x.idx``),
+    or under ``<cache_dir>/indexes/`` when its directory is not writable."""
+    if fmt == "recordio" and path.endswith(".rec"):
+        beside = path[:-4] + ".idx"
+    else:
+        beside = path + _suffix(fmt)
+    if writable is None:
+        writable = os.access(os.path.dirname(os.path.abspath(path)) or ".", os.W_OK)
+    if writable:
+        return beside
+    digest = hashlib.sha1(os.path.abspath(path).encode()).hexdigest()[:16]
+    return os.path.join(settings.get("cache_dir"), "indexes", f"{os.path.basename(path)}.{digest}.idx")
+
+
+def build_index(path: str, fmt: str = "auto", out: Optional[str] = None, verify: bool = True) -> Tuple[str, int]:
+    """Scans ``path`` once and writes its index; returns ``(index path, records)``.
+
+    TFRecord indexes are ``offset size`` lines (DALI and the ``tfrecord`` package read them);
+    RecordIO indexes are MXNet's ``key<TAB>offset`` with keys 0, 1, ...
+    """
+    from dlstore.reader import open_records
+
+    reader = open_records(path, format=fmt, io="buffered", verify=verify)
+    if reader.compression[0] != "none":
+        raise ValueError(f"{path}: compressed files cannot be indexed by byte offset")
+    offsets, lengths = [], []
+    for batch in reader.batches():
+        offsets.append(np.array(batch.file_offsets))
+        lengths.append(np.array(batch.lengths))
+    offs = np.concatenate(offsets) if offsets else np.zeros(0, np.uint64)
+    lens = np.concatenate(lengths) if lengths else np.zeros(0, np.uint64)
+    if reader.format == "tfrecord":
+        text = index_format.format_tfrecord_index(offs, index_format.frame_sizes(lens))
+    else:
+        text = index_format.format_recordio_index(range(len(offs)), offs)
+    dest = out or index_path_for(path, reader.format)
+    os.makedirs(os.path.dirname(os.path.abspath(dest)), exist_ok=True)
+    tmp = dest + f".tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, dest)  # a reader never sees half an index
+    return dest, len(offs)
+
+
+def load_index(path: str, index_path: str, fmt: str = "tfrecord") -> np.ndarray:
+    """Record offsets from an index file, after checking it against the data.
+
+    Raises
+    ------
+    ValueError
+        When the index is older than the data, or (TFRecord) its last frame does not end where the
+        file ends, or its entries overlap; the message says which.
+    """
+    if os.path.getmtime(index_path) < os.path.getmtime(path):
+        raise ValueError(f"{index_path} is older than {path}: rebuild it")
+    with open(index_path) as f:
+        text = f.read()
+    size = os.path.getsize(path)
+    if fmt == "tfrecord":
+        offs, sizes = index_format.parse_tfrecord_index(text, index_path)
+        if len(offs):
+            if int(offs[-1] + sizes[-1]) != size:
+                raise ValueError(f"{index_path}: its last record ends at byte {int(offs[-1] + sizes[-1])} but "
+                                 f"{path} has {size} bytes: rebuild it")
+            if np.any(offs[1:] != offs[:-1] + sizes[:-1]):
+                raise ValueError(f"{index_path}: entries are not contiguous frames of {path}")
+        elif size:
+            raise ValueError(f"{index_path} is empty but {path} has {size} bytes")
+        return offs
+    _, offs = index_format.parse_recordio_index(text, index_path)
+    if len(offs) and int(offs.max()) >= size:
+        raise ValueError(f"{index_path}: an offset points past the end of {path} ({size} bytes)")
+    return offs
+
+
+def ensure_index(path: str, fmt: str = "tfrecord") -> Tuple[str, np.ndarray]:
+    """The index of ``path``, loaded when present and valid, else built (beside the data or in the cache)."""
+    for candidate in (index_path_for(path, fmt), index_path_for(path, fmt, writable=False)):
+        if os.path.exists(candidate):
+            try:
+                return candidate, load_index(path, candidate, fmt)
+            except ValueError:
+                pass
+    dest, _ = build_index(path, fmt)
+    return dest, load_index(path, dest, fmt)

@@ -1,0 +1,91 @@
+"""One table for every knob: default, validation, environment variable and help text.
+
+``--help`` texts and docs/settings.md are generated from :data:`SETTINGS`, so they cannot drift.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Optional
+
+__all__ = ["Setting", "SETTINGS", "get", "markdown_table"]
+
+MiB = 1 << 20
+
+
+def _size(text: Any) -> int:
+    """Parses 8388608, '8M', '8MiB', '64k'."""
+    if isinstance(text, int):
+        return text
+    s = str(text).strip().lower().replace("ib", "").replace("b", "")
+    mult = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}.get(s[-1:], 1)
+    return int(float(s[:-1] if mult > 1 else s) * mult)
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    default: Any
+    env: str
+    help: str
+    parse: Callable[[Any], Any] = str
+    check: Optional[Callable[[Any], bool]] = None
+    check_text: str = ""
+
+
+def _positive(v: Any) -> bool:
+    return v > 0
+
+
+SETTINGS: Dict[str, Setting] = {
+    s.name: s
+    for s in [
+        Setting("io", "auto", "DLSTORE_IO", "I/O engine: auto, buffered, mmap or direct. auto picks and says why.",
+                str, lambda v: v in ("auto", "buffered", "mmap", "direct"), "one of auto, buffered, mmap, direct"),
+        Setting("chunk_size", 8 * MiB, "DLSTORE_CHUNK_SIZE",
+                "Bytes per read. Large reads keep O_DIRECT streaming; records are split out in C++.",
+                _size, lambda v: v >= 64 << 10, "at least 64 KiB"),
+        Setting("headroom", 1 * MiB, "DLSTORE_HEADROOM",
+                "Space before each chunk that joins a record split across two reads without a copy "
+                "of the whole record; larger records are assembled apart.",
+                _size, lambda v: v >= 64 << 10, "at least 64 KiB"),
+        Setting("depth", 4, "DLSTORE_DEPTH", "Chunks in flight per reader (read-ahead).", int, _positive,
+                "a positive integer"),
+        Setting("io_threads", 2, "DLSTORE_IO_THREADS", "Threads issuing reads for one reader.", int, _positive,
+                "a positive integer"),
+        Setting("cache_dir", os.path.join(os.path.expanduser("~"), ".cache", "dlstore"), "DLSTORE_CACHE",
+                "Where generated datasets and indexes of read-only data are kept.", str),
+    ]
+}
+
+
+def get(name: str, override: Any = None) -> Any:
+    """The value of a setting: the explicit override, else the environment variable, else the default.
+
+    Raises
+    ------
+    ValueError
+        When the value does not pass the setting's check; the message names the setting and its source.
+    """
+    s = SETTINGS[name]
+    if override is not None:
+        raw, source = override, "argument"
+    elif s.env in os.environ:
+        raw, source = os.environ[s.env], f"environment variable {s.env}"
+    else:
+        return s.default
+    try:
+        value = s.parse(raw)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name}={raw!r} (from {source}) is not valid: expected {s.check_text or 'a value'}") from None
+    if s.check is not None and not s.check(value):
+        raise ValueError(f"{name}={raw!r} (from {source}) is not valid: expected {s.check_text}")
+    return value
+
+
+def markdown_table() -> str:
+    """The settings as a markdown table, for docs/settings.md."""
+    rows = ["| setting | default | environment | meaning |", "|---|---|---|---|"]
+    for s in SETTINGS.values():
+        rows.append(f"| `{s.name}` | `{s.default}` | `{s.env}` | {s.help} |")
+    return "\n".join(rows) + "\n"
