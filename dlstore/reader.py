@@ -77,7 +77,7 @@ class RecordReader:
 
     def __init__(self, paths: List[str], *, format: str, compression: List[str], choice: EngineChoice,
                  verify: bool, on_error: str, chunk_size: int, headroom: int, depth: int, io_threads: int,
-                 max_records: int = 0):
+                 verify_threads: int, max_records: int = 0):
         self.paths = paths
         self.format = format
         self.compression = compression
@@ -85,7 +85,7 @@ class RecordReader:
         self.verify = verify
         self.on_error = on_error
         self._args = dict(chunk_size=chunk_size, headroom=headroom, depth=depth, threads=io_threads,
-                          max_records=max_records)
+                          max_records=max_records, verify_threads=verify_threads)
         self._core = None
 
     @property
@@ -148,9 +148,19 @@ class RecordReader:
                 f"verify={self.verify})")
 
 
+def _verify_threads(engine: str, requested: Optional[int]) -> int:
+    # Direct reads are bound by the device and land in RAM, not in cache: a second CRC thread only
+    # adds memory-bandwidth contention (more CPU per GB for the same speed). From the page cache
+    # (buffered, mmap) CRC is the bottleneck and a second core nearly doubles the rate.
+    if requested is None and "DLSTORE_VERIFY_THREADS" not in os.environ and engine == "direct":
+        return 0
+    return settings.get("verify_threads", requested)
+
+
 def open_records(paths: PathSpec, *, format: str = "auto", io: str = "auto", compression: str = "auto",
                  verify: bool = True, on_error: str = "raise", chunk_size: Optional[int] = None,
-                 depth: Optional[int] = None, io_threads: Optional[int] = None) -> RecordReader:
+                 depth: Optional[int] = None, io_threads: Optional[int] = None,
+                 verify_threads: Optional[int] = None) -> RecordReader:
     """Opens TFRecord or RecordIO files for reading.
 
     Parameters
@@ -169,8 +179,9 @@ def open_records(paths: PathSpec, *, format: str = "auto", io: str = "auto", com
         ``raise``: a corrupt record raises :class:`~dlstore.CorruptRecordError` naming the file and
         offset. ``skip``: it is skipped, counted in ``stats()["skipped"]`` and listed by
         ``corruptions()``.
-    chunk_size, depth, io_threads : int, optional
-        Read size, reads in flight and reading threads; defaults from :mod:`dlstore.settings`.
+    chunk_size, depth, io_threads, verify_threads : int, optional
+        Read size, reads in flight, reading threads and CRC-checking threads; defaults from
+        :mod:`dlstore.settings`.
 
     Returns
     -------
@@ -198,4 +209,5 @@ def open_records(paths: PathSpec, *, format: str = "auto", io: str = "auto", com
     return RecordReader(files, format=formats.pop(), compression=comps, choice=choice, verify=verify,
                         on_error=on_error, chunk_size=settings.get("chunk_size", chunk_size),
                         headroom=settings.get("headroom"), depth=settings.get("depth", depth),
-                        io_threads=settings.get("io_threads", io_threads))
+                        io_threads=settings.get("io_threads", io_threads),
+                        verify_threads=_verify_threads(choice.engine, verify_threads))

@@ -53,6 +53,10 @@ SETTINGS: Dict[str, Setting] = {
                 "a positive integer"),
         Setting("io_threads", 2, "DLSTORE_IO_THREADS", "Threads issuing reads for one reader.", int, _positive,
                 "a positive integer"),
+        Setting("verify_threads", max(1, min(4, (os.cpu_count() or 2) - 1)), "DLSTORE_VERIFY_THREADS",
+                "Threads besides the consumer that check TFRecord data CRCs of each batch (0: the "
+                "consumer alone). One core reads memory at about CRC speed, so a second one helps.",
+                int, lambda v: v >= 0, "a non-negative integer"),
         Setting("cache_dir", os.path.join(os.path.expanduser("~"), ".cache", "dlstore"), "DLSTORE_CACHE",
                 "Where generated datasets and indexes of read-only data are kept.", str),
     ]

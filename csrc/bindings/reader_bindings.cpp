@@ -48,7 +48,8 @@ void register_reader(py::module_& m) {
   py::class_<dlstore::Reader>(m, "Reader")
       .def(py::init([](std::vector<std::string> paths, const std::string& format, const std::string& engine,
                        std::vector<std::string> compression, bool verify, const std::string& on_error,
-                       size_t chunk_size, size_t headroom, size_t depth, size_t threads, size_t max_records) {
+                       size_t chunk_size, size_t headroom, size_t depth, size_t threads, size_t max_records,
+                       size_t verify_threads) {
              dlstore::ReaderOptions o;
              o.engine.kind = dlstore::parse_engine(engine);
              o.engine.chunk_size = chunk_size;
@@ -59,12 +60,13 @@ void register_reader(py::module_& m) {
              o.scan.verify = verify;
              o.scan.on_error = on_error == "skip" ? dlstore::OnError::Skip : dlstore::OnError::Raise;
              o.scan.max_records = max_records;
+             o.scan.verify_threads = verify_threads;
              for (const auto& c : compression) o.compression.push_back(dlstore::parse_compression(c));
              return new dlstore::Reader(std::move(paths), o);
            }),
            py::arg("paths"), py::arg("format"), py::arg("engine"), py::arg("compression"), py::arg("verify"),
            py::arg("on_error"), py::arg("chunk_size"), py::arg("headroom"), py::arg("depth"), py::arg("threads"),
-           py::arg("max_records"))
+           py::arg("max_records"), py::arg("verify_threads"))
       .def("next_batch",
            [](dlstore::Reader& r) -> py::object {
              auto b = std::make_shared<RecordBatch>();

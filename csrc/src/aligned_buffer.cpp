@@ -1,8 +1,12 @@
 #include "dlstore/aligned_buffer.hpp"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <new>
+#include <sys/mman.h>
+#include <utility>
 
 namespace dlstore {
 
@@ -14,11 +18,33 @@ void AlignedBuffer::reserve(size_t size, size_t keep) {
   if (size <= size_) return;
   size_t rounded = (size + alignment_ - 1) / alignment_ * alignment_;
   void* p = nullptr;
-  if (posix_memalign(&p, alignment_, rounded) != 0) throw std::bad_alloc();
+  // Large buffers go on 2 MiB boundaries and ask for transparent huge pages: 512x fewer page
+  // faults on first touch, and O_DIRECT pins a few huge pages instead of thousands of small ones.
+  constexpr size_t kHuge = 2u << 20;
+  const size_t align = rounded >= kHuge ? std::max(alignment_, kHuge) : alignment_;
+  if (posix_memalign(&p, align, rounded) != 0) throw std::bad_alloc();
+#ifdef MADV_HUGEPAGE
+  if (rounded >= kHuge) ::madvise(p, rounded / kHuge * kHuge, MADV_HUGEPAGE);
+#endif
   if (keep && data_) std::memcpy(p, data_, keep < size_ ? keep : size_);
   std::free(data_);
   data_ = static_cast<uint8_t*>(p);
   size_ = rounded;
+}
+
+std::shared_ptr<BufferPool> BufferPool::shared(size_t buffer_size, size_t alignment) {
+  // Readers come and go (one per pass over the data); their buffers stay warm in a pool kept per
+  // size while any reader or batch uses it.
+  static std::mutex mu;
+  static std::map<std::pair<size_t, size_t>, std::weak_ptr<BufferPool>> pools;
+  std::lock_guard<std::mutex> lock(mu);
+  auto& slot = pools[{buffer_size, alignment}];
+  std::shared_ptr<BufferPool> pool = slot.lock();
+  if (!pool) {
+    pool = create(buffer_size, alignment);
+    slot = pool;
+  }
+  return pool;
 }
 
 std::shared_ptr<AlignedBuffer> BufferPool::acquire() {

@@ -40,7 +40,7 @@ ChunkReader::ChunkReader(std::vector<std::string> paths, EngineOptions opts)
   opts_.chunk_size = align_up(std::max<size_t>(opts_.chunk_size, kGrain), kGrain);
   opts_.headroom = align_up(std::max<size_t>(opts_.headroom, kGrain), kGrain);
   if (opts_.depth == 0) opts_.depth = 1;
-  pool_ = BufferPool::create(opts_.headroom + opts_.chunk_size, kGrain);
+  pool_ = BufferPool::shared(opts_.headroom + opts_.chunk_size, kGrain);
   threads_.reset(new ThreadPool(opts_.threads));
 }
 

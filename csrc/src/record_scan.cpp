@@ -50,7 +50,61 @@ void RecordBatch::clear() {
 }
 
 RecordScanner::RecordScanner(ChunkStream& src, std::vector<std::string> paths, ScanOptions opts)
-    : src_(src), paths_(std::move(paths)), opts_(opts) {}
+    : src_(src), paths_(std::move(paths)), opts_(opts) {
+  if (opts_.verify && opts_.format == Format::TFRecord && opts_.verify_threads > 0)
+    verifiers_.reset(new ThreadPool(opts_.verify_threads));
+}
+
+void RecordScanner::verify_batch(RecordBatch& out) {
+  const size_t n = out.size();
+  if (n == 0) return;
+  std::vector<uint8_t> bad(n, 0);
+  auto check = [&](size_t lo, size_t hi) {
+    for (size_t i = lo; i < hi; ++i)
+      bad[i] = masked_crc32c(out.base + out.offsets[i], out.lengths[i]) != stored_crcs_[i];
+  };
+  // Split by bytes, not records: the caller takes the first part, the helper threads the rest.
+  const size_t parts = verifiers_ ? verifiers_->size() + 1 : 1;
+  if (parts == 1 || out.payload_bytes < (256u << 10)) {
+    check(0, n);
+  } else {
+    std::vector<size_t> cut{0};
+    uint64_t acc = 0, per = out.payload_bytes / parts;
+    for (size_t i = 0; i < n && cut.size() < parts; ++i) {
+      acc += out.lengths[i];
+      if (acc >= per * cut.size()) cut.push_back(i + 1);
+    }
+    while (cut.size() <= parts) cut.push_back(n);
+    std::vector<std::future<void>> futs;
+    for (size_t k = 1; k < parts; ++k) {
+      size_t lo = cut[k], hi = cut[k + 1];
+      if (lo < hi) futs.push_back(verifiers_->submit([&check, lo, hi] { check(lo, hi); }));
+    }
+    check(cut[0], cut[1]);
+    for (auto& f : futs) f.get();
+  }
+  size_t keep = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (bad[i]) {
+      const uint32_t computed = masked_crc32c(out.base + out.offsets[i], out.lengths[i]);
+      std::string what = "bad data CRC in a record of " + std::to_string(out.lengths[i]) + " bytes: stored " +
+                         hex32(stored_crcs_[i]) + ", computed " + hex32(computed);
+      const int64_t at = static_cast<int64_t>(out.file_offsets[i]);
+      if (opts_.on_error == OnError::Raise) throw_error(ErrorKind::Corrupt, path(out.file_index), at, what);
+      ++stats_.skipped;
+      if (stats_.corruptions.size() < kMaxReports) stats_.corruptions.push_back({out.file_index, at, what});
+      out.payload_bytes -= out.lengths[i];
+      continue;
+    }
+    out.offsets[keep] = out.offsets[i];
+    out.lengths[keep] = out.lengths[i];
+    out.file_offsets[keep] = out.file_offsets[i];
+    ++keep;
+  }
+  out.offsets.resize(keep);
+  out.lengths.resize(keep);
+  out.file_offsets.resize(keep);
+}
 
 RecordScanner::Parse RecordScanner::corrupt(int64_t offset, const std::string& what, size_t step) {
   // step == 0: the framing is lost; move on byte by byte (4 for RecordIO) until a header checks.
@@ -115,12 +169,7 @@ RecordScanner::Parse RecordScanner::parse_tfrecord(Frame& f) {
     return Parse::Incomplete;
   }
   resyncing_ = false;
-  if (opts_.verify) {
-    uint32_t stored = le32(p + kTFHeader + length), computed = masked_crc32c(p + kTFHeader, length);
-    if (stored != computed)
-      return corrupt(at, "bad data CRC in a record of " + std::to_string(length) + " bytes: stored " +
-                             hex32(stored) + ", computed " + hex32(computed), frame);
-  }
+  if (opts_.verify) f.stored_crc = le32(p + kTFHeader + length);  // checked per batch: verify_batch
   f.data_off = region_.pos + kTFHeader;
   f.data_len = length;
   f.frame_len = frame;
@@ -346,7 +395,9 @@ bool RecordScanner::take_part(const Frame& f, RecordBatch& out) {
 
 bool RecordScanner::next_batch(RecordBatch& out) {
   out.clear();
+  stored_crcs_.clear();
   auto done = [&]() {
+    if (opts_.verify && opts_.format == Format::TFRecord) verify_batch(out);
     stats_.records += out.size();
     stats_.payload_bytes += out.payload_bytes;
     return true;
@@ -379,6 +430,7 @@ bool RecordScanner::next_batch(RecordBatch& out) {
       }
       out.offsets.push_back(f.data_off);
       out.lengths.push_back(f.data_len);
+      stored_crcs_.push_back(f.stored_crc);
       out.file_offsets.push_back(region_.base_offset + region_.pos);
       out.payload_bytes += f.data_len;
       region_.pos += f.frame_len;

@@ -45,6 +45,8 @@ class BufferPool : public std::enable_shared_from_this<BufferPool> {
   static std::shared_ptr<BufferPool> create(size_t buffer_size, size_t alignment = 4096) {
     return std::shared_ptr<BufferPool>(new BufferPool(buffer_size, alignment));
   }
+  // The process-wide pool for this size, kept alive by its users.
+  static std::shared_ptr<BufferPool> shared(size_t buffer_size, size_t alignment = 4096);
   std::shared_ptr<AlignedBuffer> acquire();
   size_t buffer_size() const { return buffer_size_; }
   size_t allocated() const { return allocated_; }
