@@ -141,7 +141,9 @@ class RecordReader:
 
     def corruptions(self) -> list:
         """``(path, offset, what)`` for each corruption skipped in the last pass (``on_error="skip"``)."""
-        return list(self._core.corruptions()) if self._core is not None else []
+        found = list(self._core.corruptions()) if self._core is not None else []
+        order = {p: i for i, p in enumerate(self.paths)}
+        return sorted(found, key=lambda c: (order.get(c[0], 0), c[1] if c[1] is not None else -1))
 
     def __repr__(self) -> str:
         return (f"RecordReader({len(self.paths)} {self.format} files, io={self.engine!r}: {self.engine_reason}, "

@@ -1,0 +1,5 @@
+import sys
+
+from dlstore.cli import main
+
+sys.exit(main())

@@ -1,0 +1,171 @@
+"""Files written by TensorFlow, indexes of the `tfrecord` package and DALI: interchangeable with ours.
+
+Each peer runs in its own subprocess: the `tfrecord` package cannot share a process with
+TensorFlow (duplicate protobuf symbols), and DALI and TensorFlow are heavy to mix.
+"""
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import dlstore
+from dlstore.indexing import build_index, load_index
+from tests.conftest import ENGINES, write_tfrecord
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _has(module):
+    return importlib.util.find_spec(module) is not None
+
+
+def _run(code, *args):
+    out = subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True,
+                         cwd=REPO, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout
+
+
+@pytest.fixture(scope="module")
+def tf_files(tmp_path_factory):
+    if not _has("tensorflow"):
+        pytest.skip("tensorflow is not installed (pip install tensorflow-cpu)")
+    d = tmp_path_factory.mktemp("tf")
+    rng = np.random.default_rng(11)
+    records = [rng.bytes(int(n)) for n in rng.integers(0, 150_000, 80)] + [b""]
+    blob = d / "records.npy"
+    np.save(blob, np.array(records, dtype=object), allow_pickle=True)
+    _run("""
+import sys, numpy as np, tensorflow as tf
+recs = np.load(sys.argv[1], allow_pickle=True)
+for comp, name in [('', 'plain.tfrecord'), ('GZIP', 'g.tfrecord.gz'), ('ZLIB', 'z.tfrecord.zlib')]:
+    with tf.io.TFRecordWriter(sys.argv[2] + '/' + name, options=tf.io.TFRecordOptions(compression_type=comp)) as w:
+        for r in recs: w.write(bytes(r))
+""", blob, d)
+    return d, records
+
+
+@pytest.mark.parametrize("name", ["plain.tfrecord", "g.tfrecord.gz", "z.tfrecord.zlib"])
+@pytest.mark.parametrize("engine", ENGINES)
+def test_files_written_by_tensorflow(tf_files, name, engine):
+    d, records = tf_files
+    reader = dlstore.open_records(d / name, io=engine, chunk_size=64 << 10)
+    assert [bytes(r) for r in reader] == records
+
+
+def test_zlib_named_without_extension_is_sniffed(tf_files, tmp_path):
+    d, records = tf_files
+    shutil.copy(d / "z.tfrecord.zlib", tmp_path / "noext")
+    reader = dlstore.open_records(tmp_path / "noext")
+    assert reader.compression == ["zlib"] and [bytes(r) for r in reader] == records
+
+
+def test_tensorflow_reads_our_files(tf_files, tmp_path):
+    _, records = tf_files
+    for comp in [None, "gzip", "zlib"]:
+        path = tmp_path / f"ours-{comp}.tfrecord"
+        with dlstore.TFRecordWriter(path, compression=comp) as w:
+            for r in records:
+                w.write(r)
+        out = _run("""
+import sys, hashlib, tensorflow as tf
+ds = tf.data.TFRecordDataset(sys.argv[1], compression_type=sys.argv[2])
+print(hashlib.sha1(b''.join(r.numpy() + b'|' for r in ds)).hexdigest())
+""", path, (comp or "").upper())
+        import hashlib
+
+        assert out.strip() == hashlib.sha1(b"".join(r + b"|" for r in records)).hexdigest()
+
+
+@pytest.fixture
+def shard(tmp_path):
+    rng = np.random.default_rng(5)
+    records = [rng.bytes(int(n)) for n in rng.integers(0, 9000, 300)]
+    return write_tfrecord(tmp_path / "shard.tfrecord", records), records
+
+
+@pytest.mark.skipif(not _has("tfrecord"), reason="the tfrecord package is not installed (pip install tfrecord)")
+def test_index_equals_tfrecord_package(shard, tmp_path):
+    path, _ = shard
+    ours, n = build_index(path, out=str(tmp_path / "ours.idx"))
+    theirs = tmp_path / "theirs.idx"
+    _run("import sys; from tfrecord.tools.tfrecord2idx import create_index; create_index(sys.argv[1], sys.argv[2])",
+         path, theirs)
+    assert open(ours).read() == theirs.read_text() and n == 300
+    # and the package reads records through our index
+    out = _run("""
+import sys, hashlib
+from tfrecord.reader import tfrecord_iterator
+h = hashlib.sha1()
+for r in tfrecord_iterator(sys.argv[1], index_path=sys.argv[2]): h.update(bytes(r))
+print(hashlib.sha1(h.hexdigest().encode()).hexdigest())
+""", path, ours)
+    assert out.strip()
+
+
+@pytest.mark.skipif(not _has("nvidia.dali"), reason="DALI is not installed (pip install nvidia-dali-cuda130)")
+def test_dali_reads_with_our_index(shard, tmp_path):
+    path, records = shard
+    idx, _ = build_index(path, out=str(tmp_path / "dali.idx"))
+    dali_idx = tmp_path / "dali-own.idx"
+    tool = shutil.which("tfrecord2idx")
+    if tool:  # DALI's own converter, when its script is on PATH
+        subprocess.run([tool, path, str(dali_idx)], check=True, capture_output=True)
+        assert dali_idx.read_text() == open(idx).read()
+    # DALI parses tf.train.Example records: build an Example shard and read it with our index.
+    from dlstore.formats.example import encode_example
+
+    ex_path = tmp_path / "ex.tfrecord"
+    payloads = [bytes(r[:100]) for r in records[:120]]
+    with dlstore.TFRecordWriter(ex_path) as w:
+        for p in payloads:
+            w.write(encode_example({"data": [p]}))
+    ex_idx, _ = build_index(str(ex_path), out=str(tmp_path / "ex.idx"))
+    out = _run("""
+import sys, hashlib
+from nvidia.dali import pipeline_def, fn
+import nvidia.dali.tfrecord as tfrec
+@pipeline_def(batch_size=40, num_threads=1, device_id=None)
+def pipe():
+    return fn.readers.tfrecord(path=sys.argv[1], index_path=sys.argv[2], random_shuffle=False,
+                               features={"data": tfrec.FixedLenFeature((), tfrec.string, "")})["data"]
+p = pipe(); p.build()
+h = hashlib.sha1()
+for _ in range(3):
+    (b,) = p.run()
+    for i in range(len(b)): h.update(b.at(i).tobytes() + b"|")
+print(h.hexdigest())
+""", ex_path, ex_idx)
+    import hashlib
+
+    assert out.strip() == hashlib.sha1(b"".join(p + b"|" for p in payloads)).hexdigest()
+
+
+def test_index_validation(shard, tmp_path):
+    path, _ = shard
+    idx, _ = build_index(path, out=str(tmp_path / "v.idx"))
+    assert len(load_index(path, idx)) == 300
+    lines = open(idx).read().splitlines()
+    (tmp_path / "short.idx").write_text("\n".join(lines[:-1]) + "\n")
+    with pytest.raises(ValueError, match="last record ends"):
+        load_index(path, str(tmp_path / "short.idx"))
+    os.utime(path, (os.path.getmtime(idx) + 10,) * 2)
+    with pytest.raises(ValueError, match="older than"):
+        load_index(path, idx)
+
+
+def test_ensure_index_uses_cache_dir_for_read_only_data(shard, tmp_path, monkeypatch):
+    from dlstore import indexing
+
+    path, _ = shard
+    monkeypatch.setenv("DLSTORE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(indexing.os, "access", lambda p, mode: False)
+    dest, offsets = indexing.ensure_index(path)
+    assert dest.startswith(str(tmp_path / "cache")) and len(offsets) == 300
+    dest2, _ = indexing.ensure_index(path)  # second call loads it
+    assert dest2 == dest
+    assert offsets[0] == 0 and offsets[1] > 16

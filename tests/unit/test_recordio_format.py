@@ -1,0 +1,106 @@
+"""RecordIO: framing, multi-part records, IRHeader, .idx files."""
+import struct
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import dlstore
+from dlstore.formats import recordio
+from tests.conftest import ENGINES, oracle_read_recordio
+
+MAGIC = struct.pack("<I", 0xCED7230A)
+
+
+def test_pack_unpack_scalar_label():
+    header, data = dlstore.recordio.unpack(dlstore.recordio.pack(0, 7.0, 12, 3, b"jpegbytes"))
+    assert header.flag == 0 and header.label == 7.0 and header.id == 12 and header.id2 == 3
+    assert data == b"jpegbytes"
+
+
+def test_pack_unpack_extra_labels():
+    payload = dlstore.recordio.pack(0, [1.5, 2.5, 3.5], 1, 0, b"img")
+    assert struct.unpack_from("<I", payload)[0] == 3  # flag = number of labels
+    header, data = dlstore.recordio.unpack(payload)
+    assert header.flag == 3 and np.allclose(header.label, [1.5, 2.5, 3.5]) and data == b"img"
+
+
+def test_unpack_rejects_short_payload():
+    with pytest.raises(ValueError, match="shorter than an IRHeader"):
+        dlstore.recordio.unpack(b"abc")
+    with pytest.raises(ValueError, match="labels"):
+        dlstore.recordio.unpack(struct.pack("<IfQQ", 100, 0, 0, 0))
+
+
+def test_multipart_frames_match_mxnet_layout():
+    payload = b"abcd" + MAGIC + b"efgh" + MAGIC + b"ij"
+    frames = recordio.frame_parts(payload)
+    flags = [struct.unpack_from("<I", f, 4)[0] >> 29 for f in frames]
+    assert flags == [1, 2, 3]
+    assert oracle_read_recordio(b"".join(frames)) == [payload]
+    # a magic word that is not 4-byte aligned is not a split point
+    unaligned = b"ab" + MAGIC + b"cd"
+    assert len(recordio.frame_parts(unaligned)) == 1
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_read_multipart_and_plain(tmp_path, engine):
+    rng = np.random.default_rng(3)
+    payloads = [dlstore.recordio.pack(0, float(i), i, 0, rng.bytes(int(rng.integers(0, 5000)))) for i in range(40)]
+    payloads.insert(5, MAGIC + b"starts with magic")
+    payloads.insert(9, b"x" * 8 + MAGIC + MAGIC + b"ends with magic" + b"\0" + MAGIC)
+    payloads.append(MAGIC)
+    path = tmp_path / "d.rec"
+    with dlstore.RecordIOWriter(path, tmp_path / "d.idx") as w:
+        for p in payloads:
+            w.write(p)
+    assert oracle_read_recordio(path.read_bytes()) == payloads
+    got = [bytes(r) for r in dlstore.open_records(path, io=engine, chunk_size=64 << 10)]
+    assert got == payloads
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.lists(st.binary(max_size=2000).map(lambda b: b.replace(b"\x00\x00", MAGIC)), max_size=30))
+def test_round_trip(tmp_path_factory, payloads):
+    path = tmp_path_factory.mktemp("rio") / "r.rec"
+    with dlstore.RecordIOWriter(path) as w:
+        for p in payloads:
+            w.write(p)
+    assert [bytes(r) for r in dlstore.open_records(path)] == payloads
+
+
+def test_idx_offsets_point_at_records(tmp_path):
+    path, idx = tmp_path / "d.rec", tmp_path / "d.idx"
+    payloads = [bytes([i]) * (i * 7) for i in range(20)]
+    with dlstore.RecordIOWriter(path, idx) as w:
+        for p in payloads:
+            w.write(p)
+    keys, offsets = dlstore.formats.index.parse_recordio_index(idx.read_text())
+    assert keys == list(range(20))
+    blob = path.read_bytes()
+    for o, p in zip(offsets.tolist(), payloads):
+        assert blob[o:o + 4] == MAGIC and struct.unpack_from("<I", blob, o + 4)[0] == len(p)
+    # the index the reader builds is the same
+    from dlstore.indexing import build_index
+
+    out, n = build_index(str(path), out=str(tmp_path / "rebuilt.idx"))
+    assert n == 20 and (tmp_path / "rebuilt.idx").read_text() == idx.read_text()
+
+
+def test_bad_magic_and_truncation(tmp_path):
+    path = tmp_path / "d.rec"
+    with dlstore.RecordIOWriter(path) as w:
+        for i in range(5):
+            w.write(b"z" * 100)
+    blob = bytearray(path.read_bytes())
+    blob[108] ^= 0xFF  # second record's magic
+    (tmp_path / "bad.rec").write_bytes(bytes(blob))
+    with pytest.raises(dlstore.CorruptRecordError, match="bad RecordIO magic") as e:
+        list(dlstore.open_records(tmp_path / "bad.rec", format="recordio"))
+    assert e.value.offset == 108
+    (tmp_path / "trunc.rec").write_bytes(path.read_bytes()[:-50])
+    with pytest.raises(dlstore.CorruptRecordError, match="truncated"):
+        list(dlstore.open_records(tmp_path / "trunc.rec"))
+    reader = dlstore.open_records(tmp_path / "bad.rec", format="recordio", on_error="skip")
+    assert len(list(reader)) == 4 and reader.stats()["skipped"] == 1
