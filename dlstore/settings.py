@@ -57,8 +57,8 @@ SETTINGS: Dict[str, Setting] = {
                 "Threads besides the consumer that check TFRecord data CRCs of each batch (0: the "
                 "consumer alone). One core reads memory at about CRC speed, so a second one helps.",
                 int, lambda v: v >= 0, "a non-negative integer"),
-        Setting("cache_dir", os.path.join(os.path.expanduser("~"), ".cache", "dlstore"), "DLSTORE_CACHE",
-                "Where generated datasets and indexes of read-only data are kept.", str),
+        Setting("cache_dir", "~/.cache/dlstore", "DLSTORE_CACHE",
+                "Where generated datasets and indexes of read-only data are kept.", os.path.expanduser),
     ]
 }
 
@@ -77,7 +77,7 @@ def get(name: str, override: Any = None) -> Any:
     elif s.env in os.environ:
         raw, source = os.environ[s.env], f"environment variable {s.env}"
     else:
-        return s.default
+        raw, source = s.default, "default"
     try:
         value = s.parse(raw)
     except (TypeError, ValueError):
