@@ -90,7 +90,15 @@ void RecordScanner::verify_batch(RecordBatch& out) {
       std::string what = "bad data CRC in a record of " + std::to_string(out.lengths[i]) + " bytes: stored " +
                          hex32(stored_crcs_[i]) + ", computed " + hex32(computed);
       const int64_t at = static_cast<int64_t>(out.file_offsets[i]);
-      if (opts_.on_error == OnError::Raise) throw_error(ErrorKind::Corrupt, path(out.file_index), at, what);
+      if (opts_.on_error == OnError::Raise) {
+        // Deliver records [0, i) now; the error comes with the next call. An error found while
+        // framing later records is superseded: this one comes first in the file.
+        pending_error_ = std::make_exception_ptr(Error(ErrorKind::Corrupt, describe(path(out.file_index), at, what),
+                                                       path(out.file_index), at));
+        for (size_t j = i; j < n; ++j) out.payload_bytes -= out.lengths[j];
+        keep = i;
+        break;
+      }
       ++stats_.skipped;
       if (stats_.corruptions.size() < kMaxReports) stats_.corruptions.push_back({out.file_index, at, what});
       out.payload_bytes -= out.lengths[i];
@@ -393,13 +401,36 @@ bool RecordScanner::take_part(const Frame& f, RecordBatch& out) {
   return true;
 }
 
+void RecordScanner::finish_batch(RecordBatch& out) {
+  if (opts_.verify && opts_.format == Format::TFRecord && !stored_crcs_.empty()) verify_batch(out);
+  stats_.records += out.size();
+  stats_.payload_bytes += out.payload_bytes;
+}
+
 bool RecordScanner::next_batch(RecordBatch& out) {
+  if (pending_error_) {
+    std::exception_ptr e = pending_error_;
+    pending_error_ = nullptr;
+    std::rethrow_exception(e);
+  }
+  try {
+    bool more = next_batch_impl(out);
+    if (more && out.offsets.empty() && pending_error_) return next_batch(out);  // nothing good before it
+    return more;
+  } catch (const Error&) {
+    if (out.offsets.empty() || stored_crcs_.size() != out.offsets.size()) throw;
+    pending_error_ = std::current_exception();
+    finish_batch(out);  // the records framed before the error, CRC-checked
+    if (out.offsets.empty()) return next_batch(out);
+    return true;
+  }
+}
+
+bool RecordScanner::next_batch_impl(RecordBatch& out) {
   out.clear();
   stored_crcs_.clear();
   auto done = [&]() {
-    if (opts_.verify && opts_.format == Format::TFRecord) verify_batch(out);
-    stats_.records += out.size();
-    stats_.payload_bytes += out.payload_bytes;
+    finish_batch(out);
     return true;
   };
   for (;;) {

@@ -147,3 +147,21 @@ def test_compressed_truncated_stream(tmp_path):
 def test_verify_off_reads_corrupt_data(tmp_path):
     path = _corrupt(tmp_path, [b"a" * 100], lambda b: b[:40] + b"Z" + b[41:])
     assert len([bytes(r) for r in dlstore.open_records(path, verify=False)]) == 1
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("where", ["data", "length"])
+def test_good_records_before_the_error_are_delivered(tmp_path, engine, where):
+    records = [bytes([i]) * 500 for i in range(40)]
+    at = 25 * 516
+
+    def damage(b):
+        b[at + (100 if where == "data" else 2)] ^= 0x10
+        return b
+
+    path = _corrupt(tmp_path, records, damage)
+    got = []
+    with pytest.raises(dlstore.CorruptRecordError) as e:
+        for r in dlstore.open_records(path, io=engine):
+            got.append(bytes(r))
+    assert got == records[:25] and e.value.offset == at

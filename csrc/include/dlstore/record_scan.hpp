@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <string>
 #include <vector>
@@ -64,7 +65,8 @@ struct ScanStats {
 class RecordScanner {
  public:
   RecordScanner(ChunkStream& src, std::vector<std::string> paths, ScanOptions opts);
-  // Fills `out` with the next records; false when every file is consumed.
+  // Fills `out` with the next records; false when every file is consumed. Under OnError::Raise the
+  // good records before a corrupt one are delivered first, and the error is raised by the next call.
   bool next_batch(RecordBatch& out);
   const ScanStats& stats() const { return stats_; }
   static constexpr size_t kMaxReports = 10000;
@@ -101,8 +103,10 @@ class RecordScanner {
   void extend_region(const Frame& f);
   void truncated(const Frame& f);  // raises, or under OnError::Skip records it and drops the tail
   bool take_part(const Frame& f, RecordBatch& out);
+  bool next_batch_impl(RecordBatch& out);
   // Checks the data CRCs of the batch's records (deferred from framing), on several threads.
   void verify_batch(RecordBatch& out);
+  void finish_batch(RecordBatch& out);
   const std::string& path(size_t i) const { return paths_[i]; }
 
   ChunkStream& src_;
@@ -111,6 +115,7 @@ class RecordScanner {
   ScanStats stats_;
   std::unique_ptr<ThreadPool> verifiers_;
   std::vector<uint32_t> stored_crcs_;  // per record of the batch being built
+  std::exception_ptr pending_error_;   // raised by the next call, after the good records
   Region region_;
   Region pending_;  // what is left of a chunk after a record was assembled apart
   bool resyncing_ = false;
