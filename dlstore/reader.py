@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import glob
 import os
+import warnings
 from typing import Iterator, List, Optional, Sequence, Union
 
 from dlstore import settings
@@ -99,8 +100,9 @@ class RecordReader:
     def _new_core(self):
         from dlstore import _C
 
+        policy = "skip" if self.on_error == "warn" else self.on_error
         self._core = _C.Reader(self.paths, self.format, self.choice.engine, self.compression, self.verify,
-                               self.on_error, **self._args)
+                               policy, **self._args)
         return self._core
 
     def batches(self) -> Iterator:
@@ -112,8 +114,14 @@ class RecordReader:
         ``nbytes`` (payload bytes). A batch stays valid as long as it is referenced.
         """
         core = self._new_core()
+        warned = 0
         while True:
             batch = core.next_batch()
+            if self.on_error == "warn":
+                found = core.corruptions()
+                for path, offset, what in found[warned:]:
+                    warnings.warn(f"{path}: at byte {offset}: {what} (skipped)", RuntimeWarning, stacklevel=2)
+                warned = len(found)
             if batch is None:
                 return
             yield batch
@@ -177,10 +185,11 @@ def open_records(paths: PathSpec, *, format: str = "auto", io: str = "auto", com
         TFRecord compression; ``auto`` tells per file by name and magic bytes.
     verify : bool
         Check TFRecord CRCs (on by default; hardware CRC-32C where the CPU has it).
-    on_error : {"raise", "skip"}
-        ``raise``: a corrupt record raises :class:`~dlstore.CorruptRecordError` naming the file and
-        offset. ``skip``: it is skipped, counted in ``stats()["skipped"]`` and listed by
-        ``corruptions()``.
+    on_error : {"raise", "skip", "warn"}
+        ``raise``: the good records before a corrupt one are delivered, then
+        :class:`~dlstore.CorruptRecordError` names the file, the offset and what was wrong.
+        ``skip``: it is skipped, counted in ``stats()["skipped"]`` and listed by ``corruptions()``.
+        ``warn``: as ``skip``, with a ``RuntimeWarning`` per corruption.
     chunk_size, depth, io_threads, verify_threads : int, optional
         Read size, reads in flight, reading threads and CRC-checking threads; defaults from
         :mod:`dlstore.settings`.
@@ -195,8 +204,8 @@ def open_records(paths: PathSpec, *, format: str = "auto", io: str = "auto", com
     >>> for record in reader:                                        # doctest: +SKIP
     ...     example = dlstore.parse_example(record)
     """
-    if on_error not in ("raise", "skip"):
-        raise ValueError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
+    if on_error not in ("raise", "skip", "warn"):
+        raise ValueError(f"on_error must be 'raise', 'skip' or 'warn', not {on_error!r}")
     files = expand_paths(paths)
     formats, comps = set(), []
     total = 0

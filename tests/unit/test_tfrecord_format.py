@@ -165,3 +165,16 @@ def test_good_records_before_the_error_are_delivered(tmp_path, engine, where):
         for r in dlstore.open_records(path, io=engine):
             got.append(bytes(r))
     assert got == records[:25] and e.value.offset == at
+
+
+def test_warn_mode_warns_per_corruption(tmp_path):
+    records = [bytes([i]) * 100 for i in range(10)]
+
+    def damage(b):
+        b[3 * 116 + 50] ^= 1
+        return b
+
+    path = _corrupt(tmp_path, records, damage)
+    with pytest.warns(RuntimeWarning, match=f"at byte {3 * 116}: bad data CRC"):
+        got = [bytes(r) for r in dlstore.open_records(path, on_error="warn")]
+    assert got == records[:3] + records[4:]
