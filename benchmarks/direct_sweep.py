@@ -1,0 +1,86 @@
+"""Why the direct engine uses a thread pool: its cold-cache throughput beside fio's psync, libaio and
+io_uring engines at several queue depths, on the same files, in one run.
+
+    python benchmarks/direct_sweep.py [--data GLOB] [--rounds 2] [--json benchmarks/results/direct_sweep.json]
+
+Needs root (drops the page cache) and fio.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import dlstore  # noqa: E402
+
+CONFIGS = [dict(depth=4, io_threads=2, chunk_size=8 << 20), dict(depth=8, io_threads=4, chunk_size=8 << 20),
+           dict(depth=4, io_threads=4, chunk_size=4 << 20), dict(depth=2, io_threads=2, chunk_size=16 << 20)]
+FIO = [("psync", 1, "1M"), ("libaio", 16, "1M"), ("io_uring", 4, "8M"), ("io_uring", 16, "1M")]
+
+
+def drop_cache() -> None:
+    subprocess.run(["sync"], check=True)
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3\n")
+
+
+def run_dlstore(paths, total, cfg) -> float:
+    drop_cache()
+    reader = dlstore.open_records(paths, io="direct", **cfg)
+    t = time.perf_counter()
+    reader.count()
+    return total / (time.perf_counter() - t) / 1e9
+
+
+def run_fio(paths, engine, depth, bs) -> float:
+    drop_cache()
+    out = subprocess.run(["fio", "--name=seq", "--rw=read", f"--bs={bs}", "--direct=1", f"--ioengine={engine}",
+                          f"--iodepth={depth}", "--filename=" + ":".join(paths), "--output-format=json"],
+                         capture_output=True, text=True, check=True).stdout
+    return json.loads(out)["jobs"][0]["read"]["bw_bytes"] / 1e9
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", help="files to read (default: the cached 'small' synthetic ImageNet-like set)")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--json", default="benchmarks/results/direct_sweep.json")
+    args = p.parse_args()
+    if os.geteuid() != 0 or not shutil.which("fio"):
+        print("direct_sweep needs root (to drop the page cache) and fio", file=sys.stderr)
+        return 2
+    if args.data:
+        paths = sorted(glob.glob(args.data))
+    else:
+        from dlstore.synthetic import cached_dataset
+
+        paths = cached_dataset("imagenet", "small")
+    total = sum(os.path.getsize(x) for x in paths)
+    results = {}
+    for _ in range(args.rounds):  # interleaved, so drift on a shared disk hits every row alike
+        for engine, depth, bs in FIO:
+            results.setdefault(f"fio {engine} qd{depth} bs{bs}", []).append(run_fio(paths, engine, depth, bs))
+        for cfg in CONFIGS:
+            name = f"dlstore direct depth{cfg['depth']} threads{cfg['io_threads']} chunk{cfg['chunk_size'] >> 20}M"
+            results.setdefault(name, []).append(run_dlstore(paths, total, cfg))
+    ceiling = max(statistics.median(v) for k, v in results.items() if k.startswith("fio"))
+    print(f"{total / 1e9:.2f} GB in {len(paths)} files, cold cache, median of {args.rounds}")
+    print(f"{'reader':52s} {'GB/s':>6s} {'vs best fio':>11s}")
+    for name, v in results.items():
+        print(f"{name:52s} {statistics.median(v):6.2f} {statistics.median(v) / ceiling:11.2f}")
+    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+    with open(args.json, "w") as f:
+        json.dump({"bytes": total, "files": len(paths), "gb_per_s": results}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
