@@ -2,7 +2,7 @@
 
 Nothing here opens files; :mod:`dlstore.io` and the reader do.
 """
-from dlstore.formats import index, recordio, tfrecord
+from dlstore.formats import example, index, recordio, tfrecord
 from dlstore.formats.detect import detect
 
-__all__ = ["detect", "index", "recordio", "tfrecord"]
+__all__ = ["detect", "example", "index", "recordio", "tfrecord"]
