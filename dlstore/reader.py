@@ -88,6 +88,7 @@ class RecordReader:
         self._args = dict(chunk_size=chunk_size, headroom=headroom, depth=depth, threads=io_threads,
                           max_records=max_records, verify_threads=verify_threads)
         self._core = None
+        self._last = {"stats": {}, "notes": [], "corruptions": []}
 
     @property
     def engine(self) -> str:
@@ -123,8 +124,17 @@ class RecordReader:
                     warnings.warn(f"{path}: at byte {offset}: {what} (skipped)", RuntimeWarning, stacklevel=2)
                 warned = len(found)
             if batch is None:
+                self._finish(core)
                 return
             yield batch
+
+    def _finish(self, core) -> None:
+        # Keep the pass's counters but let the core go: its file handles, mappings and buffers are
+        # released (a live mapping would pin pages in the page cache across a drop_caches).
+        self._last = {"stats": dict(core.stats()), "notes": list(core.notes()),
+                      "corruptions": list(core.corruptions())}
+        if self._core is core:
+            self._core = None
 
     def __iter__(self) -> Iterator[memoryview]:
         for batch in self.batches():
@@ -134,22 +144,31 @@ class RecordReader:
 
     def count(self) -> dict:
         """Reads everything (framing and CRCs checked) without handing records to Python; returns :meth:`stats`."""
-        self._new_core().count_all()
+        core = self._new_core()
+        core.count_all()
+        self._finish(core)
         return self.stats()
 
     def stats(self) -> dict:
         """Counters of the last pass: records, payload bytes, bytes read from files, skipped records,
         bytes moved to join records across reads, records assembled apart, buffers allocated; plus
         the engine, why, and per-file fallback notes."""
-        out = dict(self._core.stats()) if self._core is not None else {}
+        last = self._snapshot()
+        out = dict(last["stats"])
         out["engine"] = self.engine
         out["engine_reason"] = self.engine_reason
-        out["notes"] = list(self._core.notes()) if self._core is not None else []
+        out["notes"] = last["notes"]
         return out
+
+    def _snapshot(self) -> dict:
+        if self._core is not None:  # a pass under way
+            return {"stats": dict(self._core.stats()), "notes": list(self._core.notes()),
+                    "corruptions": list(self._core.corruptions())}
+        return self._last
 
     def corruptions(self) -> list:
         """``(path, offset, what)`` for each corruption skipped in the last pass (``on_error="skip"``)."""
-        found = list(self._core.corruptions()) if self._core is not None else []
+        found = self._snapshot()["corruptions"]
         order = {p: i for i, p in enumerate(self.paths)}
         return sorted(found, key=lambda c: (order.get(c[0], 0), c[1] if c[1] is not None else -1))
 

@@ -91,7 +91,7 @@ def test_idx_offsets_point_at_records(tmp_path):
 def test_bad_magic_and_truncation(tmp_path):
     path = tmp_path / "d.rec"
     with dlstore.RecordIOWriter(path) as w:
-        for i in range(5):
+        for _ in range(5):
             w.write(b"z" * 100)
     blob = bytearray(path.read_bytes())
     blob[108] ^= 0xFF  # second record's magic

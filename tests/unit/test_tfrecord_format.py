@@ -137,7 +137,7 @@ def test_skip_mode_counts_and_keeps_the_rest(tmp_path):
 def test_compressed_truncated_stream(tmp_path):
     path = tmp_path / "t.tfrecord.gz"
     with dlstore.TFRecordWriter(path, compression="gzip") as w:
-        for i in range(100):
+        for _ in range(100):
             w.write(os.urandom(1000))
     path.write_bytes(path.read_bytes()[:-100])
     with pytest.raises(dlstore.CorruptRecordError):

@@ -1,0 +1,45 @@
+"""Command line of ``python -m dlstore.bench``: one sub-command per registered scenario."""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import List, Optional
+
+from dlstore.bench import SCENARIOS, load_scenario
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m dlstore.bench",
+        description="Benchmarks of training-data storage: what dlstore reads, how fast, at what CPU cost.")
+    sub = parser.add_subparsers(dest="scenario", required=True, metavar="SCENARIO")
+    for name, scenario in SCENARIOS.items():
+        p = sub.add_parser(name, help=scenario.summary, description=scenario.summary)
+        if scenario.implemented:
+            load_scenario(name).add_arguments(p)
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    from dlstore.errors import DlstoreError
+
+    parser = build_parser()
+    # Known arguments first, so a planned scenario given options says "not implemented yet"
+    # rather than "unrecognized arguments".
+    args, unknown = parser.parse_known_args(argv)
+    try:
+        module = load_scenario(args.scenario)
+    except NotImplementedError as e:
+        print(f"python -m dlstore.bench {args.scenario}: {e}", file=sys.stderr)
+        return 2
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    try:
+        return module.run(args)
+    except (DlstoreError, ValueError) as e:
+        print(f"python -m dlstore.bench {args.scenario}: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

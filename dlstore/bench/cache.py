@@ -1,0 +1,187 @@
+"""Cold and warm page cache for benchmarks: drop it, evict files from it, and see what it holds.
+
+A *cold* read must come from the device. As root the whole page cache is dropped
+(``sync; echo 3 > /proc/sys/vm/drop_caches``); otherwise each file is written back and evicted
+with ``posix_fadvise(POSIX_FADV_DONTNEED)``, which is enough for files nobody else holds dirty.
+Either way :func:`make_cold` returns a sentence saying which method ran, for the report, and
+:func:`resident_fraction` (``mincore``) tells whether it worked.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import mmap
+import os
+from typing import Dict, Iterable, Optional, Sequence
+
+import numpy as np
+
+from dlstore.io.select import available_page_cache_bytes
+
+__all__ = [
+    "drop_page_cache",
+    "drop_page_cache_refusal",
+    "evict_files",
+    "make_cold",
+    "meminfo",
+    "free_page_cache_bytes",
+    "cached_bytes",
+    "resident_fraction",
+]
+
+_DROP_CACHES = "/proc/sys/vm/drop_caches"
+
+
+def meminfo() -> Dict[str, int]:
+    """``/proc/meminfo`` in bytes (``{"MemTotal": ..., "Cached": ...}``); empty when unreadable."""
+    out: Dict[str, int] = {}
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                name, _, rest = line.partition(":")
+                parts = rest.split()
+                if parts and parts[0].isdigit():
+                    scale = 1024 if len(parts) > 1 and parts[1] == "kB" else 1
+                    out[name.strip()] = int(parts[0]) * scale
+    except OSError:
+        pass
+    return out
+
+
+def free_page_cache_bytes() -> int:
+    """Memory the page cache can grow into (``MemAvailable``): the figure ``io="auto"`` compares
+    the dataset size with, so a report and the engine choice quote the same number."""
+    return available_page_cache_bytes()
+
+
+def cached_bytes() -> int:
+    """Bytes the page cache holds now (``Cached`` in /proc/meminfo)."""
+    return meminfo().get("Cached", 0)
+
+
+def drop_page_cache_refusal() -> Optional[str]:
+    """None when :func:`drop_page_cache` can run here, else why not (not root, read-only /proc)."""
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        return "not root"
+    if not os.access(_DROP_CACHES, os.W_OK):
+        return f"{_DROP_CACHES} is not writable (a container without the privilege?)"
+    return None
+
+
+def drop_page_cache() -> str:
+    """Writes dirty pages back, then drops the page cache, dentries and inodes (root only).
+
+    Returns
+    -------
+    str
+        What ran, for the report.
+
+    Raises
+    ------
+    PermissionError
+        When not root or /proc/sys/vm is read-only; :func:`make_cold` falls back to eviction then.
+    """
+    refusal = drop_page_cache_refusal()
+    if refusal:
+        raise PermissionError(f"cannot drop the page cache: {refusal}")
+    # Dirty pages cannot be dropped, only written back: sync first or some of the data stays cached.
+    os.sync()
+    with open(_DROP_CACHES, "w") as f:
+        f.write("3\n")
+    return "dropped the page cache (sync; echo 3 > /proc/sys/vm/drop_caches)"
+
+
+def evict_files(paths: Iterable[str]) -> str:
+    """Evicts each file from the page cache: ``fdatasync`` then ``posix_fadvise(0, 0, DONTNEED)``.
+
+    Works without privileges on files the caller can open. Pages another process keeps dirty or
+    locked may stay; :func:`resident_fraction` tells.
+
+    Returns
+    -------
+    str
+        What ran, for the report.
+    """
+    n = 0
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            try:
+                os.fdatasync(fd)  # DONTNEED skips dirty pages: write them back first
+            except OSError:
+                pass  # read-only or special filesystems refuse it; clean pages are evicted anyway
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+        n += 1
+    return f"evicted {n} {'file' if n == 1 else 'files'} with posix_fadvise(POSIX_FADV_DONTNEED)"
+
+
+def make_cold(paths: Sequence[str]) -> str:
+    """Makes the next read of ``paths`` come from the device; returns which method ran.
+
+    Drops the whole page cache when root; otherwise (or when /proc/sys/vm is read-only) evicts
+    the files, and the returned text says why.
+    """
+    refusal = drop_page_cache_refusal()
+    if refusal is None:
+        try:
+            return drop_page_cache()
+        except OSError as e:  # e.g. EACCES inside a user namespace that reports euid 0
+            refusal = str(e)
+    return f"{evict_files(paths)} (cannot drop the page cache: {refusal})"
+
+
+_libc = None
+
+
+def _mincore_libc():
+    global _libc
+    if _libc is None:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.mmap.restype = ctypes.c_void_p
+        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                              ctypes.c_long]
+        libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+        _libc = libc
+    return _libc
+
+
+def _resident_pages(path: str) -> tuple:
+    """``(resident pages, pages)`` of one file, by ``mincore`` over a read-only shared mapping."""
+    size = os.path.getsize(path)
+    page = mmap.PAGESIZE
+    pages = (size + page - 1) // page
+    if size == 0:
+        return 0, 0
+    libc = _mincore_libc()
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        # Mapping does not read anything: mincore only reports which pages the cache already holds.
+        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        if addr in (None, ctypes.c_void_p(-1).value):
+            raise OSError(ctypes.get_errno(), f"mmap of {path} failed")
+        try:
+            vec = (ctypes.c_ubyte * pages)()
+            if libc.mincore(addr, size, vec) != 0:
+                raise OSError(ctypes.get_errno(), f"mincore of {path} failed")
+            resident = int(np.count_nonzero(np.frombuffer(vec, np.uint8) & 1))
+        finally:
+            libc.munmap(addr, size)
+    finally:
+        os.close(fd)
+    return resident, pages
+
+
+def resident_fraction(paths: Iterable[str]) -> Optional[float]:
+    """Fraction of the files' pages in the page cache now (0.0 cold, 1.0 warm); None when unknown."""
+    resident = total = 0
+    try:
+        for p in paths:
+            r, n = _resident_pages(p)
+            resident += r
+            total += n
+    except (OSError, AttributeError):  # no mincore on this platform, or a file that cannot be mapped
+        return None
+    return resident / total if total else 1.0

@@ -1,0 +1,160 @@
+"""The system-information header every benchmark prints first: what ran, where, on what.
+
+CPU model and cores, kernel, the filesystem holding the data (from /proc/mounts), the memory the
+page cache can use, the I/O engine that resolved and why, whether the CRC is in hardware, and
+the GPU/GDS status. Plus per-core CPU counters, for the busiest-core figure the seeds use as the
+bottleneck signal.
+"""
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import sys
+from typing import Dict, List, Optional, Sequence, Tuple
+
+__all__ = ["cpu_model", "filesystem_of", "gpu_status", "collect", "format_header", "per_core_cpu_ticks",
+           "busiest_core_percent"]
+
+
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo (``platform.processor()`` elsewhere)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def filesystem_of(path: str) -> Dict[str, str]:
+    """``{"mount", "fstype", "device"}`` of the mount holding ``path`` (the longest matching mount
+    point in /proc/mounts; the last one listed wins when several are stacked on one point)."""
+    real = os.path.realpath(path)
+    best = {"mount": "", "fstype": "unknown", "device": "unknown"}
+    try:
+        with open("/proc/mounts") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) < 3:
+                    continue
+                mnt = parts[1].replace("\\040", " ")
+                inside = real == mnt or real.startswith(mnt.rstrip("/") + "/")
+                if inside and len(mnt) >= len(best["mount"]):
+                    best = {"mount": mnt, "fstype": parts[2], "device": parts[0]}
+    except OSError:
+        pass
+    return best
+
+
+def gpu_status() -> str:
+    """A line on the GPU and GPUDirect Storage as far as the host memory engines are concerned."""
+    has_gpu = os.path.exists("/dev/nvidia0") or shutil.which("nvidia-smi") is not None
+    if not has_gpu:
+        return "none (no NVIDIA GPU); GDS: not applicable"
+    has_nvfs = os.path.exists("/proc/driver/nvidia-fs")
+    return ("NVIDIA GPU present; GDS: " + ("nvidia-fs loaded" if has_nvfs else "nvidia-fs not loaded")
+            + "; this benchmark reads into host memory")
+
+
+def _crc_status() -> str:
+    try:
+        from dlstore import _C
+    except ImportError as e:
+        return f"unknown (the C++ core is not built: {e})"
+    return "hardware CRC-32C (SSE4.2)" if _C.crc32c_is_hardware() else "software CRC-32C (table)"
+
+
+def collect(paths: Sequence[str] = (), engine: Optional[str] = None,
+            engine_reason: Optional[str] = None) -> dict:
+    """The header's facts as a dict (it goes into the JSON as ``sysinfo``)."""
+    from dlstore import __version__
+    from dlstore.bench.cache import cached_bytes, free_page_cache_bytes, meminfo
+
+    info: dict = {
+        "cpu": cpu_model(),
+        "cores": _usable_cores(),
+        "kernel": f"{platform.system()} {platform.release()}",
+        "python": sys.version.split()[0],
+        "dlstore": __version__,
+        "memory_bytes": meminfo().get("MemTotal", 0),
+        "page_cache_available_bytes": free_page_cache_bytes(),
+        "page_cache_used_bytes": cached_bytes(),
+        "crc": _crc_status(),
+        "gpu": gpu_status(),
+    }
+    if paths:
+        fs = filesystem_of(paths[0])
+        info["data_dir"] = os.path.dirname(os.path.abspath(paths[0]))
+        info["filesystem"] = fs["fstype"]
+        info["mount"] = fs["mount"]
+        info["device"] = fs["device"]
+        other = {filesystem_of(p)["mount"] for p in paths[1:]} - {fs["mount"]}
+        if other:
+            info["other_mounts"] = sorted(other)
+    if engine is not None:
+        info["engine"] = engine
+        info["engine_reason"] = engine_reason or ""
+    return info
+
+
+def _gb(n: int) -> str:
+    return f"{n / 1e9:.1f} GB"
+
+
+def format_header(info: dict, extra: Sequence[Tuple[str, str]] = ()) -> str:
+    """The header as aligned ``name  value`` lines, with ``extra`` rows (a benchmark's own) last."""
+    rows = [
+        ("CPU", f"{info['cpu']}, {info['cores']} cores"),
+        ("kernel", info["kernel"]),
+        ("memory", (f"{_gb(info['memory_bytes'])}; page cache can use "
+                    f"{_gb(info['page_cache_available_bytes'])}, "
+                    f"holds {_gb(info['page_cache_used_bytes'])}")),
+    ]
+    if "filesystem" in info:
+        where = f"{info['data_dir']} on {info['filesystem']} ({info['device']} at {info['mount']})"
+        if info.get("other_mounts"):
+            where += f"; also {', '.join(info['other_mounts'])}"
+        rows.append(("data", where))
+    if "engine" in info:
+        rows.append(("io engine", f"{info['engine']}: {info['engine_reason']}"))
+    rows += [("CRC", info["crc"]), ("GPU/GDS", info["gpu"]),
+             ("software", f"dlstore {info['dlstore']}, Python {info['python']}")]
+    rows += list(extra)
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def per_core_cpu_ticks() -> List[tuple]:
+    """``(busy, total)`` clock ticks per core from /proc/stat (empty where it does not exist)."""
+    out = []
+    try:
+        with open("/proc/stat") as f:
+            for line in f:
+                if line.startswith("cpu") and line[3:4].isdigit():
+                    v = [int(x) for x in line.split()[1:]]
+                    idle = v[3] + (v[4] if len(v) > 4 else 0)  # idle + iowait
+                    total = sum(v[:8])  # user..steal; guest time is already inside user
+                    out.append((total - idle, total))
+    except OSError:
+        pass
+    return out
+
+
+def busiest_core_percent(before: List[tuple], after: List[tuple]) -> Optional[float]:
+    """Utilisation of the busiest core between two :func:`per_core_cpu_ticks` samples (system-wide)."""
+    best = None
+    for (b0, t0), (b1, t1) in zip(before, after):
+        if t1 > t0:
+            pct = 100.0 * (b1 - b0) / (t1 - t0)
+            best = pct if best is None else max(best, pct)
+    return best

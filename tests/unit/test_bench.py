@@ -1,0 +1,374 @@
+"""Smoke tests of the benchmark: cache control, fio's report, tables, the scenario registry, the
+synchronised readers, and ``python -m dlstore.bench storage`` and ``benchmarks/read_throughput.py``
+end to end at tiny size."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+from dlstore.bench import SCENARIOS, cache, report, sysinfo
+from dlstore.bench.fio import FioError, fio_job_file, fio_missing_reason, parse_fio_json, run_fio
+from dlstore.bench.storage import _BatchBarrier, count_records
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _load(path) -> dict:
+    with open(path) as f:
+        return json.load(f)
+
+
+def _on_memory_fs(path) -> bool:
+    return sysinfo.filesystem_of(os.fspath(path))["fstype"] in ("tmpfs", "ramfs")
+
+
+def _direct_refused(directory):
+    """None when files in ``directory`` can be opened with O_DIRECT, else why not."""
+    from dlstore.io.select import probe_direct
+
+    probe = os.path.join(os.fspath(directory), ".direct-probe")
+    with open(probe, "wb") as f:
+        f.write(b"x")
+    try:
+        return probe_direct(probe)
+    finally:
+        os.unlink(probe)
+
+
+# ---- cache control -------------------------------------------------------------------------------
+
+@pytest.fixture
+def cached_file(tmp_path):
+    path = tmp_path / "blob.bin"
+    path.write_bytes(os.urandom(4 << 20))
+    with open(path, "rb") as f:  # written and read back: its pages are in the cache now
+        f.read()
+    return os.fspath(path)
+
+
+def test_meminfo_and_free_page_cache():
+    info = cache.meminfo()
+    assert info["MemTotal"] > 0 and info["MemTotal"] % 1024 == 0
+    assert 0 < cache.free_page_cache_bytes() <= info["MemTotal"]
+    assert cache.cached_bytes() >= 0
+
+
+def test_evict_files_empties_the_cache_of_that_file(cached_file):
+    if _on_memory_fs(cached_file):
+        pytest.skip("on tmpfs the page cache is the file: nothing to evict")
+    assert cache.resident_fraction([cached_file]) > 0.5
+    method = cache.evict_files([cached_file])
+    assert "posix_fadvise" in method and "1 file" in method
+    assert cache.resident_fraction([cached_file]) < 0.05
+
+
+def test_make_cold_says_which_method_ran(cached_file):
+    if _on_memory_fs(cached_file):
+        pytest.skip("on tmpfs the page cache is the file: nothing to evict")
+    method = cache.make_cold([cached_file])
+    if cache.drop_page_cache_refusal() is None:
+        assert "drop_caches" in method
+    else:
+        assert "posix_fadvise" in method and "cannot drop the page cache" in method
+    assert cache.resident_fraction([cached_file]) < 0.05
+
+
+def test_drop_page_cache_refuses_clearly_when_not_allowed(monkeypatch):
+    monkeypatch.setattr(cache, "drop_page_cache_refusal", lambda: "not root")
+    with pytest.raises(PermissionError, match="not root"):
+        cache.drop_page_cache()
+
+
+def test_resident_fraction_of_an_empty_file(tmp_path):
+    empty = tmp_path / "empty"
+    empty.write_bytes(b"")
+    assert cache.resident_fraction([os.fspath(empty)]) == 1.0
+
+
+# ---- fio ---------------------------------------------------------------------------------------------
+
+# Captured from a real run (fio-3.33, the job file fio_job_file() writes for 3 files and 2 jobs) and
+# trimmed to the fields a report needs: latency histograms, write/trim sections and disk_util cut.
+FIO_JSON = """
+{
+ "fio version": "fio-3.33",
+ "timestamp": 1795290574,
+ "time": "Sat Nov 21 19:49:34 2026",
+ "global options": {"rw": "read", "bs": "1M", "direct": "1", "ioengine": "psync", "iodepth": "1",
+                    "file_service_type": "sequential", "invalidate": "0"},
+ "jobs": [
+  {"jobname": "read0", "groupid": 0, "error": 0,
+   "job options": {"filename": "/tmp/fiot/f0.bin:/tmp/fiot/f2.bin"},
+   "read": {"io_bytes": 799014912, "io_kbytes": 780288, "bw_bytes": 664737863, "bw": 649158,
+            "iops": 633.943428, "runtime": 1202, "total_ios": 762, "short_ios": 0, "drop_ios": 0},
+   "job_runtime": 1201, "usr_cpu": 0.0, "sys_cpu": 7.160699, "ctx": 764, "majf": 0, "minf": 268,
+   "elapsed": 2},
+  {"jobname": "read1", "groupid": 0, "error": 0,
+   "job options": {"filename": "/tmp/fiot/f1.bin"},
+   "read": {"io_bytes": 399507456, "io_kbytes": 390144, "bw_bytes": 510226636, "bw": 498268,
+            "iops": 486.590038, "runtime": 783, "total_ios": 381, "short_ios": 0, "drop_ios": 0},
+   "job_runtime": 782, "usr_cpu": 0.895141, "sys_cpu": 4.859335, "ctx": 382, "majf": 0, "minf": 268,
+   "elapsed": 2}
+ ]
+}
+"""
+
+
+def test_parse_fio_json_sums_jobs_over_the_longest_runtime():
+    r = parse_fio_json("fio: a note fio prints first\n" + FIO_JSON)
+    assert r.jobs == 2
+    assert r.bytes == 799014912 + 399507456
+    assert r.seconds == pytest.approx(1.202)
+    assert r.gb_per_s == pytest.approx((799014912 + 399507456) / 1.202 / 1e9)
+    cpu = 0.07160699 * 1.202 + (0.00895141 + 0.04859335) * 0.783
+    assert r.cpu_seconds == pytest.approx(cpu)
+    assert r.cpu_seconds_per_gb == pytest.approx(cpu / (r.bytes / 1e9))
+    assert r.version == "fio-3.33"
+    assert "bs=1M" in r.describe() and "jobs=2" in r.describe() and "direct=1" in r.describe()
+    assert json.loads(json.dumps(r.to_dict()))["bytes"] == r.bytes
+
+
+def test_parse_fio_json_errors():
+    with pytest.raises(FioError, match="no JSON"):
+        parse_fio_json("fio: file not found")
+    failed = json.loads(FIO_JSON)
+    failed["jobs"][1]["error"] = 22
+    with pytest.raises(FioError, match="read1 failed with error 22"):
+        parse_fio_json(json.dumps(failed))
+    with pytest.raises(FioError, match="no jobs"):
+        parse_fio_json('{"jobs": []}')
+
+
+def test_fio_job_file_deals_files_to_jobs():
+    text = fio_job_file(["/d/a", "/d/b", "/d/c", "/d/we:ird"], jobs=2)
+    assert "direct=1" in text and "bs=1M" in text and "rw=read" in text and "invalidate=0" in text
+    assert "[read0]\nfilename=/d/a:/d/c\n" in text
+    assert "[read1]\nfilename=/d/b:/d/we\\:ird\n" in text
+    assert text.count("[read") == 2
+    assert fio_job_file(["/d/a"], jobs=8).count("[read") == 1  # never more jobs than files
+    with pytest.raises(ValueError):
+        fio_job_file([], jobs=1)
+
+
+def test_run_fio_on_a_real_file(tmp_path):
+    if fio_missing_reason():
+        pytest.skip(fio_missing_reason())
+    if _direct_refused(tmp_path):
+        pytest.skip(_direct_refused(tmp_path))
+    paths = []
+    for i in range(2):
+        p = tmp_path / f"f{i}"
+        p.write_bytes(os.urandom((3 << 20) + 100))  # a tail shorter than bs is not read by fio
+        paths.append(os.fspath(p))
+    r = run_fio(paths, jobs=2)
+    assert r.jobs == 2 and r.bytes == 2 * (3 << 20) and r.gb_per_s > 0
+
+
+# ---- report ------------------------------------------------------------------------------------------
+
+COLUMNS = [report.Column("name", "reader", align="<"), report.Column("gbs", "GB/s", "{:.2f}"),
+           report.Column("ratio", "vs fio", report.fmt_ratio)]
+
+
+def test_text_table_aligns_and_prints_missing_values_as_dash():
+    rows = [{"name": "dlstore io=direct", "gbs": 2.456, "ratio": 0.97}, {"name": "DALI", "gbs": None}]
+    text = report.text_table(rows, COLUMNS, title="COLD")
+    lines = text.splitlines()
+    assert lines[0] == "COLD"
+    assert lines[1].split() == ["reader", "GB/s", "vs", "fio"]
+    assert set(lines[2].replace(" ", "")) == {"-"}
+    assert lines[3].split() == ["dlstore", "io=direct", "2.46", "0.97x"]
+    assert lines[4].split() == ["DALI", "-", "-"]
+    assert len({len(line) for line in lines[1:3]}) == 1  # header and rule line up
+
+
+def test_markdown_table():
+    md = report.markdown_table([{"name": "a|b", "gbs": 1.0, "ratio": float("nan")}], COLUMNS)
+    assert md.splitlines() == ["| reader | GB/s | vs fio |", "|:---|---:|---:|", "| a\\|b | 1.00 | - |"]
+
+
+def test_write_json_round_trips_numpy_values(tmp_path):
+    path = report.write_json(os.fspath(tmp_path / "deep" / "r.json"),
+                             {"n": np.int64(3), "a": np.arange(3, dtype=np.uint64), "x": 1.5})
+    assert _load(path) == {"n": 3, "a": [0, 1, 2], "x": 1.5}
+
+
+def test_summarize():
+    s = report.summarize([2.0, 1.0, 4.0])
+    assert s == {"median": 2.0, "min": 1.0, "max": 4.0, "spread_pct": 150.0, "n": 3}
+    assert report.summarize([])["median"] is None
+
+
+# ---- sysinfo -----------------------------------------------------------------------------------------
+
+def test_sysinfo_header(tmp_path):
+    f = tmp_path / "x"
+    f.write_bytes(b"x")
+    info = sysinfo.collect([os.fspath(f)], "direct", "requested")
+    text = sysinfo.format_header(info)
+    for word in ("CPU", "kernel", "memory", "data", "io engine  direct: requested", "CRC", "GPU/GDS"):
+        assert word in text
+    assert info["cores"] >= 1 and info["filesystem"] != ""
+    assert sysinfo.filesystem_of("/")["mount"] == "/"
+
+
+def test_busiest_core_percent():
+    before = [(100, 1000), (500, 1000)]
+    after = [(150, 1100), (590, 1100)]
+    assert sysinfo.busiest_core_percent(before, after) == pytest.approx(90.0)
+    assert sysinfo.busiest_core_percent(before, before) is None
+    assert sysinfo.per_core_cpu_ticks() == [] or all(b <= t for b, t in sysinfo.per_core_cpu_ticks())
+
+
+# ---- scenarios and readers ---------------------------------------------------------------------------
+
+def _bench(*args, env=None, timeout=300):
+    return subprocess.run([sys.executable, "-m", "dlstore.bench", *args], capture_output=True, text=True,
+                          cwd=ROOT, env=env, timeout=timeout)
+
+
+def test_registry_and_unimplemented_scenarios_exit_2():
+    assert SCENARIOS["storage"].implemented
+    assert not SCENARIOS["resnet50"].implemented and not SCENARIOS["bert"].implemented
+    r = _bench("resnet50", "--data", "x")
+    assert r.returncode == 2 and "not implemented yet" in r.stderr and "storage" in r.stderr
+    r = _bench("nonsense")
+    assert r.returncode == 2 and "invalid choice" in r.stderr
+
+
+class _FakeBatch:
+    def __init__(self, n):
+        self.num_records, self.nbytes = n, 10 * n
+
+
+class _FakeReader:
+    def __init__(self, batches, log, who):
+        self._batches, self._log, self._who = batches, log, who
+
+    def batches(self):
+        for i, n in enumerate(self._batches):
+            self._log.append((self._who, i))
+            yield _FakeBatch(n)
+
+
+def test_synchronised_readers_move_in_lockstep_and_finish_unevenly():
+    log = []
+    readers = [_FakeReader([1] * 5, log, 0), _FakeReader([2] * 2, log, 1), _FakeReader([3] * 7, log, 2)]
+    done = []
+    t = threading.Thread(target=lambda: done.append(count_records(readers, sync=True)))
+    t.start()
+    t.join(10)
+    assert not t.is_alive(), "a reader with fewer batches left the others waiting"
+    assert done == [(5 + 4 + 21, 10 * (5 + 4 + 21))]
+    # A reader takes batch i only after every reader still going has finished batch i - 1, so
+    # nothing logged after batch i can be older than batch i - 1.
+    for k, (_, i) in enumerate(log):
+        assert all(j >= i - 1 for _, j in log[k + 1:])
+
+
+def test_batch_barrier_lets_the_last_reader_through_when_another_leaves():
+    b = _BatchBarrier(2)
+    passed = []
+    t = threading.Thread(target=lambda: (b.wait(), passed.append(True)))
+    t.start()
+    b.leave()
+    t.join(5)
+    assert passed == [True]
+
+
+def test_count_records_reraises_a_reader_error():
+    class Broken:
+        def batches(self):
+            yield _FakeBatch(1)
+            raise OSError("EIO at byte 4096")
+
+    with pytest.raises(OSError, match="EIO"):
+        count_records([Broken(), _FakeReader([1, 1], [], 1)], sync=True)
+
+
+# ---- end to end ----------------------------------------------------------------------------------------
+
+@pytest.fixture
+def tiny_set(tmp_path):
+    pytest.importorskip("dlstore._C", reason="the C++ core is not built")
+    import dlstore
+
+    rng = np.random.default_rng(3)
+    for s in range(3):
+        with dlstore.TFRecordWriter(os.fspath(tmp_path / f"train-{s}.tfrecord")) as w:
+            for n in rng.integers(1, 200_000, 20):
+                w.write(rng.bytes(int(n)))
+    return tmp_path
+
+
+STORAGE_KEYS = {"io", "io_reason", "cache", "cache_method", "records", "bytes", "seconds", "gb_per_s",
+                "records_per_s", "cpu_seconds_per_gb", "fio_gb_per_s", "ratio_vs_fio", "repeats", "runs",
+                "sysinfo"}
+
+
+def test_bench_storage_writes_the_json_keys(tiny_set):
+    out = tiny_set / "s.json"
+    r = _bench("storage", "--data", os.fspath(tiny_set / "*.tfrecord"), "--io", "buffered", "--cache", "warm",
+               "--repeat", "2", "--json", os.fspath(out))
+    assert r.returncode == 0, r.stderr
+    assert "io engine  buffered: requested" in r.stdout and "median" in r.stdout
+    doc = _load(out)
+    assert STORAGE_KEYS <= set(doc)
+    assert doc["io"] == "buffered" and doc["cache"] == "warm" and doc["records"] == 60
+    assert doc["cache_method"] == "one untimed pass first"
+    assert len(doc["repeats"]) == 2 and doc["gb_per_s"] > 0 and doc["cpu_seconds_per_gb"] >= 0
+    assert doc["repeats"][0]["cached_before"] in (None, pytest.approx(1.0, abs=0.05))
+    if fio_missing_reason() or _direct_refused(tiny_set):
+        assert doc["fio_gb_per_s"] is None and doc["fio_skipped"]
+    else:
+        assert doc["fio_gb_per_s"] > 0 and doc["ratio_vs_fio"] > 0 and "fio ceiling" in r.stdout
+
+
+def test_bench_storage_cold_with_synchronised_readers(tiny_set):
+    out = tiny_set / "s.json"
+    r = _bench("storage", "--data", os.fspath(tiny_set), "--io", "direct", "--cache", "cold", "--repeat", "1",
+               "--readers", "2", "--sync", "--no-fio", "--json", os.fspath(out))
+    assert r.returncode == 0, r.stderr
+    doc = _load(out)
+    assert doc["cache"] == "cold" and doc["readers"] == 2 and doc["sync"] is True and doc["records"] == 60
+    assert "drop_caches" in doc["cache_method"] or "posix_fadvise" in doc["cache_method"]
+    assert doc["io"] in ("direct", "buffered")  # buffered, with the reason, where O_DIRECT is refused
+    assert doc["fio_skipped"] == "--no-fio"
+
+
+def test_bench_storage_bad_data_exits_2(tmp_path):
+    r = _bench("storage", "--data", os.fspath(tmp_path / "nothing-*.tfrecord"))
+    assert r.returncode == 2 and "no file matches" in r.stderr
+
+
+def test_read_throughput_quick(tmp_path):
+    pytest.importorskip("dlstore._C", reason="the C++ core is not built")
+    pytest.importorskip("PIL", reason="the synthetic ImageNet-like set needs pillow")
+    out = tmp_path / "rt.json"
+    md = tmp_path / "rt.md"
+    env = dict(os.environ, DLSTORE_CACHE=os.fspath(tmp_path / "cache"))
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "read_throughput.py"), "--quick",
+                        "--json", os.fspath(out), "--markdown", os.fspath(md)],
+                       capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    doc = _load(out)
+    names = ["dlstore-buffered", "dlstore-mmap", "dlstore-direct", "tfdata", "dali", "dali-no-mmap",
+             "dali-o-direct", "tfrecord", "fio"]
+    for phase in ("cold", "warm"):
+        rows = {row["name"]: row for row in doc["phases"][phase]}
+        assert list(rows) == names  # every peer keeps its row: measured, skipped or failed with a reason
+        for name, row in rows.items():
+            assert row["status"].startswith(("ok", "skipped: ")), (phase, name, row["status"])
+        for engine in ("buffered", "mmap", "direct"):
+            row = rows[f"dlstore-{engine}"]
+            if row["status"] == "ok":
+                assert row["records"] == doc["data"]["records"] and row["gb_per_s"] > 0
+    assert [t["verdict"] in ("PASS", "FAIL", "SKIP") for t in doc["targets"]] == [True] * 4
+    assert "PASS" in r.stdout or "FAIL" in r.stdout or "SKIP" in r.stdout
+    assert "## Targets" in md.read_text()
