@@ -9,7 +9,8 @@ cold and warm, in one run.
 
 Every reader runs in its own process (``--worker NAME``, which prints its measurements as one
 JSON line), so one framework's threads and memory do not disturb another, and the ``tfrecord``
-package never shares a process with TensorFlow. Each worker is timed by the same code as
+package never shares a process with TensorFlow. The readers run in rounds (one timed pass each
+per round, the order rotating), so drift on a shared machine spreads over all of them alike. Each worker is timed by the same code as
 ``python -m dlstore.bench storage`` (:func:`dlstore.bench.storage.measure_passes`): an untimed
 warm-up pass, then per pass the page cache dropped (cold) or not (warm), wall time and process
 CPU time (all threads), the busiest core, and how much of the data the cache held before.
@@ -447,8 +448,10 @@ def _markdown_doc(doc: Dict) -> str:
         (f"- **Data**: {data['files']} TFRecord files, {report.fmt_bytes(data['file_bytes'])}, "
          f"{data['records']:,} records (mean {mean}) on {info.get('filesystem', '?')} "
          f"({info.get('device', '?')})"),
-        (f"- **Method**: {passes} per reader and cache state after an untimed warm-up pass, each reader in "
-         f"its own process; cold: before every pass, {doc.get('cache_method') or 'the page cache dropped'}; "
+        (f"- **Method**: {passes} per reader and cache state, in rounds: each round runs every reader once "
+         "(in its own process, an untimed warm-up pass first, the order rotating between rounds), so drift on "
+         "the shared machine hits all readers alike; "
+         f"cold: before every pass, {doc.get('cache_method') or 'the page cache dropped'}; "
          "GB/s counts record payload bytes; CPU s/GB is the reader process's user + system time over all "
          "its threads; medians; spread = (max - min) / median."),
         f"- **io=auto** on this data: {doc['auto']}",
@@ -522,24 +525,37 @@ def run_all(selected: Sequence[str], paths: List[str], indexes: List[str], phase
     # fio runs inside the dlstore-direct worker, between its cold passes, so the two numbers the
     # main target compares are taken side by side in time; alone when that worker is not run.
     fio_inside = "fio" in selected and "dlstore-direct" in selected and "cold" in phases
-    passes = f"{repeat} timed {'pass' if repeat == 1 else 'passes'}"
     results: Dict[str, Dict] = {}
+    runnable = []
+    for name in selected:
+        c = CONTENDERS[name]
+        reason = missing_reason(c)
+        if reason:
+            results[name] = {"skipped": reason}
+            print(f"{c.label:<26} skipped: {reason}", flush=True)
+        elif name != "fio":
+            runnable.append(name)
+    # Rounds, not one contender after another: each round runs every contender once (one timed pass
+    # per cache state, after its warm-up), the order rotating from round to round. Drift on this
+    # shared machine (a neighbour's memory or disk traffic) then spreads over all contenders alike
+    # instead of landing on whichever ran during it, and each figure is the median of its rounds.
     with tempfile.TemporaryDirectory(prefix="dlstore-read-throughput-") as tmp:
         plan_path = os.path.join(tmp, "plan.json")
         with open(plan_path, "w") as f:
             json.dump({"files": paths, "indexes": indexes}, f)
-        for name in selected:
-            c = CONTENDERS[name]
-            reason = missing_reason(c)
-            if reason:
-                results[name] = {"skipped": reason}
-                print(f"{c.label:<26} skipped: {reason}", flush=True)
-            elif name != "fio":
-                print(f"{c.label:<26} running ({', '.join(phases)}; {passes} each) ...", flush=True)
+        for r in range(repeat):
+            order = runnable[r % len(runnable):] + runnable[:r % len(runnable)] if runnable else []
+            print(f"round {r + 1} of {repeat}: {', '.join(order)}", flush=True)
+            for name in order:
+                if "error" in results.get(name, {}):
+                    continue
                 with_fio = fio_jobs if (fio_inside and name == "dlstore-direct") else 0
-                results[name] = run_worker(name, plan_path, phases, repeat, with_fio, timeout)
-                if "error" in results[name]:
-                    print(f"{'':<26} failed: {results[name]['error']}", flush=True)
+                got = run_worker(name, plan_path, phases, 1, with_fio, timeout)
+                if "error" in got:
+                    print(f"{CONTENDERS[name].label:<26} failed: {got['error']}", flush=True)
+                    results[name] = got
+                    continue
+                _merge_round(results, name, got)
     if "fio" in selected and "fio" not in results:
         runs = results.get("dlstore-direct", {}).get("phases", {}).get("cold", {}).get("fio") or []
         if not fio_inside or not runs:
@@ -551,6 +567,20 @@ def run_all(selected: Sequence[str], paths: List[str], indexes: List[str], phase
                     runs.append({"error": str(e)})
         results["fio"] = {"fio_runs": runs}
     return results
+
+
+def _merge_round(results: Dict[str, Dict], name: str, got: Dict) -> None:
+    """Adds one round's passes (and fio runs) of a contender to what earlier rounds gave."""
+    if name not in results:
+        results[name] = got
+        return
+    for phase, measured in got["phases"].items():
+        into = results[name]["phases"].setdefault(phase, measured)
+        if into is measured:
+            continue
+        into["passes"].extend(measured["passes"])
+        if "fio" in measured:
+            into.setdefault("fio", []).extend(measured["fio"])
 
 
 def phase_rows(selected: Sequence[str], results: Dict[str, Dict], phase: str, records: int,
