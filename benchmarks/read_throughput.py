@@ -10,8 +10,9 @@ cold and warm, in one run.
 Every reader runs in its own process (``--worker NAME``, which prints its measurements as one
 JSON line), so one framework's threads and memory do not disturb another, and the ``tfrecord``
 package never shares a process with TensorFlow. The readers run in rounds (one timed pass each
-per round, the order rotating), so drift on a shared machine spreads over all of them alike. Each worker is timed by the same code as
-``python -m dlstore.bench storage`` (:func:`dlstore.bench.storage.measure_passes`): an untimed
+per round, the order rotating), so drift on a shared machine spreads over all of them alike.
+Each worker is timed by the same code as ``python -m dlstore.bench storage``
+(:func:`dlstore.bench.storage.measure_passes`): an untimed
 warm-up pass, then per pass the page cache dropped (cold) or not (warm), wall time and process
 CPU time (all threads), the busiest core, and how much of the data the cache held before.
 
@@ -547,13 +548,16 @@ def run_all(selected: Sequence[str], paths: List[str], indexes: List[str], phase
             order = runnable[r % len(runnable):] + runnable[:r % len(runnable)] if runnable else []
             print(f"round {r + 1} of {repeat}: {', '.join(order)}", flush=True)
             for name in order:
-                if "error" in results.get(name, {}):
+                if "error" in results.get(name, {}):  # failed in its first round: not retried
                     continue
                 with_fio = fio_jobs if (fio_inside and name == "dlstore-direct") else 0
                 got = run_worker(name, plan_path, phases, 1, with_fio, timeout)
                 if "error" in got:
-                    print(f"{CONTENDERS[name].label:<26} failed: {got['error']}", flush=True)
-                    results[name] = got
+                    print(f"{CONTENDERS[name].label:<26} failed in round {r + 1}: {got['error']}", flush=True)
+                    if "phases" in results.get(name, {}):  # keep the rounds that worked, and say so
+                        results[name].setdefault("round_errors", []).append(got["error"])
+                    else:
+                        results[name] = got
                     continue
                 _merge_round(results, name, got)
     if "fio" in selected and "fio" not in results:

@@ -21,10 +21,13 @@ py::array_t<uint64_t> view_of(const std::vector<uint64_t>& v, py::handle owner) 
 }
 
 py::buffer_info bytes_info(const py::buffer& b) {
-  py::buffer_info info = b.request();
-  if (info.ndim > 1 && info.strides.back() != info.itemsize)
-    throw std::invalid_argument("expected a contiguous buffer");
-  return info;
+  // A strided view (a[::2]) would otherwise be read as if its bytes were adjacent.
+  auto* view = new Py_buffer();
+  if (PyObject_GetBuffer(b.ptr(), view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) {
+    delete view;
+    throw py::error_already_set();
+  }
+  return py::buffer_info(view);  // owns the heap-allocated view: releases and deletes it
 }
 
 }  // namespace

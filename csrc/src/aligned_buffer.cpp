@@ -66,8 +66,16 @@ std::shared_ptr<AlignedBuffer> BufferPool::acquire() {
 }
 
 void BufferPool::release(AlignedBuffer* b) {
+  // Keep enough warm buffers for a few readers' read-ahead; free the rest, so a consumer that
+  // once held many batches does not leave the pool at its peak size for the process's lifetime.
+  constexpr size_t kMaxFree = 16;
+  std::unique_ptr<AlignedBuffer> owned(b);
   std::lock_guard<std::mutex> lock(mu_);
-  free_.emplace_back(b);
+  if (free_.size() < kMaxFree) {
+    free_.push_back(std::move(owned));
+  } else {
+    --allocated_;
+  }
 }
 
 }  // namespace dlstore

@@ -43,6 +43,11 @@ bool InflateStream::pull_input() {
 
 bool InflateStream::next(Chunk& out) {
   State& s = *st_;
+  if (pending_error_) {  // raised after the bytes inflated before it were delivered
+    std::exception_ptr e = pending_error_;
+    pending_error_ = nullptr;
+    std::rethrow_exception(e);
+  }
   for (;;) {
     if (!s.have_in && !pull_input()) {
       if (s.active && !s.ended)
@@ -83,14 +88,38 @@ bool InflateStream::next(Chunk& out) {
     s.zs.next_out = dst;
     s.zs.avail_out = static_cast<uInt>(cap);
     bool file_done = false;
+    // An error keeps what was inflated before it: that chunk goes out first (not marked last, so
+    // its complete records are delivered) and the error is raised by the next call. Offsets in
+    // these errors are positions in the uncompressed stream, as for every record error.
+    auto fail = [&](const std::string& what) {
+      const size_t produced = cap - s.zs.avail_out;
+      Error e(ErrorKind::Corrupt, describe(paths_[s.file_index], static_cast<int64_t>(s.out_offset + produced), what),
+              paths_[s.file_index], static_cast<int64_t>(s.out_offset + produced));
+      inflateEnd(&s.zs);
+      s.active = false;
+      s.have_in = false;
+      if (produced == 0) throw e;
+      pending_error_ = std::make_exception_ptr(e);
+      out = Chunk{};
+      out.owner = buf;
+      out.data = dst;
+      out.len = produced;
+      out.offset = s.out_offset;
+      out.file_size = kUnknownSize;
+      out.file_index = s.file_index;
+      out.headroom = headroom_;
+      s.out_offset += produced;
+    };
     while (s.zs.avail_out > 0) {
       if (s.zs.avail_in == 0) {
         if (in.last) {
           file_done = true;
           break;
         }
-        if (!pull_input() || s.in.file_index != s.file_index)
-          throw_error(ErrorKind::Corrupt, paths_[s.file_index], -1, "compressed stream ended early");
+        if (!pull_input() || s.in.file_index != s.file_index) {
+          fail("compressed stream ended early");
+          return true;
+        }
         s.zs.next_in = s.in.data;
         s.zs.avail_in = static_cast<uInt>(s.in.len);
       }
@@ -111,16 +140,18 @@ bool InflateStream::next(Chunk& out) {
         continue;
       }
       if (r == Z_BUF_ERROR) continue;  // needs more input; the loop fetches it
-      if (r != Z_OK)
-        throw_error(ErrorKind::Corrupt, paths_[s.file_index], static_cast<int64_t>(in_pos),
-                    std::string("corrupt compressed data at compressed byte ") + std::to_string(in_pos) +
-                        ": " + (s.zs.msg ? s.zs.msg : "inflate error " + std::to_string(r)));
+      if (r != Z_OK) {
+        fail("corrupt compressed data at compressed byte " + std::to_string(in_pos) + ": " +
+             (s.zs.msg ? s.zs.msg : "inflate error " + std::to_string(r)));
+        return true;
+      }
     }
     size_t produced = cap - s.zs.avail_out;
     if (file_done) {
-      if (!s.ended)
-        throw_error(ErrorKind::Corrupt, paths_[s.file_index], static_cast<int64_t>(s.out_offset + produced),
-                    "truncated compressed stream: the file ends before the end of its deflate data");
+      if (!s.ended) {
+        fail("truncated compressed stream: the file ends before the end of its deflate data");
+        return true;
+      }
       inflateEnd(&s.zs);
       s.active = false;
       s.have_in = false;

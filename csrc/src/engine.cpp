@@ -67,7 +67,11 @@ void ChunkReader::open_next_file() {
       try {
         of->fh = std::make_shared<FileHandle>(path, true);
         DirectAlignment a = of->fh->direct_alignment();
-        if (a.memory > (64u << 10) || a.offset > (64u << 10) || opts_.chunk_size % a.offset != 0) {
+        if (!a.supported) {
+          notes_.push_back(std::string("direct -> buffered for ") + path + ": " + a.source +
+                           " reports that this file cannot do direct I/O");
+          of->fh.reset();
+        } else if (a.memory > (64u << 10) || a.offset > (64u << 10) || opts_.chunk_size % a.offset != 0) {
           notes_.push_back(std::string("direct -> buffered for ") + path + ": alignment " +
                            std::to_string(a.offset) + " from " + a.source + " is larger than supported");
           of->fh.reset();
@@ -87,10 +91,20 @@ void ChunkReader::open_next_file() {
 }
 
 void ChunkReader::fill() {
-  while (inflight_.size() < opts_.depth) {
+  while (inflight_.size() < opts_.depth && !failed_) {
     if (!current_ || current_->scheduled >= current_->size) {
       if (next_file_ >= paths_.size()) return;
-      open_next_file();
+      try {
+        open_next_file();
+      } catch (...) {
+        // Queued behind the chunks already in flight, so the consumer gets every chunk of the
+        // earlier files first and this error where it belongs in file order.
+        std::promise<Chunk> failed;
+        failed.set_exception(std::current_exception());
+        inflight_.push_back(failed.get_future());
+        failed_ = true;
+        return;
+      }
       if (current_->size == 0) continue;  // an empty file has no chunks and no records
     }
     std::shared_ptr<OpenFile> of = current_;
@@ -120,11 +134,9 @@ void ChunkReader::fill() {
       // O_DIRECT reads whole aligned blocks; the file's unaligned tail comes back as a short read.
       size_t want = of->kind == EngineKind::Direct ? align_up(len, of->offset_align) : len;
       size_t got = of->fh->pread_full(c.data, want, offset);
-      if (got < len)
-        throw_error(ErrorKind::Io, of->fh->path(), static_cast<int64_t>(offset + got),
-                    "short read: expected " + std::to_string(len) + " bytes at offset " +
-                        std::to_string(offset) + ", got " + std::to_string(got) +
-                        " (was the file truncated while being read?)");
+      DLSTORE_EXPECT(got >= len, Io, of->fh->path(), static_cast<int64_t>(offset + got),
+                     "short read: expected " << len << " bytes at offset " << offset << ", got " << got
+                                             << " (was the file truncated while being read?)");
       c.owner = buf;
       return c;
     }));

@@ -25,12 +25,14 @@ FileHandle::FileHandle(const std::string& path, bool direct) : path_(path), dire
     throw_errno(path, -1, "open", err);
   }
   struct stat st;
-  if (::fstat(fd_, &st) != 0) {
-    int err = errno;
+  const int rc = ::fstat(fd_, &st);
+  if (rc != 0) {
+    const int err = errno;  // close() below may change errno
     ::close(fd_);
     fd_ = -1;
-    throw_errno(path, -1, "fstat", err);
+    errno = err;
   }
+  DLSTORE_SYSCALL_CHECK(rc, path, -1, "fstat");
   size_ = static_cast<uint64_t>(st.st_size);
   mtime_ns_ = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000LL + st.st_mtim.tv_nsec;
 }
@@ -81,10 +83,16 @@ static uint32_t logical_block_size(dev_t dev) {
 DirectAlignment FileHandle::direct_alignment() const {
   DirectAlignment a;
   uint32_t mem = 0, off = 0;
-  if (statx_dio_alignment(fd_, &mem, &off) && mem > 0 && off > 0) {
+  if (statx_dio_alignment(fd_, &mem, &off)) {
+    a.source = "statx(STATX_DIOALIGN)";
+    if (mem == 0 || off == 0) {
+      // The filesystem says this file cannot do direct I/O (data journalling, encryption,
+      // verity...): O_DIRECT would silently be buffered or fail with EINVAL.
+      a.supported = false;
+      return a;
+    }
     a.memory = mem;
     a.offset = off;
-    a.source = "statx(STATX_DIOALIGN)";
     return a;
   }
   struct stat st;

@@ -99,8 +99,7 @@ void RecordScanner::verify_batch(RecordBatch& out) {
         keep = i;
         break;
       }
-      ++stats_.skipped;
-      if (stats_.corruptions.size() < kMaxReports) stats_.corruptions.push_back({out.file_index, at, what});
+      skip_or_raise(out.file_index, at, what);
       out.payload_bytes -= out.lengths[i];
       continue;
     }
@@ -114,14 +113,16 @@ void RecordScanner::verify_batch(RecordBatch& out) {
   out.file_offsets.resize(keep);
 }
 
+void RecordScanner::skip_or_raise(size_t file_index, int64_t offset, const std::string& what) {
+  if (opts_.on_error == OnError::Raise) throw_error(ErrorKind::Corrupt, path(file_index), offset, what);
+  ++stats_.skipped;
+  if (stats_.corruptions.size() < kMaxReports) stats_.corruptions.push_back({file_index, offset, what});
+}
+
 RecordScanner::Parse RecordScanner::corrupt(int64_t offset, const std::string& what, size_t step) {
   // step == 0: the framing is lost; move on byte by byte (4 for RecordIO) until a header checks.
-  if (opts_.on_error == OnError::Raise) throw_error(ErrorKind::Corrupt, path(region_.file_index), offset, what);
-  if (!resyncing_) {
-    ++stats_.skipped;
-    if (stats_.corruptions.size() < kMaxReports)
-      stats_.corruptions.push_back({region_.file_index, offset, what});
-  }
+  if (!resyncing_) skip_or_raise(region_.file_index, offset, what);
+  assembling_ = false;  // a multi-part record being assembled is lost with its damaged part
   if (step == 0) {
     resyncing_ = true;
     region_.pos += opts_.format == Format::TFRecord ? 1 : 4;
@@ -201,6 +202,13 @@ RecordScanner::Parse RecordScanner::parse_recordio(Frame& f) {
   const uint32_t lrec = le32(p + 4);
   const uint32_t cflag = lrec >> 29;
   const uint64_t length = lrec & ((1u << 29) - 1);
+  if (cflag > 3) {
+    if (resyncing_) {
+      region_.pos += 4;
+      return Parse::Skipped;
+    }
+    return corrupt(at, "bad RecordIO part flag " + std::to_string(cflag) + " (0..3 are defined)", 0);
+  }
   uint64_t frame = kRIOHeader + ((length + 3) & ~uint64_t(3));
   if (region_.file_size != kUnknownSize) {
     const uint64_t rest = region_.file_size - at;
@@ -254,13 +262,10 @@ void RecordScanner::truncated(const Frame& f) {
       f.needed ? "truncated record: the frame needs " + std::to_string(f.needed) + " bytes but the file ends after " +
                      std::to_string(tail)
                : "truncated record header: the file ends " + std::to_string(tail) + " bytes into a record header";
-  if (opts_.on_error == OnError::Raise) throw_error(ErrorKind::Corrupt, path(region_.file_index), at, what);
-  if (!resyncing_) {
-    ++stats_.skipped;
-    if (stats_.corruptions.size() < kMaxReports) stats_.corruptions.push_back({region_.file_index, at, what});
-  }
+  if (!resyncing_) skip_or_raise(region_.file_index, at, what);
   region_.valid = false;
   resyncing_ = false;
+  assembling_ = false;
 }
 
 void RecordScanner::extend_region(const Frame& f) {
@@ -271,11 +276,8 @@ void RecordScanner::extend_region(const Frame& f) {
       resyncing_ = false;
       if (assembling_) {
         assembling_ = false;
-        const size_t fi = region_.file_index;
-        if (opts_.on_error == OnError::Raise)
-          throw_error(ErrorKind::Corrupt, path(fi), static_cast<int64_t>(assembly_offset_),
+        skip_or_raise(region_.file_index, static_cast<int64_t>(assembly_offset_),
                       "truncated multi-part RecordIO record: the file ends before its last part (cflag 3)");
-        ++stats_.skipped;
       }
     } else {
       truncated(f);
@@ -361,20 +363,14 @@ bool RecordScanner::take_part(const Frame& f, RecordBatch& out) {
   const uint64_t at = region_.base_offset + region_.pos - f.frame_len;
   if (!assembling_) {
     if (f.cflag != 1) {
-      if (opts_.on_error == OnError::Raise)
-        throw_error(ErrorKind::Corrupt, path(region_.file_index), static_cast<int64_t>(at),
+      skip_or_raise(region_.file_index, static_cast<int64_t>(at),
                     "RecordIO continuation part (cflag " + std::to_string(f.cflag) + ") without a start part");
-      ++stats_.skipped;
       return false;
     }
     assembling_ = true;
     assembly_ = std::make_shared<AlignedBuffer>(static_cast<size_t>(f.data_len + 64));
     assembly_len_ = 0;
     assembly_offset_ = at;
-  } else if (f.cflag == 1) {
-    throw_error(ErrorKind::Corrupt, path(region_.file_index), static_cast<int64_t>(at),
-                "RecordIO multi-part record starting at byte " + std::to_string(assembly_offset_) +
-                    " is followed by a new start part before its end part");
   }
   // Parts were split where the payload held the magic word; it goes back between them.
   size_t extra = (f.cflag == 3) ? 0 : 4;
@@ -435,10 +431,9 @@ bool RecordScanner::next_batch_impl(RecordBatch& out) {
   };
   for (;;) {
     if (!region_.valid && !pull_region()) {
-      if (assembling_) {
+      if (assembling_) {  // unreachable in practice: the last region of a file ends assembly
         assembling_ = false;
-        if (opts_.on_error == OnError::Raise)
-          throw_error(ErrorKind::Corrupt, "", static_cast<int64_t>(assembly_offset_),
+        skip_or_raise(paths_.size() - 1, static_cast<int64_t>(assembly_offset_),
                       "truncated multi-part RecordIO record at the end of the data");
       }
       return false;
@@ -448,7 +443,15 @@ bool RecordScanner::next_batch_impl(RecordBatch& out) {
     Parse r = parse(f);
     if (r == Parse::Skipped) continue;
     if (r == Parse::Complete) {
-      if (opts_.format == Format::RecordIO && (f.cflag != 0 || assembling_)) {
+      if (opts_.format == Format::RecordIO && assembling_ && f.cflag <= 1) {
+        // A plain record or a new start where a middle or end part belongs: the record being
+        // assembled lost its end. Report it, then read this frame as the start of something new.
+        assembling_ = false;
+        skip_or_raise(region_.file_index, static_cast<int64_t>(assembly_offset_),
+                      "multi-part RecordIO record has no end part: a cflag " + std::to_string(f.cflag) +
+                          " frame follows at byte " + std::to_string(region_.base_offset + region_.pos));
+      }
+      if (opts_.format == Format::RecordIO && f.cflag != 0) {
         if (!out.offsets.empty()) return done();  // an assembled record travels in a batch of its own
         region_.pos += f.frame_len;
         if (take_part(f, out)) return done();

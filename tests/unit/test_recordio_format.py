@@ -104,3 +104,53 @@ def test_bad_magic_and_truncation(tmp_path):
         list(dlstore.open_records(tmp_path / "trunc.rec"))
     reader = dlstore.open_records(tmp_path / "bad.rec", format="recordio", on_error="skip")
     assert len(list(reader)) == 4 and reader.stats()["skipped"] == 1
+
+
+def _frame(cflag, data):
+    return struct.pack("<II", 0xCED7230A, (cflag << 29) | len(data)) + data + b"\0" * ((-len(data)) % 4)
+
+
+@pytest.mark.parametrize("mode", ["raise", "skip"])
+@pytest.mark.parametrize("case", ["orphan-end", "orphan-middle", "plain-inside", "restart-inside", "bad-cflag",
+                                  "ends-after-start"])
+def test_broken_multipart_records(tmp_path, mode, case):
+    good = _frame(0, b"good")
+    start, middle, end = _frame(1, b"AAAA"), _frame(2, b"BBBB"), _frame(3, b"CC")
+    whole = b"AAAA" + MAGIC + b"BBBB" + MAGIC + b"CC"
+    body, expect = {
+        "orphan-end": (good + end + good, [b"good", b"good"]),
+        "orphan-middle": (good + middle + end + good, [b"good", b"good"]),
+        "plain-inside": (start + good + start + middle + end, [b"good", whole]),
+        "restart-inside": (start + middle + start + middle + end, [whole]),
+        "bad-cflag": (good + struct.pack("<II", 0xCED7230A, (5 << 29) | 4) + b"zzzz" + good, [b"good", b"good"]),
+        "ends-after-start": (good + start, [b"good"]),
+    }[case]
+    path = tmp_path / "broken.rec"
+    path.write_bytes(body)
+    reader = dlstore.open_records(path, format="recordio", on_error=mode)
+    if mode == "raise":
+        with pytest.raises(dlstore.CorruptRecordError) as e:
+            list(reader)
+        assert e.value.path == str(path)
+        return
+    assert [bytes(r) for r in reader] == expect
+    assert reader.stats()["skipped"] >= 1 and len(reader.corruptions()) == reader.stats()["skipped"]
+
+
+def test_truncated_multipart_does_not_swallow_the_next_file(tmp_path):
+    a, b = tmp_path / "a.rec", tmp_path / "b.rec"
+    a.write_bytes(_frame(0, b"one") + _frame(1, b"AAAA") + _frame(2, b"BBBB"))  # no end part
+    b.write_bytes(_frame(0, b"two") + _frame(0, b"three"))
+    reader = dlstore.open_records([a, b], format="recordio", on_error="skip")
+    assert [bytes(r) for r in reader] == [b"one", b"two", b"three"]
+    assert [c[0] for c in reader.corruptions()] == [str(a)]
+
+
+def test_extra_labels_read_back_through_the_reader(tmp_path):
+    path = tmp_path / "labels.rec"
+    with dlstore.RecordIOWriter(path) as w:
+        for i in range(5):
+            w.write(dlstore.recordio.pack(0, [i, i + 0.5], i, 0, bytes([i]) * 10))
+    for i, rec in enumerate(dlstore.open_records(path)):
+        header, data = dlstore.recordio.unpack(rec)
+        assert header.flag == 2 and list(header.label) == [i, i + 0.5] and data == bytes([i]) * 10

@@ -178,3 +178,29 @@ def test_warn_mode_warns_per_corruption(tmp_path):
     with pytest.warns(RuntimeWarning, match=f"at byte {3 * 116}: bad data CRC"):
         got = [bytes(r) for r in dlstore.open_records(path, on_error="warn")]
     assert got == records[:3] + records[4:]
+
+
+def test_crc_of_strided_buffers_is_refused_or_right():
+    data = np.arange(10, dtype=np.uint8)
+    with pytest.raises((BufferError, ValueError, TypeError)):
+        _C.crc32c(data[::2])
+    assert _C.crc32c(np.ascontiguousarray(data[::2])) == oracle_crc32c(bytes(data[::2]))
+
+
+@pytest.mark.parametrize("damage", ["truncate", "corrupt"])
+def test_compressed_errors_come_after_the_good_records(tmp_path, damage):
+    import zlib
+
+    records = [os.urandom(3000) for _ in range(400)]
+    raw = b"".join(dlstore.formats.tfrecord.frame_parts(r)[0] + r + dlstore.formats.tfrecord.frame_parts(r)[1]
+                   for r in records)
+    comp = zlib.compress(raw, 1)
+    comp = comp[:len(comp) * 3 // 4] if damage == "truncate" else comp[:len(comp) * 3 // 4] + b"\xff" * 64
+    path = tmp_path / "d.tfrecord.zlib"
+    path.write_bytes(comp)
+    got = []
+    with pytest.raises(dlstore.CorruptRecordError) as e:
+        for r in dlstore.open_records(path, chunk_size=64 << 10):
+            got.append(bytes(r))
+    assert len(got) > 100 and got == records[:len(got)]
+    assert e.value.path == str(path) and e.value.offset is not None

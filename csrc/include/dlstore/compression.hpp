@@ -2,6 +2,7 @@
 // uncompressed stream, so record framing works the same on both.
 #pragma once
 
+#include <exception>
 #include <memory>
 #include <string>
 #include <vector>
@@ -30,6 +31,7 @@ class InflateStream : public ChunkStream {
   std::shared_ptr<BufferPool> pool_;
   size_t headroom_;
   std::unique_ptr<State> st_;
+  std::exception_ptr pending_error_;  // raised by the next call, after the bytes before it
 };
 
 }  // namespace dlstore

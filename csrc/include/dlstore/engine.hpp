@@ -71,6 +71,7 @@ class ChunkReader : public ChunkStream {
   std::shared_ptr<OpenFile> current_;  // file whose chunks are being scheduled
   size_t next_file_ = 0;
   std::deque<std::future<Chunk>> inflight_;
+  bool failed_ = false;  // a file could not be opened: nothing after it is scheduled
   std::vector<std::string> notes_;
   uint64_t bytes_read_ = 0;
 };

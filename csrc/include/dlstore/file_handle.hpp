@@ -11,6 +11,7 @@ struct DirectAlignment {
   uint32_t memory = 4096;  // buffer address alignment
   uint32_t offset = 4096;  // file offset and length alignment
   std::string source;      // "statx" or "logical block size" or "default"
+  bool supported = true;   // false: statx reports that this file cannot do direct I/O
 };
 
 class FileHandle {

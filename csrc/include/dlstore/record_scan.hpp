@@ -97,6 +97,8 @@ class RecordScanner {
   Parse parse(Frame& f) {
     return opts_.format == Format::TFRecord ? parse_tfrecord(f) : parse_recordio(f);
   }
+  // Raises under OnError::Raise; otherwise counts the skip and keeps its report.
+  void skip_or_raise(size_t file_index, int64_t offset, const std::string& what);
   // A corruption at the current position: raise, or record it and resynchronise.
   Parse corrupt(int64_t offset, const std::string& what, size_t resync_step);
   bool pull_region();
