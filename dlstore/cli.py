@@ -7,17 +7,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, NamedTuple, Optional
 
 __all__ = ["main", "COMMANDS"]
-
-
-def _progress(total: int, label: str, unit: str = "B"):
-    try:
-        from dlstore._progress import Progress
-    except ImportError:  # the bar is a nicety; the work does not depend on it
-        return None
-    return Progress(total=total, desc=label, unit=unit)
 
 
 def cmd_gen(args: argparse.Namespace) -> int:
@@ -50,38 +42,68 @@ def cmd_index(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_verify(args: argparse.Namespace) -> int:
-    """Reads every record, checks framing and CRCs, and lists each corrupt offset. Exit 1 if any."""
+class _FileCheck(NamedTuple):
+    records: int  # good records
+    corrupt: int  # corrupt records skipped (every one counted, reported or not)
+    lines: List[str]  # what to print: one line per problem
+    unreadable: bool  # the file could not be opened or its format told
+
+
+def _verify_file(path: str, fmt: str, io: Optional[str]) -> _FileCheck:
+    """Reads one file with every check on and says what is wrong with it."""
     from dlstore.errors import DlstoreError
-    from dlstore.reader import expand_paths, open_records
+    from dlstore.reader import open_records
+
+    try:
+        reader = open_records(path, format=fmt, io=io, on_error="skip")
+        stats = reader.count()
+    except (DlstoreError, ValueError) as e:  # unreadable file or unknown format: say so, go on
+        text = str(e)
+        return _FileCheck(0, 0, [text if text.startswith(path) else f"{path}: {text}"], True)
+    lines = []
+    found = reader.corruptions()
+    for where, offset, what in found:
+        at = f"at byte {offset}: " if offset is not None and str(offset) not in what[:40] else ""
+        lines.append(what if what.startswith(where) else f"{where}: {at}{what}")
+    # The core keeps the first reports only, but counts every skipped record: a file with more
+    # corruptions than reports is listed too, and never called OK.
+    unreported = stats["skipped"] - len(found)
+    if unreported > 0:
+        lines.append(f"{path}: {unreported} more corrupt {'record was' if unreported == 1 else 'records were'} "
+                     f"skipped without a detailed report")
+    return _FileCheck(stats["records"], max(stats["skipped"], len(found)), lines, False)
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}{'' if n == 1 else 's'}"
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    """Reads every record, checks framing and CRCs, and lists each corrupt offset and each file that
+    cannot be read. Exit 1 if any."""
+    from dlstore._progress import Progress
+    from dlstore.reader import expand_paths
 
     files = expand_paths(args.paths)
     total = sum(os.path.getsize(f) for f in files)
-    bar = None if args.quiet else _progress(total, "verify")
-    bad_files, records, problems = 0, 0, 0
-    for f in files:
-        try:
-            reader = open_records(f, format=args.format, io=args.io, on_error="skip")
-            stats = reader.count()
-            found = reader.corruptions()
-            records += stats["records"]
-        except (DlstoreError, ValueError) as e:  # unreadable file or unknown format
-            found = [(f, getattr(e, "offset", None), str(e))]
-        if bar is not None:
+    records = corrupt = corrupt_files = unreadable = 0
+    with Progress(total, "verify", unit="B", enabled=False if args.quiet else None) as bar:
+        for f in files:
+            check = _verify_file(f, args.format, args.io)
             bar.update(os.path.getsize(f))
-        if found:
-            bad_files += 1
-            problems += len(found)
-            for path, offset, what in found:
-                where = f"at byte {offset}: " if offset is not None and str(offset) not in what[:40] else ""
-                msg = what if what.startswith(path) else f"{path}: {where}{what}"
-                print(msg, file=sys.stdout, flush=True)
-    if bar is not None:
-        bar.close()
-    verdict = "OK" if not problems else "CORRUPT"
-    print(f"{verdict}: {len(files)} files, {records} good records, {problems} corrupt "
-          f"{'record' if problems == 1 else 'records'} in {bad_files} {'file' if bad_files == 1 else 'files'}")
-    return 1 if problems else 0
+            records += check.records
+            corrupt += check.corrupt
+            corrupt_files += check.corrupt > 0
+            unreadable += check.unreadable
+            for line in check.lines:
+                print(line, file=sys.stdout, flush=True)
+    bad = corrupt_files + unreadable
+    summary = (f"{'OK' if not bad else 'CORRUPT'}: {_count(len(files), 'file')}, {records} good records, "
+               f"{_count(corrupt, 'corrupt record')} in {_count(corrupt_files, 'file')}")
+    if unreadable:
+        summary += f", {_count(unreadable, 'unreadable file')}"
+    print(summary)
+    return 1 if bad else 0
 
 
 COMMANDS: Dict[str, Callable[[argparse.Namespace], int]] = {
@@ -114,7 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     v = sub.add_parser("verify", help=cmd_verify.__doc__, description=cmd_verify.__doc__)
     v.add_argument("paths", nargs="+", help="files, globs or directories")
     v.add_argument("--format", default="auto", choices=["auto", "tfrecord", "recordio"])
-    v.add_argument("--io", default="auto", help=settings.SETTINGS["io"].help)
+    v.add_argument("--io", help=settings.SETTINGS["io"].help + f" Default: ${settings.SETTINGS['io'].env}, else auto.")
     v.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
 

@@ -11,23 +11,48 @@ import warnings
 from typing import Iterator, List, Optional, Sequence, Union
 
 from dlstore import settings
-from dlstore.errors import DlstoreError
+from dlstore.errors import DlstoreError, DlstoreIOError
 from dlstore.formats.detect import detect
 from dlstore.io.select import EngineChoice, resolve_engine
 
 __all__ = ["open_records", "RecordReader", "expand_paths"]
 
 PathSpec = Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]]
-_INDEX_SUFFIXES = (".idx", ".index")
+# Files that sit beside record files and are not records: indexes (ours, DALI's, MXNet's .idx),
+# MXNet's image lists, and metadata or notes.
+_NOT_RECORD_SUFFIXES = (".idx", ".index", ".lst", ".json", ".txt", ".md", ".csv", ".yaml", ".yml", ".log")
+# Writers write a temporary and rename it into place (the index writer: ``x.idx.tmp<pid>``); one
+# left by a crash, or still being written, is not a shard.
+_TEMP_MARK = ".tmp"
+
+
+def _is_record_file_name(name: str) -> bool:
+    """Whether a file found in a directory may hold records (not hidden, an index, metadata or a temporary)."""
+    lower = name.lower()
+    return not (lower.startswith(".") or lower.endswith(_NOT_RECORD_SUFFIXES) or _TEMP_MARK in lower)
+
+
+def _list_directory(path: str) -> List[str]:
+    try:
+        names = os.listdir(path)
+    except OSError as e:
+        raise DlstoreIOError(f"{path}: cannot list the directory: {e.strerror} (errno {e.errno})", path=path) from e
+    return sorted(os.path.join(path, n) for n in names
+                  if _is_record_file_name(n) and os.path.isfile(os.path.join(path, n)))
 
 
 def expand_paths(paths: PathSpec) -> List[str]:
-    """Files named by a path, a glob, a directory (its files, sorted, index files left out) or a list.
+    """Files named by a path, a glob, a directory or a list of them.
+
+    A directory gives its files in sorted order, leaving out those that are not record files:
+    hidden files, indexes (``.idx``, ``.index``), MXNet image lists (``.lst``), metadata and notes
+    (``.json``, ``.txt``, ``.md``, ``.csv``, ``.yaml``, ``.yml``, ``.log``) and temporaries (names
+    containing ``.tmp``). A file named explicitly or matched by a glob is always kept.
 
     Raises
     ------
     DlstoreError
-        When a path does not exist or a glob matches nothing.
+        When a path does not exist, a glob matches nothing or a directory cannot be listed.
     """
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
@@ -40,9 +65,7 @@ def expand_paths(paths: PathSpec) -> List[str]:
                 raise DlstoreError(f"no file matches {p!r}", path=p)
             out.extend(matches)
         elif os.path.isdir(p):
-            out.extend(sorted(os.path.join(p, f) for f in os.listdir(p)
-                              if os.path.isfile(os.path.join(p, f)) and not f.endswith(_INDEX_SUFFIXES)
-                              and not f.startswith(".")))
+            out.extend(_list_directory(p))
         elif os.path.isfile(p):
             out.append(p)
         else:
@@ -53,8 +76,18 @@ def expand_paths(paths: PathSpec) -> List[str]:
 
 
 def _head(path: str, n: int = 16) -> bytes:
-    with open(path, "rb") as f:
-        return f.read(n)
+    """The first ``n`` bytes of ``path``, which tell its format and compression.
+
+    Raises
+    ------
+    DlstoreIOError
+        When the file cannot be opened or read (permissions, a vanished file), naming it.
+    """
+    try:
+        with open(path, "rb") as f:
+            return f.read(n)
+    except OSError as e:
+        raise DlstoreIOError(f"{path}: cannot read: {e.strerror} (errno {e.errno})", path=path) from e
 
 
 class RecordReader:
@@ -112,21 +145,48 @@ class RecordReader:
         A batch exposes the buffer protocol over one contiguous region; record ``i`` is
         ``memoryview(batch)[offsets[i]:offsets[i] + lengths[i]]``. Also ``file_offsets`` (where each
         record's frame starts in its file), ``file_index`` (into :attr:`paths`), ``num_records`` and
-        ``nbytes`` (payload bytes). A batch stays valid as long as it is referenced.
+        ``nbytes`` (payload bytes).
+
+        A batch, and every view into it, keeps its whole chunk buffer (about ``chunk_size`` bytes)
+        alive for as long as it is referenced. Copy what you keep for long (``bytes(record)``), or a
+        handful of kept records pins a buffer each.
+
+        The reader's files and buffers are released when the pass ends, also when the consumer
+        stops early (``break``, or ``close()`` on the generator); :meth:`stats` then reports that pass.
         """
+        return self._batches(warn_stacklevel=2)
+
+    def _batches(self, warn_stacklevel: int) -> Iterator:
+        # warn_stacklevel: frames from this generator to the caller a warning should name (2: the
+        # one iterating batches(); 3: the one iterating the reader, through __iter__).
         core = self._new_core()
-        warned = 0
-        while True:
-            batch = core.next_batch()
-            if self.on_error == "warn":
-                found = core.corruptions()
-                for path, offset, what in found[warned:]:
-                    warnings.warn(f"{path}: at byte {offset}: {what} (skipped)", RuntimeWarning, stacklevel=2)
-                warned = len(found)
-            if batch is None:
-                self._finish(core)
-                return
-            yield batch
+        warn = self.on_error == "warn"
+        seen_skipped = reported = 0
+        noted_unreported = False
+        try:
+            while True:
+                batch = core.next_batch()
+                if warn:
+                    skipped = core.stats()["skipped"]
+                    # corruptions() copies the whole list: fetch it only when something new was skipped.
+                    if skipped > seen_skipped:
+                        seen_skipped = skipped
+                        found = core.corruptions()
+                        for path, offset, what in found[reported:]:
+                            warnings.warn(f"{path}: at byte {offset}: {what} (skipped)", RuntimeWarning,
+                                          stacklevel=warn_stacklevel)
+                        reported = len(found)
+                        if skipped > reported and not noted_unreported:
+                            noted_unreported = True
+                            warnings.warn(f"{skipped - reported} more corrupt records were skipped than reported: "
+                                          f"the reader reports the first {reported}; further ones are counted "
+                                          f"in stats()['skipped'] without a warning each", RuntimeWarning,
+                                          stacklevel=warn_stacklevel)
+                if batch is None:
+                    return
+                yield batch
+        finally:
+            self._finish(core)
 
     def _finish(self, core) -> None:
         # Keep the pass's counters but let the core go: its file handles, mappings and buffers are
@@ -137,10 +197,20 @@ class RecordReader:
             self._core = None
 
     def __iter__(self) -> Iterator[memoryview]:
-        for batch in self.batches():
-            mv = memoryview(batch)
-            for o, n in zip(batch.offsets.tolist(), batch.lengths.tolist()):
-                yield mv[o:o + n]
+        """Yields each record as a read-only ``memoryview``.
+
+        A record is a view into the chunk buffer it was read into and keeps that whole buffer
+        (about ``chunk_size`` bytes) alive while it is referenced: copy records kept beyond the
+        loop with ``bytes(record)``. Stopping early releases the reader's files and buffers.
+        """
+        batches = self._batches(warn_stacklevel=3)
+        try:
+            for batch in batches:
+                mv = memoryview(batch)
+                for o, n in zip(batch.offsets.tolist(), batch.lengths.tolist()):
+                    yield mv[o:o + n]
+        finally:
+            batches.close()  # runs _batches' finally now, not whenever the generator is collected
 
     def count(self) -> dict:
         """Reads everything (framing and CRCs checked) without handing records to Python; returns :meth:`stats`."""
@@ -186,7 +256,7 @@ def _verify_threads(engine: str, requested: Optional[int]) -> int:
     return settings.get("verify_threads", requested)
 
 
-def open_records(paths: PathSpec, *, format: str = "auto", io: str = "auto", compression: str = "auto",
+def open_records(paths: PathSpec, *, format: str = "auto", io: Optional[str] = None, compression: str = "auto",
                  verify: bool = True, on_error: str = "raise", chunk_size: Optional[int] = None,
                  depth: Optional[int] = None, io_threads: Optional[int] = None,
                  verify_threads: Optional[int] = None) -> RecordReader:
@@ -198,8 +268,10 @@ def open_records(paths: PathSpec, *, format: str = "auto", io: str = "auto", com
         Files, globs or directories.
     format : {"auto", "tfrecord", "recordio"}
         ``auto`` tells by the first bytes (and the extension).
-    io : {"auto", "buffered", "mmap", "direct"}
-        The I/O engine; ``auto`` resolves once and the reader says why (``reader.engine_reason``).
+    io : {"auto", "buffered", "mmap", "direct", "gds"}, optional
+        The I/O engine; by default the ``io`` setting (``DLSTORE_IO``, else ``auto``). ``auto``
+        resolves once and the reader says why (``reader.engine_reason``).
+        ``gds`` raises :class:`~dlstore.GdsUnavailableError` saying why it cannot run here.
     compression : {"auto", "none", "gzip", "zlib"}
         TFRecord compression; ``auto`` tells per file by name and magic bytes.
     verify : bool
@@ -216,6 +288,16 @@ def open_records(paths: PathSpec, *, format: str = "auto", io: str = "auto", com
     Returns
     -------
     RecordReader
+
+    Raises
+    ------
+    DlstoreError
+        When a path does not exist or cannot be read (:class:`~dlstore.DlstoreIOError`), or the
+        files mix formats.
+    GdsUnavailableError
+        For ``io="gds"``, saying why it cannot run here.
+    ValueError
+        For an unknown format, setting or ``on_error``.
 
     Examples
     --------
@@ -235,7 +317,7 @@ def open_records(paths: PathSpec, *, format: str = "auto", io: str = "auto", com
         total += os.path.getsize(f)
     if len(formats) > 1:
         raise DlstoreError(f"the files mix formats {sorted(formats)}; read each format apart")
-    choice = resolve_engine(settings.get("io", io), files, total, compressed=any(c != "none" for c in comps))
+    choice = resolve_engine(settings.get("io", io), files, total)
     return RecordReader(files, format=formats.pop(), compression=comps, choice=choice, verify=verify,
                         on_error=on_error, chunk_size=settings.get("chunk_size", chunk_size),
                         headroom=settings.get("headroom"), depth=settings.get("depth", depth),

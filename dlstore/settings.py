@@ -8,6 +8,8 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional
 
+from dlstore.io.select import REQUESTS as _IO_REQUESTS
+
 __all__ = ["Setting", "SETTINGS", "get", "markdown_table"]
 
 MiB = 1 << 20
@@ -40,8 +42,10 @@ def _positive(v: Any) -> bool:
 SETTINGS: Dict[str, Setting] = {
     s.name: s
     for s in [
-        Setting("io", "auto", "DLSTORE_IO", "I/O engine: auto, buffered, mmap or direct. auto picks and says why.",
-                str, lambda v: v in ("auto", "buffered", "mmap", "direct"), "one of auto, buffered, mmap, direct"),
+        Setting("io", "auto", "DLSTORE_IO",
+                "I/O engine: auto, buffered, mmap or direct. auto picks and says why. gds (GPUDirect "
+                "Storage) is refused by this build with the reason.",
+                str, lambda v: v in _IO_REQUESTS, "one of " + ", ".join(_IO_REQUESTS)),
         Setting("chunk_size", 8 * MiB, "DLSTORE_CHUNK_SIZE",
                 "Bytes per read. Large reads keep O_DIRECT streaming; records are split out in C++.",
                 _size, lambda v: v >= 64 << 10, "at least 64 KiB"),

@@ -2,12 +2,16 @@
 from __future__ import annotations
 
 import os
+import shutil
 import struct
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 ENGINES = ["buffered", "mmap", "direct"]
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # ---- pure-Python oracle, independent of the C++ core --------------------------------------------
 
@@ -82,3 +86,97 @@ def write_tfrecord(path, records) -> str:
     with open(path, "wb") as f:
         f.write(oracle_tfrecord_bytes(records))
     return os.fspath(path)
+
+
+# ---- where the direct engine really runs -----------------------------------------------------------
+
+def _accepts_o_direct(directory) -> bool:
+    """Whether a file in ``directory`` can be opened with O_DIRECT (tmpfs and some FUSE mounts refuse)."""
+    flag = getattr(os, "O_DIRECT", None)
+    if flag is None:
+        return False
+    probe = os.path.join(directory, f".o_direct-probe-{os.getpid()}")
+    try:
+        with open(probe, "wb") as f:
+            f.write(b"\0" * 4096)
+        os.close(os.open(probe, os.O_RDONLY | flag))
+        return True
+    except OSError:
+        return False
+    finally:
+        if os.path.exists(probe):
+            os.unlink(probe)
+
+
+@pytest.fixture
+def direct_dir(tmp_path):
+    """A temporary directory on a filesystem that accepts O_DIRECT, so ``io="direct"`` reads direct.
+
+    ``tmp_path`` when it accepts O_DIRECT (not tmpfs); else a directory under the repository's
+    ``build/`` or /var/tmp, removed afterwards; the test is skipped, saying why, when none does.
+    """
+    if _accepts_o_direct(tmp_path):
+        yield tmp_path
+        return
+    for base in (os.path.join(REPO, "build"), "/var/tmp"):
+        try:
+            os.makedirs(base, exist_ok=True)
+            d = tempfile.mkdtemp(prefix="dlstore-direct-", dir=base)
+        except OSError:
+            continue
+        try:
+            if _accepts_o_direct(d):
+                yield Path(d)
+                return
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+    pytest.skip(f"no filesystem here accepts O_DIRECT (tried {tmp_path}, {REPO}/build, /var/tmp)")
+
+
+@pytest.fixture(params=ENGINES)
+def engine(request) -> str:
+    """Each engine in turn (a test's own ``parametrize("engine", ...)`` overrides this)."""
+    return request.param
+
+
+@pytest.fixture
+def engine_dir(engine, request, tmp_path):
+    """Where to write the files a test reads with ``engine``: :func:`direct_dir` for ``direct``."""
+    if engine == "direct":
+        return request.getfixturevalue("direct_dir")
+    return tmp_path
+
+
+def check_engine(reader, engine: str) -> None:
+    """The engine asked for is the one that ran, with no per-file fallback (call after a pass)."""
+    assert reader.engine == engine, reader.engine_reason
+    assert reader.stats()["notes"] == []
+
+
+@pytest.fixture
+def make_unreadable(monkeypatch):
+    """A function that makes a file unreadable to dlstore, as ``chmod 000`` does for a user.
+
+    Root ignores file permissions, so for root the file's opening in :mod:`dlstore.reader` is
+    refused with EACCES as well.
+    """
+    import builtins
+
+    from dlstore import reader as reader_module
+
+    refused = set()
+
+    def refusing_open(file, *args, **kwargs):
+        if isinstance(file, (str, os.PathLike)) and os.path.realpath(file) in refused:
+            raise PermissionError(13, "Permission denied", os.fspath(file))
+        return builtins.open(file, *args, **kwargs)
+
+    def make(path) -> None:
+        os.chmod(path, 0)
+        refused.add(os.path.realpath(path))
+        if os.geteuid() == 0:
+            monkeypatch.setattr(reader_module, "open", refusing_open, raising=False)
+
+    yield make
+    for path in refused:
+        os.chmod(path, 0o644)

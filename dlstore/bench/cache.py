@@ -12,40 +12,24 @@ import ctypes
 import ctypes.util
 import mmap
 import os
-from typing import Dict, Iterable, Optional, Sequence
+from typing import Iterable, Optional, Sequence
 
 import numpy as np
 
-from dlstore.io.select import available_page_cache_bytes
+from dlstore.io.system import available_page_cache_bytes, meminfo
 
 __all__ = [
     "drop_page_cache",
     "drop_page_cache_refusal",
     "evict_files",
     "make_cold",
-    "meminfo",
+    "meminfo",  # from dlstore.io.system, beside the page-cache figures built on it
     "free_page_cache_bytes",
     "cached_bytes",
     "resident_fraction",
 ]
 
 _DROP_CACHES = "/proc/sys/vm/drop_caches"
-
-
-def meminfo() -> Dict[str, int]:
-    """``/proc/meminfo`` in bytes (``{"MemTotal": ..., "Cached": ...}``); empty when unreadable."""
-    out: Dict[str, int] = {}
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                name, _, rest = line.partition(":")
-                parts = rest.split()
-                if parts and parts[0].isdigit():
-                    scale = 1024 if len(parts) > 1 and parts[1] == "kB" else 1
-                    out[name.strip()] = int(parts[0]) * scale
-    except OSError:
-        pass
-    return out
 
 
 def free_page_cache_bytes() -> int:

@@ -23,6 +23,7 @@ import threading
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+from dlstore._progress import Progress
 from dlstore.bench import cache as cache_control
 from dlstore.bench import report, sysinfo
 from dlstore.bench.fio import FioError, fio_missing_reason, run_fio
@@ -260,16 +261,6 @@ def measure_passes(prepare: Callable[[], Callable[[], Tuple[int, int]]], paths: 
     return {"cache_method": method, "passes": passes}
 
 
-def _progress_bar(total: int, desc: str, quiet: bool):
-    if quiet:
-        return None
-    try:
-        from dlstore._progress import Progress
-    except ImportError:  # the bar is a nicety; the measurement does not depend on it
-        return None
-    return Progress(total=total, desc=desc, unit="B")
-
-
 def timed_passes(paths: Sequence[str], *, io: str = "auto", cache: str = "cold", repeat: int = 3,
                  verify: bool = True, readers: int = 1, sync: bool = False, quiet: bool = True,
                  after_pass: Optional[Callable[[int], None]] = None,
@@ -291,14 +282,14 @@ def timed_passes(paths: Sequence[str], *, io: str = "auto", cache: str = "cold",
         held["readers"] = None
         held["readers"] = rs = open_readers(paths, io=io, verify=verify, readers=readers)
         held["n"] += 1
-        bar = _progress_bar(file_bytes, f"{cache} {rs[0].engine} {held['n']}", quiet)
+        bar = Progress(file_bytes, f"{cache} {rs[0].engine} {held['n']}", unit="B",
+                       enabled=False if quiet else None)
 
         def one_pass() -> Tuple[int, int]:
             try:
-                return count_records(rs, sync=sync, progress=bar.update if bar is not None else None)
+                return count_records(rs, sync=sync, progress=bar.update if bar.enabled else None)
             finally:
-                if bar is not None:
-                    bar.close()
+                bar.close()
         return one_pass
 
     measured = measure_passes(prepare, paths, cache=cache, repeat=repeat, after_pass=after_pass, log=log)

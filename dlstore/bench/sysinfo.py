@@ -11,8 +11,11 @@ import os
 import platform
 import shutil
 import sys
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
+from dlstore.io.system import available_page_cache_bytes, filesystem_of, format_gb, meminfo
+
+# filesystem_of is dlstore.io.system's, the one the engine choice reads too.
 __all__ = ["cpu_model", "filesystem_of", "gpu_status", "collect", "format_header", "per_core_cpu_ticks",
            "busiest_core_percent"]
 
@@ -34,26 +37,6 @@ def _usable_cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:
         return os.cpu_count() or 1
-
-
-def filesystem_of(path: str) -> Dict[str, str]:
-    """``{"mount", "fstype", "device"}`` of the mount holding ``path`` (the longest matching mount
-    point in /proc/mounts; the last one listed wins when several are stacked on one point)."""
-    real = os.path.realpath(path)
-    best = {"mount": "", "fstype": "unknown", "device": "unknown"}
-    try:
-        with open("/proc/mounts") as f:
-            for line in f:
-                parts = line.split()
-                if len(parts) < 3:
-                    continue
-                mnt = parts[1].replace("\\040", " ")
-                inside = real == mnt or real.startswith(mnt.rstrip("/") + "/")
-                if inside and len(mnt) >= len(best["mount"]):
-                    best = {"mount": mnt, "fstype": parts[2], "device": parts[0]}
-    except OSError:
-        pass
-    return best
 
 
 def gpu_status() -> str:
@@ -78,7 +61,7 @@ def collect(paths: Sequence[str] = (), engine: Optional[str] = None,
             engine_reason: Optional[str] = None) -> dict:
     """The header's facts as a dict (it goes into the JSON as ``sysinfo``)."""
     from dlstore import __version__
-    from dlstore.bench.cache import cached_bytes, free_page_cache_bytes, meminfo
+    from dlstore.bench.cache import cached_bytes
 
     info: dict = {
         "cpu": cpu_model(),
@@ -87,7 +70,7 @@ def collect(paths: Sequence[str] = (), engine: Optional[str] = None,
         "python": sys.version.split()[0],
         "dlstore": __version__,
         "memory_bytes": meminfo().get("MemTotal", 0),
-        "page_cache_available_bytes": free_page_cache_bytes(),
+        "page_cache_available_bytes": available_page_cache_bytes(),
         "page_cache_used_bytes": cached_bytes(),
         "crc": _crc_status(),
         "gpu": gpu_status(),
@@ -107,18 +90,14 @@ def collect(paths: Sequence[str] = (), engine: Optional[str] = None,
     return info
 
 
-def _gb(n: int) -> str:
-    return f"{n / 1e9:.1f} GB"
-
-
 def format_header(info: dict, extra: Sequence[Tuple[str, str]] = ()) -> str:
     """The header as aligned ``name  value`` lines, with ``extra`` rows (a benchmark's own) last."""
     rows = [
         ("CPU", f"{info['cpu']}, {info['cores']} cores"),
         ("kernel", info["kernel"]),
-        ("memory", (f"{_gb(info['memory_bytes'])}; page cache can use "
-                    f"{_gb(info['page_cache_available_bytes'])}, "
-                    f"holds {_gb(info['page_cache_used_bytes'])}")),
+        ("memory", (f"{format_gb(info['memory_bytes'])}; page cache can use "
+                    f"{format_gb(info['page_cache_available_bytes'])}, "
+                    f"holds {format_gb(info['page_cache_used_bytes'])}")),
     ]
     if "filesystem" in info:
         where = f"{info['data_dir']} on {info['filesystem']} ({info['device']} at {info['mount']})"

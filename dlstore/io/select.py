@@ -11,9 +11,13 @@ import os
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-__all__ = ["ENGINES", "EngineChoice", "resolve_engine", "probe_direct", "available_page_cache_bytes"]
+from dlstore.io.system import available_page_cache_bytes, filesystem_of, format_gb
+
+__all__ = ["ENGINES", "REQUESTS", "EngineChoice", "resolve_engine", "probe_direct"]
 
 ENGINES = ("buffered", "mmap", "direct")
+# What ``io=`` accepts: the engines, ``auto``, and ``gds``, which this build refuses with the reason.
+REQUESTS = ("auto",) + ENGINES + ("gds",)
 
 
 @dataclass(frozen=True)
@@ -28,39 +32,6 @@ class EngineChoice:
         return f"{self.engine} ({self.reason})"
 
 
-def _gb(n: float) -> str:
-    return f"{n / 1e9:.1f} GB"
-
-
-def available_page_cache_bytes() -> int:
-    """Memory the page cache can use: ``MemAvailable`` from /proc/meminfo (0 when unreadable)."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
-
-
-def _fs_type(path: str) -> str:
-    """The filesystem type of the mount holding ``path`` (longest matching mount point)."""
-    path = os.path.realpath(path)
-    best, kind = "", "unknown"
-    try:
-        with open("/proc/mounts") as f:
-            for line in f:
-                parts = line.split()
-                if len(parts) >= 3:
-                    mnt = parts[1].replace("\\040", " ")
-                    if (path == mnt or path.startswith(mnt.rstrip("/") + "/")) and len(mnt) > len(best):
-                        best, kind = mnt, parts[2]
-    except OSError:
-        pass
-    return kind
-
-
 def probe_direct(path: str) -> Optional[str]:
     """None when ``path`` can be opened with O_DIRECT, else the reason it cannot."""
     flag = getattr(os, "O_DIRECT", None)
@@ -69,39 +40,44 @@ def probe_direct(path: str) -> Optional[str]:
     try:
         fd = os.open(path, os.O_RDONLY | flag)
     except OSError as e:
-        return f"{_fs_type(path)} at {path} refuses O_DIRECT ({e.strerror})"
+        return f"{filesystem_of(path)['fstype']} at {path} refuses O_DIRECT ({e.strerror})"
     os.close(fd)
     return None
 
 
-def resolve_engine(requested: str, paths: Sequence[str], total_bytes: int, compressed: bool = False,
+def resolve_engine(requested: str, paths: Sequence[str], total_bytes: int,
                    available: Optional[int] = None) -> EngineChoice:
     """Resolves ``requested`` (``auto`` or an engine name) for these files, once.
 
     Parameters
     ----------
     requested : str
-        ``auto``, ``buffered``, ``mmap`` or ``direct``.
+        ``auto``, ``buffered``, ``mmap``, ``direct`` or ``gds`` (refused by this build, with why).
     paths : sequence of str
         The files to be read (the first one is probed for O_DIRECT).
     total_bytes : int
         Their total size.
-    compressed : bool
-        Whether any of them is compressed (decompression runs on the CPU either way).
     available : int, optional
         Memory available to the page cache; read from /proc/meminfo when omitted.
 
     Returns
     -------
     EngineChoice
+
+    Raises
+    ------
+    GdsUnavailableError
+        For ``gds``: this build reads into host memory only.
+    ValueError
+        For any other name.
     """
     if requested == "gds":
         from dlstore.errors import GdsUnavailableError
 
         raise GdsUnavailableError("io='gds' reads into GPU memory through kvikio; this build reads into host "
                                   "memory only (buffered, mmap, direct). Use one of those.")
-    if requested not in ENGINES + ("auto",):
-        raise ValueError(f"io must be 'auto' or one of {ENGINES}, not {requested!r}")
+    if requested not in REQUESTS:
+        raise ValueError(f"io must be one of {', '.join(REQUESTS)}, not {requested!r}")
     if requested in ("buffered", "mmap"):
         return EngineChoice(requested, requested, "requested")
     refused = probe_direct(paths[0]) if paths else None
@@ -112,13 +88,11 @@ def resolve_engine(requested: str, paths: Sequence[str], total_bytes: int, compr
     if available is None:
         available = available_page_cache_bytes()
     if total_bytes > available:
+        exceeds = f"dataset {format_gb(total_bytes)} exceeds the {format_gb(available)} available to the page cache"
         if refused:
-            return EngineChoice("buffered", requested,
-                                f"dataset {_gb(total_bytes)} exceeds the {_gb(available)} available to the page "
-                                f"cache, but {refused}")
+            return EngineChoice("buffered", requested, f"{exceeds}, but {refused}")
         return EngineChoice("direct", requested,
-                            f"dataset {_gb(total_bytes)} exceeds the {_gb(available)} available to the page cache: "
-                            f"O_DIRECT avoids thrashing the cache and a copy out of it")
+                            f"{exceeds}: O_DIRECT avoids thrashing the cache and a copy out of it")
     return EngineChoice("buffered", requested,
-                        f"dataset {_gb(total_bytes)} fits in the {_gb(available)} available to the page cache: "
-                        f"buffered, so later epochs are served from RAM")
+                        f"dataset {format_gb(total_bytes)} fits in the {format_gb(available)} available to the "
+                        f"page cache: buffered, so later epochs are served from RAM")

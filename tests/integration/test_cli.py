@@ -5,7 +5,7 @@ import sys
 
 import numpy as np
 
-from tests.conftest import write_tfrecord
+from tests.conftest import oracle_tfrecord_bytes, write_tfrecord
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -51,3 +51,33 @@ def test_index_writes_offset_size_lines(tmp_path):
 def test_missing_path_is_a_clear_error(tmp_path):
     out = dlstore("verify", tmp_path / "nope")
     assert out.returncode == 2 and "no such file" in out.stderr
+
+
+def test_verify_never_calls_unreported_corruption_ok(tmp_path):
+    # More corrupt records than the core keeps reports of (10000): the rest are still counted.
+    n = 10_050
+    blob = bytearray(oracle_tfrecord_bytes([b"z"] * n))
+    for i in range(n):
+        blob[i * 17 + 13] ^= 0xFF  # each record's data CRC
+    path = tmp_path / "many.tfrecord"
+    path.write_bytes(bytes(blob))
+    out = dlstore("verify", path, "--quiet")
+    assert out.returncode == 1
+    lines = out.stdout.splitlines()
+    reported = sum(": bad data CRC" in line for line in lines)
+    assert 0 < reported < n
+    assert f"{path}: {n - reported} more corrupt records were skipped without a detailed report" in lines
+    assert lines[-1] == f"CORRUPT: 1 file, 0 good records, {n} corrupt records in 1 file"
+
+
+def test_verify_reports_an_unreadable_file_and_goes_on(tmp_path, make_unreadable, capsys):
+    from dlstore import cli
+
+    write_tfrecord(tmp_path / "a.tfrecord", [b"a"] * 3)
+    locked = write_tfrecord(tmp_path / "b.tfrecord", [b"b"])
+    write_tfrecord(tmp_path / "c.tfrecord", [b"c"] * 2)
+    make_unreadable(locked)
+    assert cli.main(["verify", str(tmp_path), "--quiet"]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith(f"{locked}: cannot read: Permission denied")
+    assert lines[-1] == "CORRUPT: 3 files, 5 good records, 0 corrupt records in 0 files, 1 unreadable file"

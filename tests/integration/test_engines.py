@@ -2,38 +2,40 @@
 import os
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
 
 import dlstore
 from dlstore.io import resolve_engine
-from tests.conftest import ENGINES, oracle_tfrecord_bytes, write_tfrecord
+from dlstore.reader import expand_paths
+from tests.conftest import check_engine, oracle_tfrecord_bytes, write_tfrecord
 
 CHUNKS = [64 << 10, 1 << 20, 8 << 20]
 
 
-@pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("chunk", CHUNKS)
-def test_every_engine_reads_every_record(tmp_path, payloads, engine, chunk):
+def test_every_engine_reads_every_record(engine_dir, payloads, engine, chunk):
     # Sizes are not multiples of 4096; records straddle chunks; one is larger than the headroom.
     paths = []
     for k in range(3):
-        paths.append(write_tfrecord(tmp_path / f"s{k}.tfrecord", payloads[k::2]))
+        paths.append(write_tfrecord(engine_dir / f"s{k}.tfrecord", payloads[k::2]))
     expected = [r for k in range(3) for r in payloads[k::2]]
     reader = dlstore.open_records(paths, io=engine, chunk_size=chunk)
     assert [bytes(r) for r in reader] == expected
+    check_engine(reader, engine)
     stats = reader.stats()
     assert stats["records"] == len(expected)
     assert stats["payload_bytes"] == sum(map(len, expected))
     assert stats["file_bytes_read"] == sum(os.path.getsize(p) for p in paths)
 
 
-@pytest.mark.parametrize("engine", ENGINES)
-def test_batches_are_contiguous_views(tmp_path, payloads, engine):
-    path = write_tfrecord(tmp_path / "b.tfrecord", payloads)
+def test_batches_are_contiguous_views(engine_dir, payloads, engine):
+    path = write_tfrecord(engine_dir / "b.tfrecord", payloads)
     got, file_offsets = [], []
-    for batch in dlstore.open_records(path, io=engine, chunk_size=64 << 10).batches():
+    reader = dlstore.open_records(path, io=engine, chunk_size=64 << 10)
+    for batch in reader.batches():
         mv = memoryview(batch)
         assert batch.num_records == len(batch.offsets) == len(batch.lengths)
         assert batch.nbytes == int(np.sum(batch.lengths))
@@ -41,6 +43,7 @@ def test_batches_are_contiguous_views(tmp_path, payloads, engine):
         file_offsets += batch.file_offsets.tolist()
     assert got == payloads
     assert file_offsets == np.cumsum([0] + [16 + len(r) for r in payloads])[:-1].tolist()
+    check_engine(reader, engine)
 
 
 def test_records_outlive_their_reader(tmp_path, payloads):
@@ -49,34 +52,35 @@ def test_records_outlive_their_reader(tmp_path, payloads):
     assert [bytes(r) for r in kept] == payloads
 
 
-def test_empty_files_and_zero_length_records(tmp_path):
-    empty = tmp_path / "empty.tfrecord"
+def test_empty_files_and_zero_length_records(engine_dir, engine):
+    empty = engine_dir / "empty.tfrecord"
     empty.write_bytes(b"")
-    zeros = write_tfrecord(tmp_path / "zeros.tfrecord", [b""] * 1000)
-    for engine in ENGINES:
-        assert [bytes(r) for r in dlstore.open_records([str(empty), zeros, str(empty)], io=engine)] == [b""] * 1000
+    zeros = write_tfrecord(engine_dir / "zeros.tfrecord", [b""] * 1000)
+    reader = dlstore.open_records([str(empty), zeros, str(empty)], io=engine)
+    assert [bytes(r) for r in reader] == [b""] * 1000
+    check_engine(reader, engine)
 
 
 @pytest.mark.parametrize("size", [1, 4095, 4096, 4097, 65535, 65536 * 3 + 17])
-def test_direct_io_unaligned_file_sizes(tmp_path, size):
+def test_direct_io_unaligned_file_sizes(direct_dir, size):
     # One record whose frame makes the file `size + 16` bytes: O_DIRECT reads whole blocks and
     # must stop at the real end of file.
     rec = np.random.default_rng(size).bytes(size)
-    path = write_tfrecord(tmp_path / "u.tfrecord", [rec])
+    path = write_tfrecord(direct_dir / "u.tfrecord", [rec])
     assert os.path.getsize(path) % 4096 != 0 or size == 4080
     reader = dlstore.open_records(path, io="direct", chunk_size=64 << 10)
     assert [bytes(r) for r in reader] == [rec]
-    assert reader.engine == "direct"
+    check_engine(reader, "direct")
 
 
-def test_record_larger_than_chunk_and_headroom(tmp_path):
+def test_record_larger_than_chunk_and_headroom(engine_dir, engine):
     big = np.random.default_rng(0).bytes(5 << 20)
-    path = write_tfrecord(tmp_path / "big.tfrecord", [b"a", big, b"b", big[:300_000]])
-    for engine in ENGINES:
-        reader = dlstore.open_records(path, io=engine, chunk_size=64 << 10)
-        assert [bytes(r) for r in reader] == [b"a", big, b"b", big[:300_000]]
-        if engine != "mmap":
-            assert reader.stats()["spilled_records"] >= 1
+    path = write_tfrecord(engine_dir / "big.tfrecord", [b"a", big, b"b", big[:300_000]])
+    reader = dlstore.open_records(path, io=engine, chunk_size=64 << 10)
+    assert [bytes(r) for r in reader] == [b"a", big, b"b", big[:300_000]]
+    check_engine(reader, engine)
+    if engine != "mmap":
+        assert reader.stats()["spilled_records"] >= 1
 
 
 def test_read_is_repeatable_epochs(tmp_path, payloads):
@@ -96,6 +100,36 @@ def test_paths_globs_and_directories(tmp_path):
         dlstore.open_records(tmp_path / "missing")
     with pytest.raises(dlstore.DlstoreError, match="no file matches"):
         dlstore.open_records(str(tmp_path / "nothing-*"))
+
+
+def test_directories_leave_out_files_that_are_not_records(tmp_path):
+    for k in range(3):
+        write_tfrecord(tmp_path / f"part-{k}", [bytes([k])])
+    for name in ["train.lst", "part-0.idx.tmp1234", "part-1.tmp", "meta.json", "notes.txt", "README.md",
+                 "part-2.index", ".hidden"]:
+        (tmp_path / name).write_bytes(b"not records")
+    assert expand_paths(tmp_path) == [str(tmp_path / f"part-{k}") for k in range(3)]
+    assert [bytes(r) for r in dlstore.open_records(tmp_path)] == [b"\0", b"\1", b"\2"]
+    # A file named explicitly is read whatever its name.
+    named = write_tfrecord(tmp_path / "odd.txt", [b"t"])
+    assert [bytes(r) for r in dlstore.open_records(named)] == [b"t"]
+
+
+def test_unreadable_file_is_a_dlstore_error_naming_it(tmp_path, make_unreadable):
+    path = write_tfrecord(tmp_path / "locked.tfrecord", [b"x"])
+    make_unreadable(path)
+    with pytest.raises(dlstore.DlstoreError, match="Permission denied") as e:
+        dlstore.open_records(path)
+    assert e.value.path == path and str(e.value).startswith(path)
+
+
+def test_gds_is_refused_with_the_reason(tmp_path, monkeypatch):
+    path = write_tfrecord(tmp_path / "g.tfrecord", [b"x"])
+    with pytest.raises(dlstore.GdsUnavailableError, match="host memory only"):
+        dlstore.open_records(path, io="gds")
+    monkeypatch.setenv("DLSTORE_IO", "gds")
+    with pytest.raises(dlstore.GdsUnavailableError):
+        dlstore.open_records(path)
 
 
 def test_unknown_format_is_named(tmp_path):
@@ -146,3 +180,74 @@ def test_import_needs_only_numpy():
     code = ("import sys, dlstore; bad = [m for m in ('tensorflow', 'torch', 'nvidia.dali', 'PIL') "
             "if m in sys.modules]; assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=os.path.dirname(os.path.dirname(__file__)) + "/..")
+
+
+def _held(path) -> bool:
+    """Whether this process has ``path`` open or mapped."""
+    real = os.path.realpath(path)
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(os.path.join("/proc/self/fd", fd)) == real:
+                return True
+        except OSError:  # closed meanwhile (the listing's own fd)
+            pass
+    with open("/proc/self/maps") as f:
+        return any(line.rstrip("\n").endswith(" " + real) for line in f)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc/self/fd and /proc/self/maps")
+@pytest.mark.parametrize("how", ["break", "close"])
+def test_stopping_early_releases_the_files(engine_dir, engine, how):
+    path = write_tfrecord(engine_dir / "long.tfrecord", [bytes(1000)] * 4000)  # 64 chunks of 64 KiB
+    reader = dlstore.open_records(path, io=engine, chunk_size=64 << 10)
+    if how == "break":
+        for _record in reader:
+            assert _held(path)
+            break
+        del _record  # a record keeps its chunk (for mmap: the mapping) alive
+    else:
+        batches = reader.batches()
+        next(batches)
+        assert _held(path)
+        batches.close()
+    assert not _held(path)
+    assert reader.stats()["records"] >= 1  # the stopped pass's counters are kept
+    check_engine(reader, engine)
+
+
+def _bad_crc_file(path, n: int) -> str:
+    """``n`` one-byte records whose data CRCs are all wrong (the framing is intact)."""
+    blob = bytearray(oracle_tfrecord_bytes([b"z"] * n))
+    for i in range(n):
+        blob[i * 17 + 13] ^= 0xFF  # 8 length + 4 length CRC + 1 data, then the data CRC
+    path.write_bytes(bytes(blob))
+    return str(path)
+
+
+@pytest.mark.parametrize("via", ["records", "batches"])
+def test_warnings_point_at_the_caller(tmp_path, via):
+    path = _bad_crc_file(tmp_path / "w.tfrecord", 5)
+    reader = dlstore.open_records(path, on_error="warn")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if via == "records":
+            assert list(reader) == []
+        else:
+            assert sum(b.num_records for b in reader.batches()) == 0
+    assert [str(w.message).split(": bad data CRC")[0] for w in caught] == [f"{path}: at byte {17 * i}"
+                                                                          for i in range(5)]
+    assert {w.filename for w in caught} == {__file__}
+
+
+def test_warn_notes_corruptions_beyond_the_reports(tmp_path):
+    n = 10_050  # the core keeps the first 10000 reports
+    path = _bad_crc_file(tmp_path / "many.tfrecord", n)
+    reader = dlstore.open_records(path, on_error="warn", chunk_size=64 << 10)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert list(reader) == []
+    reported = len(reader.corruptions())
+    assert reader.stats()["skipped"] == n and reported < n
+    assert len(caught) == reported + 1
+    assert "more corrupt records were skipped than reported" in str(caught[-1].message)
+    assert {w.filename for w in caught} == {__file__}

@@ -90,21 +90,25 @@ def shard(tmp_path):
 
 @pytest.mark.skipif(not _has("tfrecord"), reason="the tfrecord package is not installed (pip install tfrecord)")
 def test_index_equals_tfrecord_package(shard, tmp_path):
-    path, _ = shard
+    import hashlib
+
+    path, records = shard
     ours, n = build_index(path, out=str(tmp_path / "ours.idx"))
     theirs = tmp_path / "theirs.idx"
     _run("import sys; from tfrecord.tools.tfrecord2idx import create_index; create_index(sys.argv[1], sys.argv[2])",
          path, theirs)
     assert open(ours).read() == theirs.read_text() and n == 300
-    # and the package reads records through our index
+    # and the package reads the same records through our index. Given an index alone it starts at a
+    # random record; split into 3 shards it seeks to the offsets our index gives, in order.
     out = _run("""
 import sys, hashlib
 from tfrecord.reader import tfrecord_iterator
 h = hashlib.sha1()
-for r in tfrecord_iterator(sys.argv[1], index_path=sys.argv[2]): h.update(bytes(r))
-print(hashlib.sha1(h.hexdigest().encode()).hexdigest())
+for k in range(3):
+    for r in tfrecord_iterator(sys.argv[1], index_path=sys.argv[2], shard=(k, 3)): h.update(bytes(r) + b"|")
+print(h.hexdigest())
 """, path, ours)
-    assert out.strip()
+    assert out.strip() == hashlib.sha1(b"".join(r + b"|" for r in records)).hexdigest()
 
 
 @pytest.mark.skipif(not _has("nvidia.dali"), reason="DALI is not installed (pip install nvidia-dali-cuda130)")
@@ -169,3 +173,40 @@ def test_ensure_index_uses_cache_dir_for_read_only_data(shard, tmp_path, monkeyp
     dest2, _ = indexing.ensure_index(path)  # second call loads it
     assert dest2 == dest
     assert offsets[0] == 0 and offsets[1] > 16
+
+
+def test_build_index_refuses_more_than_one_file(tmp_path):
+    for k in range(2):
+        write_tfrecord(tmp_path / f"part-{k}.tfrecord", [b"x"])
+    for spec in (str(tmp_path / "part-*.tfrecord"), str(tmp_path), [str(tmp_path / "part-0.tfrecord")] * 2):
+        with pytest.raises(ValueError, match="names 2 files.*one file"):
+            build_index(spec)
+    assert not list(tmp_path.glob("*.idx"))
+    dest, n = build_index(str(tmp_path / "part-1*"))  # a glob naming one file is that file
+    assert dest == str(tmp_path / "part-1.tfrecord.idx") and n == 1
+
+
+def test_index_must_start_at_byte_zero(shard, tmp_path):
+    path, records = shard
+    # Every entry after the first: contiguous, ending where the file ends, but not from byte 0.
+    lines = open(build_index(path, out=str(tmp_path / "v.idx"))[0]).read().splitlines()
+    (tmp_path / "tail.idx").write_text("\n".join(lines[1:]) + "\n")
+    with pytest.raises(ValueError, match=f"first record starts at byte {16 + len(records[0])}, not 0"):
+        load_index(path, str(tmp_path / "tail.idx"))
+
+
+@pytest.mark.parametrize("damage", ["huge number", "binary", "not offset size", "zero-size frames"])
+def test_ensure_index_rebuilds_a_damaged_index(shard, damage):
+    from dlstore import indexing
+
+    path, _ = shard
+    beside = indexing.index_path_for(path)
+    with open(beside, "wb") as f:
+        f.write({"huge number": b"0 " + b"9" * 30 + b"\n",
+                 "binary": b"\xff\xfe\x00\x01",
+                 "not offset size": b"0 16 32\n",
+                 "zero-size frames": b"0 0\n" * 3}[damage])
+    with pytest.raises(ValueError):
+        load_index(path, beside)
+    dest, offsets = indexing.ensure_index(path)
+    assert dest == beside and len(offsets) == 300 and offsets[0] == 0

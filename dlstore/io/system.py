@@ -1,0 +1,96 @@
+"""What the machine says about where bytes come from: the mount holding a path, and the memory the
+page cache can use. The engine choice (:mod:`dlstore.io.select`) and the benchmark header
+(:mod:`dlstore.bench.sysinfo`) both read these, so they always quote the same facts.
+"""
+from __future__ import annotations
+
+import os
+import re
+from typing import Dict, TypedDict
+
+__all__ = ["Mount", "filesystem_of", "meminfo", "available_page_cache_bytes", "format_gb"]
+
+_PROC_MOUNTS = "/proc/mounts"
+_PROC_MEMINFO = "/proc/meminfo"
+# The kernel writes space, tab, newline and backslash in /proc/mounts fields as \040 \011 \012 \134.
+_OCTAL_ESCAPE = re.compile(r"\\([0-7]{3})")
+
+
+class Mount(TypedDict):
+    """The mount holding a path: ``mount`` point, filesystem type (``fstype``) and ``device``."""
+
+    mount: str
+    fstype: str
+    device: str
+
+
+def _unescape(field: str) -> str:
+    return _OCTAL_ESCAPE.sub(lambda m: chr(int(m.group(1), 8)), field)
+
+
+def filesystem_of(path: str, mounts_file: str = _PROC_MOUNTS) -> Mount:
+    """The mount holding ``path``, from /proc/mounts.
+
+    The longest mount point containing the (symlink-resolved) path wins; among mounts stacked on
+    the same point, the one listed last, since a later mount shadows the earlier ones.
+
+    Parameters
+    ----------
+    path : str
+        Any path; it need not exist.
+    mounts_file : str, optional
+        The mount table to read (a test can pass its own).
+
+    Returns
+    -------
+    Mount
+        ``{"mount": "", "fstype": "unknown", "device": "unknown"}`` when the table is unreadable.
+    """
+    real = os.path.realpath(path)
+    best: Mount = {"mount": "", "fstype": "unknown", "device": "unknown"}
+    try:
+        with open(mounts_file) as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) < 3:
+                    continue
+                point = _unescape(parts[1])
+                inside = real == point or real.startswith(point.rstrip("/") + "/")
+                # >= so that the last of several mounts on one point wins.
+                if inside and len(point) >= len(best["mount"]):
+                    best = {"mount": point, "fstype": parts[2], "device": _unescape(parts[0])}
+    except OSError:
+        pass
+    return best
+
+
+def meminfo(meminfo_file: str = _PROC_MEMINFO) -> Dict[str, int]:
+    """``/proc/meminfo`` in bytes (``{"MemTotal": ..., "MemAvailable": ..., "Cached": ...}``).
+
+    Empty when the file cannot be read (not Linux).
+    """
+    out: Dict[str, int] = {}
+    try:
+        with open(meminfo_file) as f:
+            for line in f:
+                name, _, rest = line.partition(":")
+                parts = rest.split()
+                if parts and parts[0].isdigit():
+                    scale = 1024 if len(parts) > 1 and parts[1] == "kB" else 1
+                    out[name.strip()] = int(parts[0]) * scale
+    except OSError:
+        pass
+    return out
+
+
+def available_page_cache_bytes() -> int:
+    """Memory the page cache can grow into: ``MemAvailable`` from /proc/meminfo (0 when unknown).
+
+    ``io="auto"`` compares the dataset size with this figure, and benchmark reports quote it.
+    """
+    return meminfo().get("MemAvailable", 0)
+
+
+def format_gb(n: float) -> str:
+    """Bytes as decimal gigabytes with one decimal, as memory and datasets are quoted: ``3.1 GB``."""
+    return f"{n / 1e9:.1f} GB"
