@@ -247,6 +247,15 @@ class RecordReader:
                 f"verify={self.verify})")
 
 
+def _chunk_size(engine: str, requested: Optional[int]) -> int:
+    # mmap chunks are views into the mapping, not buffers: a larger one costs no memory and
+    # halves the per-batch hand-offs between the consumer and the CRC thread, which on these VMs
+    # cost more than the bytes (measured 7.7 -> 9.4 GB/s warm with 8 -> 32 MiB).
+    if requested is None and "DLSTORE_CHUNK_SIZE" not in os.environ and engine == "mmap":
+        return 4 * settings.get("chunk_size")
+    return settings.get("chunk_size", requested)
+
+
 def _verify_threads(engine: str, requested: Optional[int]) -> int:
     # Direct reads are bound by the device and land in RAM, not in cache: a second CRC thread only
     # adds memory-bandwidth contention (more CPU per GB for the same speed). From the page cache
@@ -319,7 +328,7 @@ def open_records(paths: PathSpec, *, format: str = "auto", io: Optional[str] = N
         raise DlstoreError(f"the files mix formats {sorted(formats)}; read each format apart")
     choice = resolve_engine(settings.get("io", io), files, total)
     return RecordReader(files, format=formats.pop(), compression=comps, choice=choice, verify=verify,
-                        on_error=on_error, chunk_size=settings.get("chunk_size", chunk_size),
+                        on_error=on_error, chunk_size=_chunk_size(choice.engine, chunk_size),
                         headroom=settings.get("headroom"), depth=settings.get("depth", depth),
                         io_threads=settings.get("io_threads", io_threads),
                         verify_threads=_verify_threads(choice.engine, verify_threads))
