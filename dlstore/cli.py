@@ -62,9 +62,9 @@ def _verify_file(path: str, fmt: str, io: Optional[str]) -> _FileCheck:
         return _FileCheck(0, 0, [text if text.startswith(path) else f"{path}: {text}"], True)
     lines = []
     found = reader.corruptions()
-    for where, offset, what in found:
-        at = f"at byte {offset}: " if offset is not None and str(offset) not in what[:40] else ""
-        lines.append(what if what.startswith(where) else f"{where}: {at}{what}")
+    for where, offset, what in found:  # the core's reports are bare: add the file and the offset
+        at = f"at byte {offset}: " if offset is not None and offset >= 0 else ""
+        lines.append(f"{where}: {at}{what}")
     # The core keeps the first reports only, but counts every skipped record: a file with more
     # corruptions than reports is listed too, and never called OK.
     unreported = stats["skipped"] - len(found)

@@ -81,3 +81,15 @@ def test_verify_reports_an_unreadable_file_and_goes_on(tmp_path, make_unreadable
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith(f"{locked}: cannot read: Permission denied")
     assert lines[-1] == "CORRUPT: 3 files, 5 good records, 0 corrupt records in 0 files, 1 unreadable file"
+
+
+def test_verify_names_offset_zero(tmp_path):
+    # A corrupt first record sits at byte 0, and the message's own digits must not hide it.
+    records = [bytes([7]) * 5000, b"next"]
+    path = write_tfrecord(tmp_path / "first.tfrecord", records)
+    blob = bytearray(open(path, "rb").read())
+    blob[100] ^= 0x20
+    open(path, "wb").write(bytes(blob))
+    out = dlstore("verify", path, "--quiet")
+    assert out.returncode == 1
+    assert f"{path}: at byte 0: bad data CRC in a record of 5000 bytes" in out.stdout
