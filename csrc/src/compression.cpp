@@ -88,6 +88,19 @@ bool InflateStream::next(Chunk& out) {
     s.zs.next_out = dst;
     s.zs.avail_out = static_cast<uInt>(cap);
     bool file_done = false;
+    // Hands the bytes inflated so far to the consumer as one chunk of the uncompressed stream.
+    auto emit = [&](size_t produced, bool last) {
+      out = Chunk{};
+      out.owner = buf;
+      out.data = dst;
+      out.len = produced;
+      out.offset = s.out_offset;
+      out.file_size = kUnknownSize;
+      out.file_index = s.file_index;
+      out.headroom = headroom_;
+      out.last = last;
+      s.out_offset += produced;
+    };
     // An error keeps what was inflated before it: that chunk goes out first (not marked last, so
     // its complete records are delivered) and the error is raised by the next call. Offsets in
     // these errors are positions in the uncompressed stream, as for every record error.
@@ -100,15 +113,7 @@ bool InflateStream::next(Chunk& out) {
       s.have_in = false;
       if (produced == 0) throw e;
       pending_error_ = std::make_exception_ptr(e);
-      out = Chunk{};
-      out.owner = buf;
-      out.data = dst;
-      out.len = produced;
-      out.offset = s.out_offset;
-      out.file_size = kUnknownSize;
-      out.file_index = s.file_index;
-      out.headroom = headroom_;
-      s.out_offset += produced;
+      emit(produced, false);
     };
     while (s.zs.avail_out > 0) {
       if (s.zs.avail_in == 0) {
@@ -156,16 +161,7 @@ bool InflateStream::next(Chunk& out) {
       s.active = false;
       s.have_in = false;
     }
-    out = Chunk{};
-    out.owner = buf;
-    out.data = dst;
-    out.len = produced;
-    out.offset = s.out_offset;
-    out.file_size = kUnknownSize;
-    out.file_index = s.file_index;
-    out.headroom = headroom_;
-    out.last = file_done;
-    s.out_offset += produced;
+    emit(produced, file_done);
     if (produced > 0 || file_done) return true;
   }
 }
