@@ -1,5 +1,6 @@
 #include "dlstore/record_scan.hpp"
 
+#include <atomic>
 #include <cstdio>
 #include <cstring>
 
@@ -59,30 +60,20 @@ void RecordScanner::verify_batch(RecordBatch& out) {
   const size_t n = out.size();
   if (n == 0) return;
   std::vector<uint8_t> bad(n, 0);
-  auto check = [&](size_t lo, size_t hi) {
-    for (size_t i = lo; i < hi; ++i)
+  // The caller and the helper threads take records from one counter, so whichever thread the
+  // read-ahead pre-empts does less, and nobody waits long for the other: a fixed split left a
+  // core idle whenever the halves finished apart.
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i = next.fetch_add(1, std::memory_order_relaxed); i < n;
+         i = next.fetch_add(1, std::memory_order_relaxed))
       bad[i] = masked_crc32c(out.base + out.offsets[i], out.lengths[i]) != stored_crcs_[i];
   };
-  // Split by bytes, not records: the caller takes the first part, the helper threads the rest.
-  const size_t parts = verifiers_ ? verifiers_->size() + 1 : 1;
-  if (parts == 1 || out.payload_bytes < (256u << 10)) {
-    check(0, n);
-  } else {
-    std::vector<size_t> cut{0};
-    uint64_t acc = 0, per = out.payload_bytes / parts;
-    for (size_t i = 0; i < n && cut.size() < parts; ++i) {
-      acc += out.lengths[i];
-      if (acc >= per * cut.size()) cut.push_back(i + 1);
-    }
-    while (cut.size() <= parts) cut.push_back(n);
-    std::vector<std::future<void>> futs;
-    for (size_t k = 1; k < parts; ++k) {
-      size_t lo = cut[k], hi = cut[k + 1];
-      if (lo < hi) futs.push_back(verifiers_->submit([&check, lo, hi] { check(lo, hi); }));
-    }
-    check(cut[0], cut[1]);
-    for (auto& f : futs) f.get();
-  }
+  std::vector<std::future<void>> helpers;
+  if (verifiers_ && n > 1 && out.payload_bytes >= (256u << 10))
+    for (size_t k = 0; k < verifiers_->size(); ++k) helpers.push_back(verifiers_->submit(work));
+  work();
+  for (auto& h : helpers) h.get();  // each finishes its last record, then finds the counter spent
   size_t keep = 0;
   for (size_t i = 0; i < n; ++i) {
     if (bad[i]) {
