@@ -8,7 +8,6 @@ Needs root (drops the page cache) and fio.
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
 import shutil
@@ -20,6 +19,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import dlstore  # noqa: E402
+from dlstore.bench.storage import dataset_paths  # noqa: E402
 
 CONFIGS = [dict(depth=4, io_threads=2, chunk_size=8 << 20), dict(depth=8, io_threads=4, chunk_size=8 << 20),
            dict(depth=4, io_threads=4, chunk_size=4 << 20), dict(depth=2, io_threads=2, chunk_size=16 << 20)]
@@ -57,12 +57,7 @@ def main() -> int:
     if os.geteuid() != 0 or not shutil.which("fio"):
         print("direct_sweep needs root (to drop the page cache) and fio", file=sys.stderr)
         return 2
-    if args.data:
-        paths = sorted(glob.glob(args.data))
-    else:
-        from dlstore.synthetic import cached_dataset
-
-        paths = cached_dataset("imagenet", "small")
+    paths = dataset_paths(args.data, "small")  # --data (glob, dir, file) or the cached set
     total = sum(os.path.getsize(x) for x in paths)
     results = {}
     for _ in range(args.rounds):  # interleaved, so drift on a shared disk hits every row alike

@@ -10,7 +10,6 @@ per GB of those parts bounds what two cores can deliver.
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
 import resource
@@ -24,6 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 
 import dlstore  # noqa: E402
+from dlstore.bench.storage import dataset_paths  # noqa: E402
 from dlstore import _C  # noqa: E402
 
 
@@ -60,12 +60,7 @@ def main() -> int:
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--json", default="benchmarks/results/warm_budget.json")
     args = p.parse_args()
-    if args.data:
-        paths = sorted(glob.glob(args.data))
-    else:
-        from dlstore.synthetic import cached_dataset
-
-        paths = cached_dataset("imagenet", "default")
+    paths = dataset_paths(args.data, "default")  # --data (glob, dir, file) or the cached set
     total = sum(os.path.getsize(x) for x in paths)
     read_pass(paths, total)  # warm the page cache
     rows = {
