@@ -52,8 +52,11 @@ void register_reader(py::module_& m) {
       .def(py::init([](std::vector<std::string> paths, const std::string& format, const std::string& engine,
                        std::vector<std::string> compression, bool verify, const std::string& on_error,
                        size_t chunk_size, size_t headroom, size_t depth, size_t threads, size_t max_records,
-                       size_t verify_threads) {
+                       size_t verify_threads, std::vector<std::pair<uint64_t, uint64_t>> ranges,
+                       double timeout_s) {
              dlstore::ReaderOptions o;
+             o.engine.timeout_s = timeout_s;
+             for (const auto& r : ranges) o.ranges.push_back({r.first, r.second});
              o.engine.kind = dlstore::parse_engine(engine);
              o.engine.chunk_size = chunk_size;
              o.engine.headroom = headroom;
@@ -69,7 +72,8 @@ void register_reader(py::module_& m) {
            }),
            py::arg("paths"), py::arg("format"), py::arg("engine"), py::arg("compression"), py::arg("verify"),
            py::arg("on_error"), py::arg("chunk_size"), py::arg("headroom"), py::arg("depth"), py::arg("threads"),
-           py::arg("max_records"), py::arg("verify_threads"))
+           py::arg("max_records"), py::arg("verify_threads"),
+           py::arg("ranges") = std::vector<std::pair<uint64_t, uint64_t>>{}, py::arg("timeout_s") = 0.0)
       .def("next_batch",
            [](dlstore::Reader& r) -> py::object {
              auto b = std::make_shared<RecordBatch>();

@@ -22,18 +22,25 @@ const char* engine_name(EngineKind kind) {
 
 struct ChunkReader::OpenFile {
   size_t index = 0;
+  std::string path;
   EngineKind kind = EngineKind::Buffered;
   std::shared_ptr<FileHandle> fh;  // buffered and direct
   std::shared_ptr<Mapping> map;    // mmap
-  uint64_t size = 0;
-  uint64_t scheduled = 0;          // bytes whose read has been queued
+  uint64_t size = 0;               // the file's size
+  uint64_t start = 0;              // the range being read: [start, end)
+  uint64_t end = 0;
+  uint64_t scheduled = 0;          // the offset up to which reads have been queued
   uint32_t offset_align = 1;
 };
 
 static uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+static uint64_t align_down(uint64_t v, uint64_t a) { return v / a * a; }
 
-ChunkReader::ChunkReader(std::vector<std::string> paths, EngineOptions opts)
-    : paths_(std::move(paths)), opts_(opts) {
+ChunkReader::ChunkReader(std::vector<std::string> paths, EngineOptions opts, std::vector<ByteRange> ranges)
+    : paths_(std::move(paths)), ranges_(std::move(ranges)), opts_(opts) {
+  if (ranges_.empty()) ranges_.resize(paths_.size());
+  DLSTORE_EXPECT(ranges_.size() == paths_.size(), Generic, "", -1,
+                 "internal: " << ranges_.size() << " byte ranges for " << paths_.size() << " files");
   // Chunks and headroom stay multiples of 64 KiB so that every direct-I/O alignment seen in
   // practice (512 B .. 64 KiB) holds for offsets, lengths and buffer addresses alike.
   constexpr size_t kGrain = 64u << 10;
@@ -45,10 +52,17 @@ ChunkReader::ChunkReader(std::vector<std::string> paths, EngineOptions opts)
 }
 
 ChunkReader::~ChunkReader() {
+  if (abandoned_) {
+    // A read is stuck in the kernel (a hung mount). Joining its thread would hang this destructor,
+    // so the pool and its threads are leaked on purpose; each queued task owns what it touches
+    // (file, buffer) through shared pointers, so nothing it uses is freed under it.
+    threads_.release();
+    return;
+  }
   // Let queued reads finish before their file handles and the pool go away.
   for (auto& f : inflight_) {
     try {
-      f.wait();
+      f.chunk.wait();
     } catch (...) {
     }
   }
@@ -57,9 +71,19 @@ ChunkReader::~ChunkReader() {
 void ChunkReader::open_next_file() {
   auto of = std::make_shared<OpenFile>();
   of->index = next_file_;
-  const std::string& path = paths_[next_file_++];
+  const std::string& path = paths_[next_file_];
+  const ByteRange range = ranges_[next_file_++];
+  of->path = path;
   of->kind = opts_.kind;
-  if (of->kind == EngineKind::Mmap) {
+  if (current_ && current_->path == path) {
+    // The next range of the same file (records of one shard split into pieces): share the open
+    // file or mapping instead of opening and mapping it again.
+    of->kind = current_->kind;
+    of->fh = current_->fh;
+    of->map = current_->map;
+    of->size = current_->size;
+    of->offset_align = current_->offset_align;
+  } else if (of->kind == EngineKind::Mmap) {
     of->map = std::make_shared<Mapping>(path);
     of->size = of->map->size();
   } else {
@@ -87,12 +111,18 @@ void ChunkReader::open_next_file() {
     if (!of->fh) of->fh = std::make_shared<FileHandle>(path, false);
     of->size = of->fh->size();
   }
+  of->start = range.start;
+  of->end = range.end == kUnknownSize ? of->size : range.end;
+  DLSTORE_EXPECT(of->start <= of->end && of->end <= of->size, Io, path, static_cast<int64_t>(of->start),
+                 "byte range [" << range.start << ", " << of->end << ") is outside the file of " << of->size
+                                << " bytes (did the file change since its index was made?)");
+  of->scheduled = of->start;
   current_ = of;
 }
 
 void ChunkReader::fill() {
   while (inflight_.size() < opts_.depth && !failed_) {
-    if (!current_ || current_->scheduled >= current_->size) {
+    if (!current_ || current_->scheduled >= current_->end) {
       if (next_file_ >= paths_.size()) return;
       try {
         open_next_file();
@@ -101,52 +131,72 @@ void ChunkReader::fill() {
         // earlier files first and this error where it belongs in file order.
         std::promise<Chunk> failed;
         failed.set_exception(std::current_exception());
-        inflight_.push_back(failed.get_future());
+        inflight_.push_back({failed.get_future(), paths_[next_file_ - 1], 0});
         failed_ = true;
         return;
       }
-      if (current_->size == 0) continue;  // an empty file has no chunks and no records
+      if (current_->start == current_->end) continue;  // an empty file or range has no records
     }
     std::shared_ptr<OpenFile> of = current_;
     uint64_t offset = of->scheduled;
-    size_t len = static_cast<size_t>(std::min<uint64_t>(opts_.chunk_size, of->size - offset));
+    // Direct reads start at aligned offsets, so a range starting mid-block makes its first chunk
+    // shorter by the part of the block before it: every later chunk then starts aligned and the
+    // whole-block read of any chunk fits in chunk_size.
+    uint64_t chunk_end = of->kind == EngineKind::Direct ? align_down(offset, of->offset_align) + opts_.chunk_size
+                                                        : offset + opts_.chunk_size;
+    size_t len = static_cast<size_t>(std::min<uint64_t>(chunk_end, of->end) - offset);
     of->scheduled += len;
-    bool last = of->scheduled >= of->size;
+    bool last = of->scheduled >= of->end;
     size_t headroom = opts_.headroom;
     std::shared_ptr<BufferPool> pool = pool_;
-    inflight_.push_back(threads_->submit([of, offset, len, last, headroom, pool]() -> Chunk {
+    inflight_.push_back({threads_->submit([of, offset, len, last, headroom, pool]() -> Chunk {
       Chunk c;
       c.offset = offset;
       c.len = len;
-      c.file_size = of->size;
+      c.file_size = of->end;  // the scanner treats the range's end as the end of the file
       c.file_index = of->index;
       c.last = last;
       if (of->kind == EngineKind::Mmap) {
         of->map->populate(offset, len);
         c.owner = of->map;
         c.data = const_cast<uint8_t*>(of->map->data()) + offset;  // read-only: headroom stays 0
-        c.contiguous = offset > 0;
+        c.contiguous = offset > of->start;
         return c;
       }
       std::shared_ptr<AlignedBuffer> buf = pool->acquire();
-      c.data = buf->data() + headroom;
-      c.headroom = headroom;
-      // O_DIRECT reads whole aligned blocks; the file's unaligned tail comes back as a short read.
-      size_t want = of->kind == EngineKind::Direct ? align_up(len, of->offset_align) : len;
-      size_t got = of->fh->pread_full(c.data, want, offset);
-      DLSTORE_EXPECT(got >= len, Io, of->fh->path(), static_cast<int64_t>(offset + got),
-                     "short read: expected " << len << " bytes at offset " << offset << ", got " << got
+      // O_DIRECT reads whole aligned blocks into an aligned address: the read starts at the block
+      // holding `offset`, and the bytes before `offset` widen the headroom. The file's unaligned
+      // tail comes back as a short read.
+      const uint64_t read_at = of->kind == EngineKind::Direct ? align_down(offset, of->offset_align) : offset;
+      const size_t lead = static_cast<size_t>(offset - read_at);
+      uint8_t* dst = buf->data() + headroom;
+      size_t want = of->kind == EngineKind::Direct ? align_up(lead + len, of->offset_align) : len;
+      size_t got = of->fh->pread_full(dst, want, read_at);
+      DLSTORE_EXPECT(got >= lead + len, Io, of->fh->path(), static_cast<int64_t>(read_at + got),
+                     "short read: expected " << len << " bytes at offset " << offset << ", got "
+                                             << (got > lead ? got - lead : 0)
                                              << " (was the file truncated while being read?)");
+      c.data = dst + lead;
+      c.headroom = headroom + lead;
       c.owner = buf;
       return c;
-    }));
+    }), of->path, offset});
   }
 }
 
 bool ChunkReader::next(Chunk& out) {
   fill();
   if (inflight_.empty()) return false;
-  std::future<Chunk> f = std::move(inflight_.front());
+  InFlight& front = inflight_.front();
+  if (opts_.timeout_s > 0 &&
+      front.chunk.wait_for(std::chrono::duration<double>(opts_.timeout_s)) != std::future_status::ready) {
+    abandoned_ = true;
+    failed_ = true;
+    throw_error(ErrorKind::Io, front.path, static_cast<int64_t>(front.offset),
+                "read timed out: no data within " + std::to_string(opts_.timeout_s) +
+                    " s (a hung or very slow mount?)");
+  }
+  std::future<Chunk> f = std::move(front.chunk);
   inflight_.pop_front();
   out = f.get();  // rethrows a read error with its file and offset
   bytes_read_ += out.len;

@@ -2,14 +2,20 @@
 
 #include <algorithm>
 
+#include "dlstore/error.hpp"
+
 namespace dlstore {
 
 Reader::Reader(std::vector<std::string> paths, ReaderOptions opts) : paths_(std::move(paths)) {
-  chunks_.reset(new ChunkReader(paths_, opts.engine));
+  chunks_.reset(new ChunkReader(paths_, opts.engine, opts.ranges));
   ChunkStream* stream = chunks_.get();
   bool any_compressed = std::any_of(opts.compression.begin(), opts.compression.end(),
                                     [](Compression c) { return c != Compression::None; });
   if (any_compressed) {
+    // A compressed file is one deflate stream: it can only be read from its start.
+    for (const ByteRange& r : opts.ranges)
+      DLSTORE_EXPECT(r.start == 0 && r.end == kUnknownSize, Generic, "", -1,
+                     "byte ranges cannot be read from compressed files; read them whole");
     opts.compression.resize(paths_.size(), Compression::None);
     inflate_.reset(new InflateStream(*chunks_, opts.compression, paths_, chunks_->pool(),
                                      chunks_->options().headroom));

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <chrono>
 #include <future>
 #include <memory>
 #include <string>
@@ -26,17 +27,27 @@ struct EngineOptions {
                                  // record becomes contiguous without a separate allocation
   size_t depth = 4;              // chunks in flight
   size_t threads = 2;            // I/O threads
+  // A chunk not read within this many seconds fails with an I/O error naming file and offset (a
+  // hung NFS mount). 0: wait forever. The stuck read cannot be cancelled: its thread is abandoned.
+  double timeout_s = 0;
 };
 
 constexpr uint64_t kUnknownSize = ~uint64_t(0);
+
+// The bytes [start, end) of a file. end == kUnknownSize: to the end of the file. Placement reads
+// shards by record ranges (from the index), so a rank reads just its share of a shard.
+struct ByteRange {
+  uint64_t start = 0;
+  uint64_t end = kUnknownSize;
+};
 
 struct Chunk {
   std::shared_ptr<void> owner;  // keeps data alive (a pooled buffer or the file's mapping)
   uint8_t* data = nullptr;
   size_t len = 0;
   uint64_t offset = 0;          // position of data[0] in the (uncompressed) file
-  uint64_t file_size = kUnknownSize;
-  size_t file_index = 0;
+  uint64_t file_size = kUnknownSize;  // where the part being read ends: the file's size or its range's end
+  size_t file_index = 0;        // index of the (path, range) entry
   size_t headroom = 0;          // writable bytes available before data
   bool contiguous = false;      // the bytes before data are the file's preceding bytes (mmap)
   bool last = false;            // last chunk of its file
@@ -51,7 +62,9 @@ class ChunkStream {
 
 class ChunkReader : public ChunkStream {
  public:
-  ChunkReader(std::vector<std::string> paths, EngineOptions opts);
+  // ranges: empty (every file whole) or one per path; a path may appear several times with
+  // different ranges, and consecutive entries of one path share its open file.
+  ChunkReader(std::vector<std::string> paths, EngineOptions opts, std::vector<ByteRange> ranges = {});
   ~ChunkReader() override;
   bool next(Chunk& out) override;
   // Per-file notes such as "direct -> buffered: the filesystem refuses O_DIRECT".
@@ -65,13 +78,20 @@ class ChunkReader : public ChunkStream {
   void open_next_file();
   void fill();
   std::vector<std::string> paths_;
+  std::vector<ByteRange> ranges_;
   EngineOptions opts_;
   std::shared_ptr<BufferPool> pool_;
   std::unique_ptr<ThreadPool> threads_;
   std::shared_ptr<OpenFile> current_;  // file whose chunks are being scheduled
   size_t next_file_ = 0;
-  std::deque<std::future<Chunk>> inflight_;
+  struct InFlight {
+    std::future<Chunk> chunk;
+    std::string path;  // where the read is, for a timeout's message
+    uint64_t offset = 0;
+  };
+  std::deque<InFlight> inflight_;
   bool failed_ = false;  // a file could not be opened: nothing after it is scheduled
+  bool abandoned_ = false;  // a read timed out: its thread may never return, so it is not joined
   std::vector<std::string> notes_;
   uint64_t bytes_read_ = 0;
 };

@@ -15,6 +15,7 @@ struct ReaderOptions {
   EngineOptions engine;
   ScanOptions scan;
   std::vector<Compression> compression;  // one per file; empty: none for all
+  std::vector<ByteRange> ranges;         // one per file; empty: every file whole
 };
 
 struct ReaderStats {
