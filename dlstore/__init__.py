@@ -4,6 +4,7 @@
 """
 from dlstore.errors import (AlignmentError, CorruptRecordError, DlstoreError, DlstoreIOError,
                             GdsUnavailableError, PlacementError)
+from dlstore.dataset import Dataset
 from dlstore.formats import recordio
 from dlstore.reader import RecordReader, open_records
 from dlstore.writers import RecordIOWriter, TFRecordWriter
@@ -12,6 +13,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "open_records",
+    "Dataset",
     "RecordReader",
     "TFRecordWriter",
     "RecordIOWriter",
@@ -23,6 +25,7 @@ __all__ = [
     "AlignmentError",
     "GdsUnavailableError",
     "PlacementError",
+    "world",
 ]
 
 
@@ -31,3 +34,12 @@ def parse_example(record) -> dict:
     from dlstore.formats.example import parse_example as _parse
 
     return _parse(record)
+
+
+def world(**kwargs):
+    """Who this process is: rank, world size, local rank and size, DataLoader worker, and the
+    launcher and variables they came from; see :func:`dlstore.placement.world.detect_world`
+    (keyword arguments ``rank``, ``size``, ``local_rank``, ``local_size`` win over the environment)."""
+    from dlstore.placement.world import detect_world
+
+    return detect_world(**kwargs).with_torch_worker()

@@ -61,6 +61,16 @@ SETTINGS: Dict[str, Setting] = {
                 "Threads besides the consumer that check TFRecord data CRCs of each batch (0: the "
                 "consumer alone). One core reads memory at about CRC speed, so a second one helps.",
                 int, lambda v: v >= 0, "a non-negative integer"),
+        Setting("read_timeout", 120.0, "DLSTORE_READ_TIMEOUT",
+                "Seconds a read may take before it counts as failed (a hung mount) and is retried on a "
+                "replica mount; 0 waits forever.", float, lambda v: v >= 0, "a non-negative number"),
+        Setting("max_retries", 2, "DLSTORE_MAX_RETRIES",
+                "Retries of a failed read at the same place, once no replica mount is left to fail over to.",
+                int, lambda v: v >= 0, "a non-negative integer"),
+        Setting("block_size", 8 * MiB, "DLSTORE_BLOCK_SIZE",
+                "Bytes of a shard read in one go through one mount. A rank reading several mounts "
+                "alternates between them block by block, so all of them stream at once.",
+                _size, lambda v: v >= 64 << 10, "at least 64 KiB"),
         Setting("cache_dir", "~/.cache/dlstore", "DLSTORE_CACHE",
                 "Where generated datasets and indexes of read-only data are kept.", os.path.expanduser),
     ]
