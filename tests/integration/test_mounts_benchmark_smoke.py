@@ -9,7 +9,7 @@ import pytest
 from dlstore.tools.testbed import missing_tools, root_refusal
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.root]
 
 
 def test_quick_run_writes_the_table_and_json(tmp_path):

@@ -12,7 +12,7 @@ from dlstore.dataset import Dataset
 from dlstore.placement.world import World
 from dlstore.tools.testbed import create_testbed, destroy_testbed, missing_tools, root_refusal
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.root]
 
 
 @pytest.fixture
