@@ -1,4 +1,4 @@
-"""``dlstore <command>``: gen, index, verify.
+"""``dlstore <command>``: gen, index, verify, plan, testbed, expand.
 
 Each command is a function registered in :data:`COMMANDS`; ``main`` parses arguments and dispatches.
 """
@@ -106,10 +106,61 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 1 if bad else 0
 
 
+def cmd_plan(args: argparse.Namespace) -> int:
+    """Shows which rank reads which shard through which mount in one epoch: the layout the mounts
+    hold (replicated, striped or mixed), each rank's mounts, and its shards as shard@mount."""
+    import json
+
+    from dlstore.io.layout import record_counts, scan_layout
+    from dlstore.placement.mounts import plan_mounts
+
+    layout = scan_layout(args.mounts, args.shards)
+    counts, counted = record_counts(layout)
+    remainder = args.remainder or ("pad" if counts is not None else "uneven")
+    throughput = [float(x) for x in args.throughput.split(",")] if args.throughput else None
+    plan = plan_mounts(layout, args.world_size, counts=counts, policy=args.policy,
+                       mounts_per_rank=args.mounts_per_rank, throughput=throughput, local_size=args.local_size,
+                       num_workers=args.workers, seed=args.seed, epoch=args.epoch,
+                       shuffle_shards=not args.no_shard_shuffle, shuffle=args.shuffle, remainder=remainder,
+                       batch_size=args.batch_size)
+    if args.json:
+        print(json.dumps(dict(plan.to_dict(), record_counts=counted), indent=1))
+        return 0
+    ep = plan.epoch_plan
+    print(f"layout: {layout.describe()}")
+    print(counted)
+    workers = f" x {args.workers} workers" if args.workers > 1 else ""
+    print(f"world: {args.world_size} ranks{workers}; policy {args.policy}, "
+          f"{args.mounts_per_rank} mount(s) per rank; seed {ep.seed}, epoch {ep.epoch}, "
+          f"shard shuffle {'on' if ep.shuffle_shards else 'off'}, record shuffle {ep.shuffle}, "
+          f"remainder {ep.remainder}, batch {ep.batch_size} -> {ep.num_batches} batches per consumer")
+    print(plan.format_text())
+    return 0
+
+
+def cmd_testbed(args: argparse.Namespace) -> int:
+    """As root: N loop-mounted filesystems, each optionally throttled (cgroup v1 blkio), holding a copy
+    or a stripe of a dataset, to emulate several mounts on one host; --down removes them."""
+    from dlstore.tools.commands import run_testbed
+
+    return run_testbed(args)
+
+
+def cmd_expand(args: argparse.Namespace) -> int:
+    """Makes K copies of every shard (x.tfrecord -> x.copy003.tfrecord, indexes beside them), as the
+    seeds did 150x so that the dataset outgrows every cache."""
+    from dlstore.tools.commands import run_expand
+
+    return run_expand(args)
+
+
 COMMANDS: Dict[str, Callable[[argparse.Namespace], int]] = {
     "gen": cmd_gen,
     "index": cmd_index,
     "verify": cmd_verify,
+    "plan": cmd_plan,
+    "testbed": cmd_testbed,
+    "expand": cmd_expand,
 }
 
 
@@ -138,7 +189,36 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--format", default="auto", choices=["auto", "tfrecord", "recordio"])
     v.add_argument("--io", help=settings.SETTINGS["io"].help + f" Default: ${settings.SETTINGS['io'].env}, else auto.")
     v.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    _add_plan_parser(sub)
+    from dlstore.tools.commands import add_expand_arguments, add_testbed_arguments
+
+    add_testbed_arguments(sub.add_parser("testbed", help=cmd_testbed.__doc__, description=cmd_testbed.__doc__))
+    add_expand_arguments(sub.add_parser("expand", help=cmd_expand.__doc__, description=cmd_expand.__doc__))
     return p
+
+
+def _add_plan_parser(sub) -> None:
+    from dlstore.placement import ASSIGNMENTS, REMAINDERS, SHUFFLES
+
+    pl = sub.add_parser("plan", help=cmd_plan.__doc__, description=cmd_plan.__doc__)
+    pl.add_argument("--mounts", nargs="+", required=True, help="mount point directories (the dataset root on each)")
+    pl.add_argument("--world-size", type=int, required=True, help="number of ranks")
+    pl.add_argument("--shards", nargs="+", help="shard paths or globs relative to the mounts (default: all record "
+                                                "files under them)")
+    pl.add_argument("--policy", default="rank", choices=sorted(ASSIGNMENTS), help="how ranks get mounts")
+    pl.add_argument("--mounts-per-rank", type=int, default=1, help="mounts one rank reads at once")
+    pl.add_argument("--throughput", help="per-mount throughput, comma-separated, for --policy weighted")
+    pl.add_argument("--local-size", type=int, help="ranks per host (default: all on one host)")
+    pl.add_argument("--workers", type=int, default=1, help="DataLoader workers per rank")
+    pl.add_argument("--seed", type=int, default=0)
+    pl.add_argument("--epoch", type=int, default=0)
+    pl.add_argument("--shuffle", default="none", choices=sorted(SHUFFLES), help="record shuffle")
+    pl.add_argument("--no-shard-shuffle", action="store_true", help="keep shards in path order")
+    pl.add_argument("--remainder", choices=sorted(REMAINDERS),
+                    help="default: pad with record counts, uneven when whole shards are assigned")
+    pl.add_argument("--batch-size", type=int, default=1)
+    pl.add_argument("--json", action="store_true", help="the full plan as JSON")
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -25,7 +25,7 @@ from dlstore.formats.detect import detect
 from dlstore.indexing import ensure_index
 from dlstore.io.failover import PieceReader, Place, ReadPiece
 from dlstore.io.select import EngineChoice, resolve_engine
-from dlstore.placement.blocks import block_mount, cut_blocks, interleave_by_mount
+from dlstore.placement.blocks import cut_blocks, interleave_by_mount
 from dlstore.placement.sharding import EpochPlan
 from dlstore.placement.world import World, detect_world
 from dlstore.reader import _chunk_size, _head, _verify_threads, expand_paths
@@ -216,11 +216,14 @@ class Dataset:
             return [ReadPiece(s, a, b, self._frames[s][a:b + 1], (Place("", self.shards[s]),)) for s, a, b in runs]
         frames = {s: self._frames[s] for s in {r[0] for r in runs}}
         blocks = cut_blocks(runs, frames, self.block_size)
-        choices = [block_mount(b.shard, b.number, self._holders[b.shard], self._rank_mounts) for b in blocks]
+        from dlstore.placement.mounts import mount_for
+
+        choices = [mount_for(self._layout, b.shard, self._rank_mounts, block=b.number) for b in blocks]
         order = interleave_by_mount(blocks, [c[0] for c in choices])
         out = []
         for i in order:
-            b, mounts = blocks[i], choices[i]
+            b, (first, fallbacks) = blocks[i], choices[i]
+            mounts = (first, *fallbacks)
             places = tuple(Place(self.mounts[m], os.path.join(self.mounts[m], self.shards[b.shard])) for m in mounts)
             out.append(ReadPiece(b.shard, b.start, b.stop, self._frames[b.shard][b.start:b.stop + 1], places))
         return out

@@ -13,7 +13,7 @@ from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
 
-__all__ = ["Block", "cut_blocks", "interleave_by_mount", "block_mount"]
+__all__ = ["Block", "cut_blocks", "interleave_by_mount"]
 
 
 @dataclass(frozen=True)
@@ -42,20 +42,6 @@ def cut_blocks(runs: Sequence[Tuple[int, int, int]], frame_offsets: Dict[int, np
         for a, b in zip(edges[:-1], edges[1:]):
             out.append(Block(shard, start + a, start + b, int(numbers[a])))
     return out
-
-
-def block_mount(shard: int, number: int, holders: Sequence[int], rank_mounts: Sequence[int]) -> Tuple[int, ...]:
-    """The mounts to read block ``number`` of ``shard`` from, best first.
-
-    The first is one of ``rank_mounts`` that holds the shard, picked by ``(shard + number)`` so
-    that the choice is the same every epoch and consecutive blocks of a shard spread over the
-    rank's mounts; when none of the rank's mounts holds the shard, a holder picked the same way.
-    The rest are the other holders (replicas to fail over to), in a fixed order.
-    """
-    mine = [m for m in rank_mounts if m in holders]
-    pool = mine if mine else list(holders)
-    first = pool[(shard + number) % len(pool)]
-    return (first, *[m for m in holders if m != first])
 
 
 def interleave_by_mount(blocks: Sequence[Block], mounts: Sequence[int]) -> List[int]:

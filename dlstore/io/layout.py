@@ -1,0 +1,150 @@
+"""Finding which mount points hold which shards, and how many records each shard has.
+
+The one part of placement that touches the file system: it builds the
+:class:`~dlstore.placement.mounts.Layout` that the pure planning functions take.
+"""
+from __future__ import annotations
+
+import glob
+import os
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from dlstore.errors import DlstoreIOError, PlacementError
+from dlstore.placement.mounts import Layout
+
+__all__ = ["scan_layout", "record_counts"]
+
+_GLOB_CHARS = "*?["
+
+
+def _files_under(mount: str) -> List[str]:
+    """Relative paths of the record files under ``mount``, recursively (indexes, metadata, hidden
+    and temporary files left out, as when a directory is read)."""
+    from dlstore.reader import _is_record_file_name
+
+    out = []
+    for root, dirs, names in os.walk(mount):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for name in names:
+            full = os.path.join(root, name)
+            if _is_record_file_name(name) and os.path.isfile(full):
+                out.append(os.path.relpath(full, mount))
+    return out
+
+
+def _matches(mount: str, pattern: str) -> List[str]:
+    """Record files matching ``pattern`` under ``mount`` (a glob such as ``train-*`` also matches the
+    shards' ``.idx`` files, which are left out like in a directory listing)."""
+    from dlstore.reader import _is_record_file_name
+
+    found = glob.glob(os.path.join(glob.escape(mount), pattern), recursive=True)
+    return [os.path.relpath(f, mount) for f in found if os.path.isfile(f) and _is_record_file_name(os.path.basename(f))]
+
+
+def scan_layout(mounts: Sequence[str], shards: Optional[Sequence[str]] = None) -> Layout:
+    """Which of ``mounts`` hold which shards.
+
+    Parameters
+    ----------
+    mounts : sequence of str
+        Mount point directories (the dataset's root on each).
+    shards : sequence of str, optional
+        Shard paths relative to a mount, or globs (``train/*.tfrecord``, ``**/*.rec``). By default,
+        every record file found under any mount. Globs and directory walks leave out what is not
+        a record file (indexes, metadata, hidden and temporary files); a path named exactly is kept.
+
+    Returns
+    -------
+    Layout
+        Shards sorted by relative path, with their sizes; a shard is held by a mount that has a
+        file at the same relative path.
+
+    Raises
+    ------
+    PlacementError
+        When a mount is not a directory, a named shard is on no mount, a glob matches nothing on
+        any mount, there are no shards at all, or the same shard has different sizes on two mounts
+        (both files and sizes named).
+    """
+    mounts = [os.fspath(m) for m in mounts]
+    if not mounts:
+        raise PlacementError("no mount points given")
+    for m in mounts:
+        if not os.path.isdir(m):
+            raise PlacementError(f"mount point {m} is not a directory", path=m)
+    names: List[str] = []
+    if shards is None:
+        for m in mounts:
+            names.extend(_files_under(m))
+    else:
+        for pattern in shards:
+            pattern = os.fspath(pattern)
+            if os.path.isabs(pattern):
+                raise PlacementError(f"shard {pattern} must be relative to the mount points", path=pattern)
+            if any(ch in pattern for ch in _GLOB_CHARS):
+                hits = [rel for m in mounts for rel in _matches(m, pattern)]
+                if not hits:
+                    raise PlacementError(f"no file matches {pattern!r} on any mount ({', '.join(mounts)})",
+                                         path=pattern)
+                names.extend(hits)
+            else:
+                names.append(os.path.normpath(pattern))
+    names = sorted(set(names))
+    if not names:
+        raise PlacementError(f"no record files under {', '.join(mounts)}")
+    holders: List[Tuple[int, ...]] = []
+    sizes: List[int] = []
+    for rel in names:
+        held: List[int] = []
+        seen: Dict[int, str] = {}
+        for i, m in enumerate(mounts):
+            full = os.path.join(m, rel)
+            try:
+                size = os.stat(full).st_size
+            except FileNotFoundError:
+                continue
+            except OSError as e:
+                raise DlstoreIOError(f"{full}: cannot stat: {e.strerror} (errno {e.errno})", path=full) from e
+            if not os.path.isfile(full):
+                continue
+            if seen and size not in seen:
+                other_size, other = next(iter(seen.items()))
+                raise PlacementError(f"shard {rel} differs between mounts: {other} has {other_size} bytes, "
+                                     f"{full} has {size}", path=full)
+            seen.setdefault(size, full)
+            held.append(i)
+        if not held:
+            raise PlacementError(f"shard {rel} is on no mount (looked in {', '.join(mounts)})", path=rel)
+        holders.append(tuple(held))
+        sizes.append(next(iter(seen)))
+    return Layout(tuple(mounts), tuple(names), tuple(holders), tuple(sizes))
+
+
+def record_counts(layout: Layout) -> Tuple[Optional[np.ndarray], str]:
+    """Records per shard from the shards' existing, valid index files; nothing is built.
+
+    Returns
+    -------
+    (numpy.ndarray or None, str)
+        The counts, or ``None`` when a shard has no usable index; and a line saying which.
+    """
+    from dlstore.indexing import index_path_for, load_index
+
+    counts = np.zeros(len(layout.shards), dtype=np.int64)
+    for s, rel in enumerate(layout.shards):
+        path = layout.path(s, layout.holders[s][0])
+        fmt = "recordio" if rel.lower().endswith(".rec") else "tfrecord"
+        loaded = None
+        for candidate in (index_path_for(path, fmt), index_path_for(path, fmt, writable=False)):
+            if os.path.exists(candidate):
+                try:
+                    loaded = load_index(path, candidate, fmt)
+                    break
+                except (ValueError, OverflowError):
+                    continue
+        if loaded is None:
+            return None, f"no valid index for {path} (dlstore index builds one): whole shards are assigned"
+        counts[s] = len(loaded)
+    return counts, f"record counts from the indexes: {int(counts.sum())} records"

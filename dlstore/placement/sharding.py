@@ -1,0 +1,573 @@
+"""Which records each consumer reads in one epoch, in which order: exactly once across all ranks and
+workers, the same on every rank without communication, and resumable at any sample.
+
+How an epoch is built (see ``docs/placement.md``):
+
+1. The shards are put in a seeded per-epoch order (or kept in index order). Their records, in
+   that order, form the epoch's *global sequence* of ``N`` positions.
+2. The remainder policy (:data:`REMAINDERS`) cuts the sequence into one contiguous span per
+   consumer (``consumer = rank * num_workers + worker``). ``pad`` spans run past ``N`` and wrap
+   around to the start of the sequence.
+3. The record shuffle (:data:`SHUFFLES`) turns a span into :class:`Piece` record ranges and an
+   emission order: ``none`` and ``buffer`` read the span sequentially (whole runs of a shard);
+   ``global`` gives each consumer its part of a seeded permutation of all ``N`` records; ``buffer``
+   emits the sequentially read records in the order a shuffle buffer would (:func:`buffer_order`).
+
+Everything is a pure function of (record counts, number of consumers, seed, epoch, options). Random
+numbers come from raw Philox output keyed by a :class:`numpy.random.SeedSequence` of
+(seed, epoch, purpose, consumer), and permutations are ``argsort`` of those raw words, so the order
+depends on no numpy version's sampling algorithm and no global random state.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
+
+import numpy as np
+
+from dlstore.errors import PlacementError
+
+__all__ = ["Piece", "Restart", "EpochPlan", "SamplerState", "IndexSampler", "REMAINDERS", "SHUFFLES",
+           "shard_order", "global_permutation", "buffer_order", "random_words"]
+
+# Purposes of the random streams: each has its own key, so that e.g. turning the shard shuffle on
+# does not change the buffer order.
+_STREAM_SHARDS = 1
+_STREAM_GLOBAL = 2
+_STREAM_BUFFER = 3
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Records ``start`` (included) to ``stop`` (excluded) of shard ``shard``, read in that order."""
+
+    shard: int
+    start: int
+    stop: int
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+
+@dataclass(frozen=True)
+class Restart:
+    """Where reading resumes for a consumer that has emitted ``emitted`` samples of the epoch.
+
+    Attributes
+    ----------
+    emitted : int
+        Samples already emitted (``k``).
+    local : int
+        Index in the consumer's sequential read sequence (its pieces, concatenated) where reading
+        resumes; equal to ``emitted`` unless the shuffle is ``buffer``.
+    piece, offset : int
+        The same place as a piece index and a record offset within that piece: resume reading
+        at record ``pieces[piece].start + offset`` of shard ``pieces[piece].shard``. At the end of
+        the epoch ``piece == len(pieces)`` and ``offset == 0``.
+    skip : numpy.ndarray
+        Sorted local indices at or after ``local`` that were already emitted: with a shuffle buffer
+        they are read again but must not be emitted again. Empty for the other shuffles.
+    """
+
+    emitted: int
+    local: int
+    piece: int
+    offset: int
+    skip: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64), compare=False)
+
+
+# ---- random numbers ---------------------------------------------------------------------------------
+
+def random_words(n: int, seed: int, epoch: int, stream: int, *more: int) -> np.ndarray:
+    """``n`` raw 64-bit Philox words keyed by (seed, epoch, stream, *more); the same everywhere."""
+    key = np.random.SeedSequence([int(seed), int(epoch), int(stream), *(int(m) for m in more)])
+    return np.random.Philox(key).random_raw(int(n))
+
+
+def _permutation(n: int, seed: int, epoch: int, stream: int, *more: int) -> np.ndarray:
+    # Sorting random words gives a uniform permutation defined by Philox alone. The low bits of
+    # each word are replaced by its index, so that no two keys are equal and every sort algorithm
+    # (numpy's default is not stable) gives the same order everywhere.
+    words = random_words(n, seed, epoch, stream, *more)
+    if n > 1:
+        bits = np.uint64(int(n - 1).bit_length())
+        words = (words >> bits << bits) | np.arange(n, dtype=np.uint64)
+    return np.argsort(words).astype(np.int64)
+
+
+def shard_order(num_shards: int, seed: int, epoch: int, shuffle: bool = True) -> np.ndarray:
+    """The epoch's order of shard indices: a seeded permutation, or ``0..num_shards-1``."""
+    if not shuffle:
+        return np.arange(num_shards, dtype=np.int64)
+    return _permutation(num_shards, seed, epoch, _STREAM_SHARDS)
+
+
+def global_permutation(total: int, seed: int, epoch: int) -> np.ndarray:
+    """A seeded permutation of all ``total`` records of the epoch (positions in shard index order)."""
+    return _permutation(total, seed, epoch, _STREAM_GLOBAL)
+
+
+def buffer_order(n: int, buffer_size: int, seed: int, epoch: int, consumer: int) -> np.ndarray:
+    """The order in which a shuffle buffer of ``buffer_size`` emits a sequence of ``n`` records.
+
+    The buffer is filled with the first records; then each record read replaces a randomly chosen
+    one, which is emitted; at the end the buffer is emptied in random order. Computed on indices
+    only, so a reader can emit ``order[k]`` once it has read it, holding at most ``buffer_size``
+    records: ``order[k] < k + buffer_size`` for every ``k``.
+
+    Returns
+    -------
+    numpy.ndarray
+        A permutation of ``0..n-1`` (int64).
+    """
+    if buffer_size < 1:
+        raise PlacementError(f"buffer_size must be at least 1, not {buffer_size}")
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    size = min(buffer_size, n)
+    words = random_words(n, seed, epoch, _STREAM_BUFFER, consumer).tolist()
+    buf = list(range(size))
+    out = []
+    emit = out.append
+    for k, incoming in enumerate(range(size, n)):  # steady state: one in, one out
+        j = words[k] % size
+        emit(buf[j])
+        buf[j] = incoming
+    k = n - size
+    while buf:  # drain
+        j = words[k] % len(buf)
+        emit(buf[j])
+        buf[j] = buf[-1]
+        buf.pop()
+        k += 1
+    return np.array(out, dtype=np.int64)
+
+
+# ---- remainder policies: who gets which span of the global sequence ---------------------------------
+
+class Split(NamedTuple):
+    """Each consumer's span ``[starts[c], stops[c])`` of global positions (taken modulo the total)
+    and the number of batches every consumer yields."""
+
+    starts: np.ndarray
+    stops: np.ndarray
+    num_batches: int
+
+
+def _drop(total: int, consumers: int, batch_size: int) -> Split:
+    """Equal spans of whole batches; the rest of the epoch (fewer than ``consumers * batch_size +
+    consumers`` records) is not read."""
+    n = (total // consumers) // batch_size * batch_size
+    starts = np.arange(consumers, dtype=np.int64) * n
+    return Split(starts, starts + n, n // batch_size)
+
+
+def _pad(total: int, consumers: int, batch_size: int) -> Split:
+    """Equal spans of whole batches covering the epoch; the last spans wrap around to its start."""
+    if total == 0:
+        return _drop(0, consumers, batch_size)
+    per = -(-total // consumers)
+    n = -(-per // batch_size) * batch_size
+    starts = np.arange(consumers, dtype=np.int64) * n
+    return Split(starts, starts + n, n // batch_size)
+
+
+def _uneven(total: int, consumers: int, batch_size: int) -> Split:
+    """Exact shares differing by at most one record; every consumer yields the same number of
+    batches, all full but the last, which is smaller on short consumers and may be empty."""
+    bounds = np.arange(consumers + 1, dtype=np.int64) * total // consumers
+    longest = int(np.max(np.diff(bounds))) if consumers else 0
+    return Split(bounds[:-1], bounds[1:], -(-longest // batch_size))
+
+
+#: Remainder policies by name: ``(total, num_consumers, batch_size) -> Split``.
+REMAINDERS: Dict[str, Callable[[int, int, int], Split]] = {
+    "drop": _drop,
+    "pad": _pad,
+    "uneven": _uneven,
+}
+
+
+# ---- record shuffles: a span -> pieces and an emission order ------------------------------------------
+
+def _sequential_pieces(plan: "EpochPlan", start: int, stop: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Pieces of the global sequence ``[start, stop)``, wrapping around past its end."""
+    parts = []
+    total = plan.total
+    while start < stop:
+        base = start // total * total
+        end = min(stop, base + total)
+        parts.append(_sequence_range(plan, start - base, end - base))
+        start = end
+    if not parts:
+        return _no_pieces()
+    return tuple(np.concatenate(p) for p in zip(*parts))  # type: ignore[return-value]
+
+
+def _sequence_range(plan: "EpochPlan", x: int, y: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Pieces of positions ``x..y`` (``0 <= x < y <= total``) of the global sequence."""
+    begins, ends = plan._seq_begins, plan._seq_ends
+    j = np.arange(np.searchsorted(ends, x, "right"), np.searchsorted(begins, y, "left"))
+    a = np.maximum(x, begins[j]) - begins[j]
+    b = np.minimum(y, ends[j]) - begins[j]
+    keep = b > a  # shards without records
+    return plan.shard_order[j][keep], a[keep], b[keep]
+
+
+def _global_pieces(plan: "EpochPlan", start: int, stop: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The consumer's part of the epoch's global permutation, consecutive records merged."""
+    if stop <= start:
+        return _no_pieces()
+    all_shards, all_records = plan._permuted_records
+    if stop <= plan.total:
+        shards, records = all_shards[start:stop], all_records[start:stop]
+    else:  # pad: wraps around
+        where = np.arange(start, stop, dtype=np.int64) % plan.total
+        shards, records = all_shards[where], all_records[where]
+    new_run = np.ones(len(shards), dtype=bool)
+    new_run[1:] = (shards[1:] != shards[:-1]) | (records[1:] != records[:-1] + 1)
+    first = np.flatnonzero(new_run)
+    last = np.append(first[1:], len(shards)) - 1
+    return shards[first], records[first], records[last] + 1
+
+
+def _no_pieces() -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
+
+
+class RecordShuffle(NamedTuple):
+    """A record shuffle: how a span becomes pieces, and whether a shuffle buffer reorders them."""
+
+    pieces: Callable[["EpochPlan", int, int], Tuple[np.ndarray, np.ndarray, np.ndarray]]
+    buffered: bool
+    doc: str
+
+
+#: Record shuffles by name.
+SHUFFLES: Dict[str, RecordShuffle] = {
+    "none": RecordShuffle(_sequential_pieces, False, "records in shard order, shards in the epoch's order"),
+    "buffer": RecordShuffle(_sequential_pieces, True,
+                            "read sequentially, emitted through a shuffle buffer of buffer_size records"),
+    "global": RecordShuffle(_global_pieces, False,
+                            "a seeded permutation of all records of the epoch, read through the index"),
+}
+
+
+# ---- the plan of one epoch -------------------------------------------------------------------------
+
+def _check_int(name: str, value, low: int) -> int:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise PlacementError(f"{name} must be an int, not {value!r}")
+    if value < low:
+        raise PlacementError(f"{name} must be at least {low}, not {value}")
+    return int(value)
+
+
+class EpochPlan:
+    """Who reads which records of one epoch, and in which order.
+
+    Parameters
+    ----------
+    counts : sequence of int
+        Records in each shard (shard ``i`` is the ``i``-th entry; zero is allowed).
+    num_consumers : int
+        Readers sharing the epoch: ``world.num_consumers`` (ranks x DataLoader workers).
+    seed, epoch : int
+        Every random choice is a function of these (and of the consumer where it is local).
+    shuffle_shards : bool
+        Put the shards in a seeded per-epoch order (else index order). Ignored by ``global``.
+    shuffle : {"none", "buffer", "global"}
+        Record shuffle; see :data:`SHUFFLES`.
+    buffer_size : int
+        Records a ``buffer`` shuffle holds.
+    remainder : {"drop", "pad", "uneven"}
+        What happens when the records do not divide evenly; see :data:`REMAINDERS`.
+    batch_size : int
+        Records per batch of one consumer.
+
+    Notes
+    -----
+    Every consumer yields :attr:`num_batches` batches. ``drop`` and ``pad`` give every consumer
+    the same number of records in full batches (``drop`` leaves fewer than ``num_consumers *
+    (batch_size + 1)`` records unread; ``pad`` wraps around, so some records are read twice, or
+    more often when there are fewer records than consumers x batch size). ``uneven`` reads each
+    record exactly once: shares differ by at most one record, and a short consumer's last batch
+    is smaller, possibly empty.
+    """
+
+    def __init__(self, counts: Sequence[int], num_consumers: int, *, seed: int = 0, epoch: int = 0,
+                 shuffle_shards: bool = True, shuffle: str = "none", buffer_size: int = 1024,
+                 remainder: str = "pad", batch_size: int = 1):
+        counts = np.asarray(counts)
+        if counts.ndim != 1 or (counts.size and not np.issubdtype(counts.dtype, np.integer)):
+            raise PlacementError(f"counts must be a list of record counts per shard, not {counts!r}")
+        if counts.size and counts.min() < 0:
+            raise PlacementError(f"shard {int(np.argmin(counts))} has a negative record count {int(counts.min())}")
+        if shuffle not in SHUFFLES:
+            raise PlacementError(f"unknown shuffle {shuffle!r}; choose one of {sorted(SHUFFLES)}")
+        if remainder not in REMAINDERS:
+            raise PlacementError(f"unknown remainder policy {remainder!r}; choose one of {sorted(REMAINDERS)}")
+        self.counts = counts.astype(np.int64)
+        self.num_consumers = _check_int("num_consumers", num_consumers, 1)
+        self.seed = _check_int("seed", seed, 0)
+        self.epoch = _check_int("epoch", epoch, 0)
+        self.buffer_size = _check_int("buffer_size", buffer_size, 1)
+        self.batch_size = _check_int("batch_size", batch_size, 1)
+        self.shuffle_shards = bool(shuffle_shards)
+        self.shuffle = shuffle
+        self.remainder = remainder
+        self.total = int(self.counts.sum())
+        self.shard_order = shard_order(len(self.counts), self.seed, self.epoch, self.shuffle_shards)
+        in_order = self.counts[self.shard_order]
+        self._seq_ends = np.cumsum(in_order)
+        self._seq_begins = self._seq_ends - in_order
+        split = REMAINDERS[remainder](self.total, self.num_consumers, self.batch_size)
+        self._starts, self._stops = split.starts, split.stops
+        self.num_batches = int(split.num_batches)
+        self._cache: Dict[Tuple[str, int], object] = {}
+
+    def options(self) -> Dict[str, object]:
+        """The arguments that, with counts and num_consumers, rebuild this plan."""
+        return {"seed": self.seed, "epoch": self.epoch, "shuffle_shards": self.shuffle_shards,
+                "shuffle": self.shuffle, "buffer_size": self.buffer_size, "remainder": self.remainder,
+                "batch_size": self.batch_size}
+
+    def _check(self, consumer: int) -> int:
+        if isinstance(consumer, bool) or not isinstance(consumer, (int, np.integer)) \
+                or not 0 <= consumer < self.num_consumers:
+            raise PlacementError(f"consumer {consumer!r} is outside 0..{self.num_consumers - 1}")
+        return int(consumer)
+
+    @property
+    def _permuted_records(self) -> Tuple[np.ndarray, np.ndarray]:
+        """``(shard, record)`` at each position of the epoch's global permutation (``global`` shuffle)."""
+        if ("perm", 0) not in self._cache:
+            q = global_permutation(self.total, self.seed, self.epoch)
+            shard_at = np.repeat(np.arange(len(self.counts), dtype=np.int64), self.counts)
+            shards = shard_at[q]
+            self._cache[("perm", 0)] = (shards, q - (np.cumsum(self.counts) - self.counts)[shards])
+        return self._cache[("perm", 0)]  # type: ignore[return-value]
+
+    def span(self, consumer: int) -> Tuple[int, int]:
+        """The consumer's positions ``[start, stop)`` in the global sequence (``pad``: may pass ``total``)."""
+        c = self._check(consumer)
+        return int(self._starts[c]), int(self._stops[c])
+
+    def num_samples(self, consumer: int) -> int:
+        """Records the consumer emits this epoch."""
+        start, stop = self.span(consumer)
+        return stop - start
+
+    def batch_sizes(self, consumer: int) -> np.ndarray:
+        """Size of each of the consumer's :attr:`num_batches` batches (all ``batch_size`` but,
+        under ``uneven``, the last, which may be smaller or 0)."""
+        n = self.num_samples(consumer)
+        sizes = np.full(self.num_batches, self.batch_size, dtype=np.int64)
+        if self.num_batches:
+            sizes[-1] = n - (self.num_batches - 1) * self.batch_size
+        return sizes
+
+    def piece_arrays(self, consumer: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The consumer's pieces as three int64 arrays ``(shard, start, stop)``, in reading order.
+
+        Under ``global`` a consumer has about one piece per record: prefer these arrays to
+        :meth:`pieces` there.
+        """
+        c = self._check(consumer)
+        key = ("pieces", c)
+        if key not in self._cache:
+            self._cache[key] = SHUFFLES[self.shuffle].pieces(self, int(self._starts[c]), int(self._stops[c]))
+        return self._cache[key]  # type: ignore[return-value]
+
+    def pieces(self, consumer: int) -> List[Piece]:
+        """The consumer's record ranges, in reading order; concatenated they are its read sequence."""
+        shards, starts, stops = self.piece_arrays(consumer)
+        return [Piece(s, a, b) for s, a, b in zip(shards.tolist(), starts.tolist(), stops.tolist())]
+
+    def order(self, consumer: int) -> Optional[np.ndarray]:
+        """The emission order over the consumer's read sequence (a permutation of
+        ``0..num_samples-1``), or ``None`` when records are emitted as read."""
+        c = self._check(consumer)
+        if not SHUFFLES[self.shuffle].buffered:
+            return None
+        key = ("order", c)
+        if key not in self._cache:
+            self._cache[key] = buffer_order(self.num_samples(c), self.buffer_size, self.seed, self.epoch, c)
+        return self._cache[key]  # type: ignore[return-value]
+
+    def read_sequence(self, consumer: int) -> Tuple[np.ndarray, np.ndarray]:
+        """``(shard, record)`` of every record the consumer reads, in reading order."""
+        shards, starts, stops = self.piece_arrays(consumer)
+        lengths = stops - starts
+        total = int(lengths.sum())
+        piece_of = np.repeat(np.arange(len(lengths)), lengths)
+        first = np.cumsum(lengths) - lengths
+        records = starts[piece_of] + np.arange(total, dtype=np.int64) - first[piece_of]
+        return shards[piece_of], records
+
+    def samples(self, consumer: int) -> Tuple[np.ndarray, np.ndarray]:
+        """``(shard, record)`` of every sample the consumer emits, in emission order."""
+        shards, records = self.read_sequence(consumer)
+        order = self.order(consumer)
+        if order is None:
+            return shards, records
+        return shards[order], records[order]
+
+    def locate(self, consumer: int, local: int) -> Tuple[int, int]:
+        """``(piece index, offset in piece)`` of position ``local`` of the consumer's read sequence."""
+        shards, starts, stops = self.piece_arrays(consumer)
+        ends = np.cumsum(stops - starts)
+        n = int(ends[-1]) if len(ends) else 0
+        if isinstance(local, bool) or not 0 <= local <= n:
+            raise PlacementError(f"position {local!r} is outside the {n} records of consumer {consumer}")
+        if local == n:
+            return len(ends), 0
+        p = int(np.searchsorted(ends, local, "right"))  # pieces are never empty
+        return p, local - (int(ends[p - 1]) if p else 0)
+
+    def restart(self, consumer: int, emitted: int) -> Restart:
+        """Where reading resumes after the consumer has emitted ``emitted`` samples of this epoch.
+
+        Raises
+        ------
+        PlacementError
+            When ``emitted`` is outside ``0..num_samples(consumer)``.
+        """
+        n = self.num_samples(consumer)
+        if isinstance(emitted, bool) or not 0 <= emitted <= n:
+            raise PlacementError(f"sample {emitted!r} is outside 0..{n} for consumer {consumer} "
+                                 f"of epoch {self.epoch}")
+        order = self.order(consumer)
+        if order is None or emitted == n:
+            local, skip = emitted, np.zeros(0, np.int64)
+        else:
+            key = ("suffix_min", int(consumer))
+            if key not in self._cache:
+                self._cache[key] = np.minimum.accumulate(order[::-1])[::-1]
+            local = int(self._cache[key][emitted])  # type: ignore[index]
+            done = order[:emitted]
+            skip = np.sort(done[done >= local])
+        piece, offset = self.locate(consumer, local)
+        return Restart(emitted, local, piece, offset, skip)
+
+
+# ---- resumable state -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SamplerState:
+    """Where a consumer stands: enough to resume mid-epoch exactly.
+
+    ``sample_in_epoch`` counts the samples this consumer has emitted in ``epoch``.
+    """
+
+    epoch: int = 0
+    sample_in_epoch: int = 0
+    seed: int = 0
+    num_consumers: int = 1
+
+    def __post_init__(self):
+        for name, low in (("epoch", 0), ("sample_in_epoch", 0), ("seed", 0), ("num_consumers", 1)):
+            _check_int(f"SamplerState.{name}", getattr(self, name), low)
+
+    def to_dict(self) -> Dict[str, int]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, state: Mapping[str, int]) -> "SamplerState":
+        """Reads :meth:`to_dict`'s output; a missing or unknown key is a PlacementError."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        missing, unknown = names - set(state), set(state) - names
+        if missing or unknown:
+            raise PlacementError(f"not a sampler state: missing {sorted(missing)}, unknown {sorted(unknown)}")
+        return cls(**{k: state[k] for k in names})
+
+    def for_consumers(self, num_consumers: int) -> "SamplerState":
+        """This state in a world of ``num_consumers`` readers.
+
+        Raises
+        ------
+        PlacementError
+            When the number changes mid-epoch: the records left to each consumer are defined by
+            the old split, so a new world can only start at an epoch boundary.
+        """
+        if num_consumers == self.num_consumers:
+            return self
+        if self.sample_in_epoch != 0:
+            raise PlacementError(f"the state was saved by {self.num_consumers} consumers at sample "
+                                 f"{self.sample_in_epoch} of epoch {self.epoch}; a different number of consumers "
+                                 f"({num_consumers}) can only resume at an epoch boundary (sample_in_epoch 0), "
+                                 f"since the samples left to each depend on the old split")
+        return dataclasses.replace(self, num_consumers=num_consumers)
+
+
+class IndexSampler:
+    """``(shard, record)`` for one consumer, epoch after epoch, with ``state_dict`` and
+    ``load_state_dict``: the pure index model that a reader follows.
+
+    Each ``iter()`` yields the rest of the current epoch; once its last sample is yielded the
+    state moves to the start of the next epoch. Leaving a loop early keeps the position.
+
+    Parameters
+    ----------
+    counts : sequence of int
+        Records per shard.
+    num_consumers, consumer : int
+        The world's consumer count and this consumer's index.
+    seed, epoch : int
+        Starting seed and epoch.
+    **options
+        ``shuffle_shards``, ``shuffle``, ``buffer_size``, ``remainder``, ``batch_size`` as for
+        :class:`EpochPlan`.
+    """
+
+    def __init__(self, counts: Sequence[int], num_consumers: int, consumer: int, *, seed: int = 0, epoch: int = 0,
+                 **options):
+        self._counts = np.asarray(counts, dtype=np.int64)
+        self._options = options
+        self._consumer = consumer
+        self._state = SamplerState(epoch=epoch, seed=seed, num_consumers=num_consumers)
+        self._plan: Optional[EpochPlan] = None
+        self.plan()._check(consumer)  # validates everything now rather than at the first iteration
+
+    def plan(self) -> EpochPlan:
+        """The plan of the current epoch."""
+        s = self._state
+        if self._plan is None or self._plan.epoch != s.epoch or self._plan.seed != s.seed \
+                or self._plan.num_consumers != s.num_consumers:
+            self._plan = EpochPlan(self._counts, s.num_consumers, seed=s.seed, epoch=s.epoch, **self._options)
+        return self._plan
+
+    def __iter__(self):
+        plan = self.plan()
+        shards, records = plan.samples(self._consumer)
+        n, start, epoch = len(shards), self._state.sample_in_epoch, self._state.epoch
+        if start >= n:
+            self._state = dataclasses.replace(self._state, epoch=epoch + 1, sample_in_epoch=0)
+            return
+        for k in range(start, n):
+            if k + 1 == n:
+                self._state = dataclasses.replace(self._state, epoch=epoch + 1, sample_in_epoch=0)
+            else:
+                self._state = dataclasses.replace(self._state, sample_in_epoch=k + 1)
+            yield int(shards[k]), int(records[k])
+
+    def state_dict(self) -> Dict[str, int]:
+        return self._state.to_dict()
+
+    def load_state_dict(self, state: Mapping[str, int]) -> None:
+        """Resumes from :meth:`state_dict`, possibly saved by a world of another size.
+
+        Raises
+        ------
+        PlacementError
+            When the state is malformed, changes the number of consumers mid-epoch, or points past
+            the end of this consumer's epoch.
+        """
+        loaded = SamplerState.from_dict(state).for_consumers(self._state.num_consumers)
+        previous, self._state = self._state, loaded
+        n = self.plan().num_samples(self._consumer)
+        if loaded.sample_in_epoch > n:
+            self._state = previous
+            raise PlacementError(f"the state is at sample {loaded.sample_in_epoch} of epoch {loaded.epoch}, but "
+                                 f"consumer {self._consumer} has only {n} samples in that epoch")

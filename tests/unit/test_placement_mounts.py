@@ -1,0 +1,292 @@
+"""Layouts, rank -> mount assignment, shard -> mount choice, the world's mount plan, scanning mounts
+on disk, and ``dlstore plan``."""
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dlstore import cli
+from dlstore.errors import PlacementError
+from dlstore.io.layout import record_counts, scan_layout
+from dlstore.placement.mounts import (Layout, assign_all_mounts, assign_mounts, mount_for, mounts_for,
+                                      plan_mounts)
+from dlstore.placement.world import World
+
+SHARDS = [f"train-{i:05d}.tfrecord" for i in range(12)]
+MOUNTS = [f"/mnt/isilon{i}" for i in range(1, 17)]
+
+
+def world(rank, size, local_rank=0, local_size=1):
+    return World(rank=rank, size=size, local_rank=local_rank, local_size=local_size)
+
+
+# ---- layouts ----------------------------------------------------------------------------------------
+
+def test_layout_kinds():
+    assert Layout.replicated(MOUNTS[:4], SHARDS).kind == "replicated"
+    assert Layout.striped(MOUNTS[:4], SHARDS).kind == "striped"
+    assert Layout.replicated(MOUNTS[:1], SHARDS).kind == "replicated"  # one mount
+    mixed = Layout(MOUNTS[:3], SHARDS[:3], ((0, 1), (2,), (0, 1, 2)))
+    assert mixed.kind == "mixed"
+    assert mixed.replicas(0) == (0, 1) and mixed.replicas(SHARDS[1]) == (2,)
+    assert mixed.path(1, 2) == os.path.join(MOUNTS[2], SHARDS[1])
+    assert mixed.holder_matrix.tolist() == [[True, True, False], [False, False, True], [True, True, True]]
+
+
+@pytest.mark.parametrize("holders,message", [
+    (((0,), ()), "on no mount"),
+    (((0,), (5,)), "outside"),
+    (((0,),), "holder lists"),
+])
+def test_bad_layouts(holders, message):
+    with pytest.raises(PlacementError, match=message):
+        Layout(MOUNTS[:2], SHARDS[:2], holders)
+    with pytest.raises(PlacementError, match="at least one mount"):
+        Layout((), (), ())
+    with pytest.raises(PlacementError, match="not a shard"):
+        Layout.replicated(MOUNTS[:2], SHARDS[:2]).replicas("nope")
+
+
+# ---- rank -> mounts --------------------------------------------------------------------------------
+
+def test_round_robin_by_rank_like_the_seeds():
+    layout = Layout.replicated(MOUNTS, SHARDS)
+    # round_robin_mpi.py: rank r uses --data_dir number r % 16
+    for size in (1, 16, 40):
+        for r in range(size):
+            assert assign_mounts(layout, world(r, size)) == [r % 16]
+    four = Layout.replicated(MOUNTS[:4], SHARDS)
+    assert [assign_mounts(four, world(r, 3), mounts_per_rank=2) for r in range(3)] == [[0, 1], [2, 3], [0, 1]]
+    assert assign_all_mounts(four, 3, mounts_per_rank=2) == [[0, 1], [2, 3], [0, 1]]
+
+
+def test_by_local_rank():
+    layout = Layout.replicated(MOUNTS[:4], SHARDS)
+    # two hosts of 4 ranks: each host spreads its ranks over all four mounts
+    got = [assign_mounts(layout, world(r, 8, r % 4, 4), policy="local_rank") for r in range(8)]
+    assert got == [[0], [1], [2], [3], [0], [1], [2], [3]]
+    assert assign_all_mounts(layout, 8, "local_rank", local_size=2) == [[0], [1]] * 4
+
+
+def test_weighted_by_throughput():
+    layout = Layout.replicated(MOUNTS[:4], SHARDS)
+    throughput = [1.0, 1.0, 2.0, 0.0]  # mount 3 is dead
+    per_rank = assign_all_mounts(layout, 8, "weighted", throughput=throughput)
+    assert Counter(m for ms in per_rank for m in ms) == {0: 2, 1: 2, 2: 4}
+    assert per_rank == assign_all_mounts(layout, 8, "weighted", throughput=throughput)  # deterministic
+    assert [assign_mounts(layout, world(r, 8), "weighted", throughput=throughput) for r in range(8)] == per_rank
+    two = assign_all_mounts(layout, 6, "weighted", mounts_per_rank=2, throughput=[3, 1, 1, 1])
+    assert all(len(set(ms)) == 2 for ms in two)  # a rank's mounts are distinct
+    assert Counter(m for ms in two for m in ms)[0] == 6  # half the throughput, half the reads
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"policy": "random"}, "unknown mount policy"),
+    ({"mounts_per_rank": 5}, "mounts_per_rank"),
+    ({"mounts_per_rank": 0}, "mounts_per_rank"),
+    ({"policy": "weighted"}, "needs throughput"),
+    ({"policy": "weighted", "throughput": [1, 2]}, "one finite figure"),
+    ({"policy": "weighted", "throughput": [1, -1, 1, 1]}, "one finite figure"),
+    ({"policy": "weighted", "throughput": [1, 0, 0, 0], "mounts_per_rank": 2}, "only 1 mounts"),
+])
+def test_bad_assignments(kwargs, message):
+    with pytest.raises(PlacementError, match=message):
+        assign_mounts(Layout.replicated(MOUNTS[:4], SHARDS), world(0, 2), **kwargs)
+
+
+# ---- shard -> mount --------------------------------------------------------------------------------
+
+def test_mount_for_prefers_the_ranks_mounts_and_lists_failovers():
+    layout = Layout(MOUNTS[:4], SHARDS[:4], ((0, 1, 2, 3), (2,), (1, 3), (0, 2)))
+    mount, fallbacks = mount_for(layout, 0, [1, 3])
+    assert mount in (1, 3) and set(fallbacks) == {0, 1, 2, 3} - {mount}
+    assert fallbacks[0] in (1, 3)  # the rank's other mount first
+    assert mount_for(layout, 1, [0]) == (2, ())  # striped shard: through its only holder
+    mount, fallbacks = mount_for(layout, 3, [1])  # not on the rank's mount: one of its holders
+    assert mount in (0, 2) and fallbacks == tuple({0, 2} - {mount})
+    assert mount_for(layout, SHARDS[2], [3]) == (3, (1,))
+
+
+@settings(max_examples=100, deadline=None)
+@given(data=st.data(), num_mounts=st.integers(1, 6), num_shards=st.integers(1, 20))
+def test_mounts_for_agrees_with_mount_for(data, num_mounts, num_shards):
+    holders = [tuple(data.draw(st.sets(st.integers(0, num_mounts - 1), min_size=1))) for _ in range(num_shards)]
+    layout = Layout([f"/m{i}" for i in range(num_mounts)], [f"s{i}" for i in range(num_shards)], holders)
+    mine = data.draw(st.lists(st.integers(0, num_mounts - 1), min_size=1, max_size=num_mounts, unique=True))
+    vector = mounts_for(layout, np.arange(num_shards), mine)
+    for s in range(num_shards):
+        mount, fallbacks = mount_for(layout, s, mine)
+        assert vector[s] == mount and mount in layout.holders[s]
+        assert sorted((mount,) + fallbacks) == list(layout.holders[s])
+        if set(mine) & set(layout.holders[s]):
+            assert mount in mine
+
+
+def test_blocks_of_a_shard_spread_over_the_ranks_mounts():
+    layout = Layout.replicated(MOUNTS[:4], SHARDS)
+    got = [mount_for(layout, 5, [2, 3], block=j)[0] for j in range(4)]
+    assert got == [3, 2, 3, 2]  # (5 + j) % 2 -> the rank's mounts alternate
+    assert mounts_for(layout, [5] * 4, [2, 3], blocks=range(4)).tolist() == got
+    assert mount_for(layout, 5, [2, 3]) == mount_for(layout, 5, [2, 3], block=0)
+
+
+def test_a_shard_stays_on_its_mount_across_epochs():
+    layout = Layout.replicated(MOUNTS[:4], [f"s{i}" for i in range(64)])
+    # a rank with all four mounts: every shard always through the same one, whichever rank reads it
+    chosen = {}
+    for epoch in range(6):
+        plan = plan_mounts(layout, 4, counts=[10] * 64, mounts_per_rank=4, epoch=epoch)
+        for rank in range(4):
+            for shard, mount in plan.reads(rank):
+                assert chosen.setdefault(shard, mount) == mount
+    assert len(chosen) == 64 and len(set(chosen.values())) == 4  # and all mounts are used
+    # one mount per rank: a given rank reads a given shard through the same mount every epoch
+    per_rank = {}
+    for epoch in range(6):
+        plan = plan_mounts(layout, 8, counts=[10] * 64, mounts_per_rank=2, epoch=epoch)
+        for rank in range(8):
+            for shard, mount in plan.reads(rank):
+                assert per_rank.setdefault((rank, shard), mount) == mount
+
+
+# ---- the world's plan ------------------------------------------------------------------------------
+
+@settings(max_examples=60, deadline=None)
+@given(counts=st.lists(st.integers(0, 20), min_size=1, max_size=10), size=st.integers(1, 9),
+       workers=st.integers(1, 3), k=st.integers(1, 3), striped=st.booleans(), seed=st.integers(0, 99))
+def test_mount_plan_reads_every_record_once_through_a_holder(counts, size, workers, k, striped, seed):
+    shards = [f"s{i}" for i in range(len(counts))]
+    layout = (Layout.striped if striped else Layout.replicated)(MOUNTS[:3], shards)
+    plan = plan_mounts(layout, size, counts=counts, num_workers=workers, mounts_per_rank=k, remainder="uneven",
+                       seed=seed)
+    seen = Counter()
+    for rank in range(size):
+        for piece, mount in plan.pieces(rank):
+            assert mount in layout.holders[piece.shard]
+            if not striped:
+                assert mount in plan.rank_mounts[rank]
+            seen.update((piece.shard, r) for r in range(piece.start, piece.stop))
+    assert seen == Counter((s, r) for s, n in enumerate(counts) for r in range(n))
+    doc = json.loads(json.dumps(plan.to_dict()))
+    assert len(doc["ranks"]) == size and doc["layout"]["kind"] == layout.kind
+
+
+def test_whole_shards_without_counts():
+    layout = Layout.replicated(MOUNTS[:2], SHARDS)
+    plan = plan_mounts(layout, 5, remainder="uneven")
+    got = sorted(s for r in range(5) for s, _ in plan.reads(r))
+    assert got == list(range(12))
+    assert all(p.start == 0 and p.stop == 1 for r in range(5) for p, _ in plan.pieces(r))
+    text = plan.format_text(max_shards=2)
+    assert "more" in text and "rank" in text
+    with pytest.raises(PlacementError, match="record counts"):
+        plan_mounts(layout, 2, counts=[1, 2])
+
+
+# ---- on disk ---------------------------------------------------------------------------------------
+
+def _write(path, data: bytes):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+def test_scan_replicated_striped_mixed(tmp_path):
+    mounts = [str(tmp_path / f"m{i}") for i in range(3)]
+    for m in mounts:
+        os.makedirs(m)
+    for i in range(4):  # replicated
+        for m in mounts:
+            _write(os.path.join(m, "rep", f"a{i}.tfrecord"), b"x" * (10 + i))
+    for i in range(3):  # striped
+        _write(os.path.join(mounts[i], "str", f"b{i}.tfrecord"), b"y" * 5)
+    _write(os.path.join(mounts[0], "rep", "a0.tfrecord.idx"), b"0 26\n")  # an index is not a shard
+    _write(os.path.join(mounts[1], ".hidden"), b"z")
+    assert scan_layout(mounts, ["rep/*.tfrecord"]).kind == "replicated"
+    assert len(scan_layout(mounts, ["rep/a0*"]).shards) == 1  # the glob also matches a0.tfrecord.idx
+    lay = scan_layout(mounts, ["str/*"])
+    assert lay.kind == "striped" and lay.holders == ((0,), (1,), (2,)) and lay.sizes == (5, 5, 5)
+    lay = scan_layout(mounts)
+    assert lay.kind == "mixed" and len(lay.shards) == 7
+    assert lay.shards[0] == os.path.join("rep", "a0.tfrecord") and lay.sizes[:4] == (10, 11, 12, 13)
+    assert scan_layout(mounts, [os.path.join("str", "b1.tfrecord")]).holders == ((1,),)
+
+
+def test_scan_errors_name_the_files(tmp_path):
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    _write(os.path.join(a, "s.rec"), b"1234")
+    _write(os.path.join(b, "s.rec"), b"123")
+    with pytest.raises(PlacementError) as info:
+        scan_layout([a, b])
+    text = str(info.value)
+    assert os.path.join(a, "s.rec") in text and os.path.join(b, "s.rec") in text and "4 bytes" in text
+    with pytest.raises(PlacementError, match="on no mount"):
+        scan_layout([a], ["missing.rec"])
+    with pytest.raises(PlacementError, match="no file matches"):
+        scan_layout([a], ["*.tfrecord"])
+    with pytest.raises(PlacementError, match="not a directory"):
+        scan_layout([str(tmp_path / "nope")])
+    with pytest.raises(PlacementError, match="relative"):
+        scan_layout([a], [os.path.join(a, "s.rec")])
+    empty = str(tmp_path / "empty")
+    os.makedirs(empty)
+    with pytest.raises(PlacementError, match="no record files"):
+        scan_layout([empty])
+
+
+def _dataset(tmp_path, mounts=2, shards=3, records=(5, 0, 7)):
+    from dlstore.writers import TFRecordWriter
+
+    first = tmp_path / "m0"
+    first.mkdir()
+    for s in range(shards):
+        with TFRecordWriter(str(first / f"d-{s}.tfrecord")) as w:
+            for r in range(records[s]):
+                w.write(f"shard {s} record {r}".encode())
+    dirs = [str(first)]
+    for m in range(1, mounts):
+        d = tmp_path / f"m{m}"
+        d.mkdir()
+        for s in range(shards):
+            (d / f"d-{s}.tfrecord").write_bytes((first / f"d-{s}.tfrecord").read_bytes())
+        dirs.append(str(d))
+    return dirs
+
+
+def test_record_counts_from_indexes(tmp_path):
+    from dlstore.indexing import build_index
+
+    mounts = _dataset(tmp_path)
+    layout = scan_layout(mounts)
+    counts, why = record_counts(layout)
+    assert counts is None and "whole shards" in why
+    for s in layout.shards:
+        build_index(os.path.join(mounts[0], s), "tfrecord")
+    counts, why = record_counts(layout)
+    assert counts.tolist() == [5, 0, 7] and "12 records" in why
+
+
+def test_cli_plan(tmp_path, capsys):
+    from dlstore.indexing import build_index
+
+    mounts = _dataset(tmp_path)
+    assert cli.main(["plan", "--mounts", *mounts, "--world-size", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "replicated" in out and "whole shards" in out and "remainder uneven" in out
+    for s in ("d-0", "d-1", "d-2"):
+        build_index(os.path.join(mounts[0], f"{s}.tfrecord"), "tfrecord")
+    assert cli.main(["plan", "--mounts", *mounts, "--world-size", "4", "--json", "--remainder", "uneven"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["layout"]["kind"] == "replicated" and doc["total_records"] == 12
+    pieces = [p for rank in doc["ranks"] for p in rank["pieces"]]
+    got = Counter((p["shard"], r) for p in pieces for r in range(p["start"], p["stop"]))
+    assert got == Counter([(0, r) for r in range(5)] + [(2, r) for r in range(7)])
+    assert [rank["mounts"] for rank in doc["ranks"]] == [[0], [1], [0], [1]]
+    assert cli.main(["plan", "--mounts", *mounts, "--world-size", "2", "--policy", "weighted"]) == 2
+    assert "throughput" in capsys.readouterr().err
