@@ -107,6 +107,7 @@ def main(argv=None) -> int:
     p.add_argument("--mbps", type=float, default=100, help="read limit of each mount, MiB/s (default 100)")
     p.add_argument("--data-mb", type=int, default=1024, help="dataset size in MiB, copied to every mount")
     p.add_argument("--ranks", default="1,2,4", help="rank counts to run (default 1,2,4)")
+    p.add_argument("--mount-counts", default=None, help="mount counts to run (default 1,2,4 up to --mounts)")
     p.add_argument("--dir", default=None, help="where to build the testbed (default: a temp dir in /var/tmp)")
     p.add_argument("--quick", action="store_true", help="2 mounts, 64 MiB, ranks 1,2: a smoke run")
     p.add_argument("--json", default=os.path.join(ROOT, "benchmarks", "results", "mounts.json"))
@@ -122,6 +123,8 @@ def main(argv=None) -> int:
         args.mounts, args.data_mb, args.ranks = 2, 64, "1,2"
     ranks = [int(x) for x in args.ranks.split(",")]
     counts = sorted({c for c in (1, 2, 4, args.mounts) if c <= args.mounts})
+    if args.mount_counts:
+        counts = [int(x) for x in args.mount_counts.split(",")]
     bps = int(args.mbps * MiB)
     base = args.dir or tempfile.mkdtemp(prefix="dlstore-mounts-", dir="/var/tmp")
     src = os.path.join(base, "src")

@@ -123,13 +123,14 @@ class Dataset:
                                verify_threads=_verify_threads(self.choice.engine, verify_threads))
         self._rank_mounts = self._assign(mount_policy, mounts_per_rank, throughput)
         if len(self._rank_mounts) > 1:
-            # Every mount of this rank streams at once only with a read in flight on each: at least
-            # one thread per mount, two chunks in flight per mount (explicit arguments still win).
+            # Every mount of this rank streams at once only with reads in flight on each. Chunks are
+            # consumed in order, so one mount running late holds the window: two threads and four
+            # chunks per mount keep the others busy meanwhile (explicit arguments still win).
             k = len(self._rank_mounts)
             if io_threads is None and "DLSTORE_IO_THREADS" not in os.environ:
-                self._core_args["threads"] = max(self._core_args["threads"], k)
+                self._core_args["threads"] = max(self._core_args["threads"], 2 * k)
             if depth is None and "DLSTORE_DEPTH" not in os.environ:
-                self._core_args["depth"] = max(self._core_args["depth"], 2 * k)
+                self._core_args["depth"] = max(self._core_args["depth"], 4 * k)
         self.epoch = 0
         self.sample_in_epoch = 0
         self._last: Dict[str, Any] = {}
