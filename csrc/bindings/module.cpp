@@ -6,4 +6,5 @@ PYBIND11_MODULE(_C, m) {
   register_errors(m);
   register_reader(m);
   register_example(m);
+  register_image(m);
 }

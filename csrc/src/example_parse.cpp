@@ -1,11 +1,19 @@
 #include "dlstore/example_parse.hpp"
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstring>
+#include <exception>
+#include <future>
 #include <limits>
+#include <memory>
+#include <mutex>
 #include <sstream>
 #include <unordered_map>
 
 #include "dlstore/error.hpp"
+#include "dlstore/thread_pool.hpp"
 
 namespace dlstore {
 
@@ -461,21 +469,22 @@ void check_spec(const std::vector<FixedFeatureSpec>& spec) {
 
 void parse_example_batch(const uint8_t* buffer, size_t buffer_size, const uint64_t* offsets,
                          const uint64_t* lengths, size_t num_records,
-                         const std::vector<FixedFeatureSpec>& spec, void* const* outputs) {
+                         const std::vector<FixedFeatureSpec>& spec, void* const* outputs,
+                         size_t first_index) {
   check_spec(spec);
   std::vector<BatchFeatureState> states(spec.size());
   size_t hint = 0;
   for (size_t i = 0; i < num_records; ++i) {
     if (offsets[i] > buffer_size || lengths[i] > buffer_size - offsets[i]) {
       std::ostringstream os;
-      os << "record " << i << " (offset " << offsets[i] << ", length " << lengths[i]
+      os << "record " << first_index + i << " (offset " << offsets[i] << ", length " << lengths[i]
          << ") lies outside the buffer of " << buffer_size << " bytes";
       throw Error(ErrorKind::Generic, os.str());
     }
     const uint8_t* record = buffer + offsets[i];
     RecordContext ctx;
     ctx.record = record;
-    ctx.index = static_cast<int64_t>(i);
+    ctx.index = static_cast<int64_t>(first_index + i);
     for (BatchFeatureState& st : states) st = BatchFeatureState{};
 
     for_each_entry(WireCursor(record, record + lengths[i], ctx), [&](WireCursor entry) {
@@ -522,6 +531,123 @@ void parse_example_batch(const uint8_t* buffer, size_t buffer_size, const uint64
         fail(ErrorKind::Generic, ctx, nullptr,
              "has " + std::to_string(st.count) + " values, expected " + std::to_string(s.length));
     }
+  }
+}
+
+namespace {
+
+// Records per range below which splitting a batch costs more in hand-offs than it saves.
+constexpr size_t kMinRecordsPerRange = 16;
+
+// The pool behind parse_example_batch_parallel, shared by every caller in the process and grown
+// on demand. A forked child (a DataLoader worker) inherits the pool object but not its threads: it
+// gets a pool of its own, and the inherited one is leaked, since destroying it would join threads
+// that do not exist there.
+std::shared_ptr<ThreadPool> parse_pool(size_t workers) {
+  static std::mutex mu;
+  static std::shared_ptr<ThreadPool>* pool = nullptr;  // leaked on purpose: see above, and exit order
+  static pid_t owner = 0;
+  std::lock_guard<std::mutex> lock(mu);
+  const pid_t self = getpid();
+  if (pool != nullptr && owner != self) pool = nullptr;  // a forked child: leak the parent's pool
+  if (pool == nullptr) pool = new std::shared_ptr<ThreadPool>();
+  if (!*pool || (*pool)->size() < workers) {
+    // Callers still running on the old pool hold references; it is joined when they let go.
+    *pool = std::make_shared<ThreadPool>(workers);
+    owner = self;
+  }
+  return *pool;
+}
+
+}  // namespace
+
+void parse_example_batch_parallel(const uint8_t* buffer, size_t buffer_size, const uint64_t* offsets,
+                                  const uint64_t* lengths, size_t num_records,
+                                  const std::vector<FixedFeatureSpec>& spec, void* const* outputs,
+                                  size_t threads) {
+  const size_t ranges = std::max<size_t>(1, std::min(threads, num_records / kMinRecordsPerRange));
+  if (ranges <= 1) {
+    parse_example_batch(buffer, buffer_size, offsets, lengths, num_records, spec, outputs);
+    return;
+  }
+  check_spec(spec);  // once here, so that a bad spec is reported once and not per range
+  auto parse_range = [&](size_t r) {
+    const size_t begin = num_records * r / ranges, end = num_records * (r + 1) / ranges;
+    std::vector<void*> shifted(spec.size());
+    for (size_t j = 0; j < spec.size(); ++j)
+      shifted[j] = static_cast<uint8_t*>(outputs[j]) + begin * spec[j].length * fixed_dtype_size(spec[j].dtype);
+    parse_example_batch(buffer, buffer_size, offsets + begin, lengths + begin, end - begin, spec,
+                        shifted.data(), begin);
+  };
+  const std::shared_ptr<ThreadPool> pool = parse_pool(ranges - 1);
+  std::vector<std::future<void>> others;
+  others.reserve(ranges - 1);
+  for (size_t r = 1; r < ranges; ++r) others.push_back(pool->submit([&parse_range, r] { parse_range(r); }));
+  // Every range must finish before returning (they write into outputs and read spec), errors or not.
+  std::exception_ptr first;
+  try {
+    parse_range(0);
+  } catch (...) {
+    first = std::current_exception();
+  }
+  for (std::future<void>& f : others) {
+    try {
+      f.get();
+    } catch (...) {
+      if (!first) first = std::current_exception();  // ranges are in record order: keep the lowest
+    }
+  }
+  if (first) std::rethrow_exception(first);
+}
+
+void locate_bytes_feature(const uint8_t* buffer, size_t buffer_size, const uint64_t* offsets,
+                          const uint64_t* lengths, size_t num_records, std::string_view name,
+                          uint64_t* value_offsets, uint64_t* value_lengths) {
+  for (size_t i = 0; i < num_records; ++i) {
+    if (offsets[i] > buffer_size || lengths[i] > buffer_size - offsets[i]) {
+      std::ostringstream os;
+      os << "record " << i << " (offset " << offsets[i] << ", length " << lengths[i]
+         << ") lies outside the buffer of " << buffer_size << " bytes";
+      throw Error(ErrorKind::Generic, os.str());
+    }
+    const uint8_t* record = buffer + offsets[i];
+    RecordContext ctx;
+    ctx.record = record;
+    ctx.index = static_cast<int64_t>(i);
+    // The merge rules of parse_example: the last entry of the name wins, a list of another kind
+    // replaces the earlier ones, lists of the same kind add up.
+    bool seen = false;
+    FeatureKind kind = FeatureKind::None;
+    size_t count = 0;
+    std::string_view value;
+    for_each_entry(WireCursor(record, record + lengths[i], ctx), [&](WireCursor entry) {
+      const std::string_view key = entry_key(entry);
+      if (key != name) return;
+      seen = true;
+      kind = FeatureKind::None;
+      count = 0;
+      for_each_list(entry, [&](FeatureKind k, WireCursor list) {
+        if (k != kind) {
+          kind = k;
+          count = 0;
+        }
+        if (k == FeatureKind::Bytes) {
+          for_each_bytes(list, [&](std::string_view v) {
+            if (count++ == 0) value = v;
+          });
+        }
+      });
+    });
+    const std::string_view feature(name);
+    ctx.feature = &feature;
+    if (!seen) fail(ErrorKind::Generic, ctx, nullptr, "missing");
+    if (kind == FeatureKind::None) fail(ErrorKind::Generic, ctx, nullptr, "has no value list");
+    if (kind != FeatureKind::Bytes)
+      fail(ErrorKind::Generic, ctx, nullptr, std::string("is a ") + feature_kind_name(kind) + ", expected bytes_list");
+    if (count != 1)
+      fail(ErrorKind::Generic, ctx, nullptr, "has " + std::to_string(count) + " values, expected 1");
+    value_offsets[i] = static_cast<uint64_t>(reinterpret_cast<const uint8_t*>(value.data()) - buffer);
+    value_lengths[i] = value.size();
   }
 }
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["encode_example", "parse_batch", "parse_example"]
+__all__ = ["bytes_feature_spans", "encode_example", "parse_batch", "parse_example"]
 
 # Output dtypes the batch parser writes, by the name the extension knows them by.
 _BATCH_DTYPES = {np.dtype(np.int64): "int64", np.dtype(np.int32): "int32", np.dtype(np.float32): "float32"}
@@ -239,6 +239,45 @@ def parse_batch(batch: Any, spec: Mapping[str, Sequence[Any]]) -> dict[str, np.n
         )
     return _C.parse_example_batch(_as_buffer(buffer), offsets, lengths, native_spec)
 
+
+def bytes_feature_spans(batch: Any, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """Where a one-value bytes feature lies in each record of a batch, without copying it.
+
+    For ``name="image/encoded"`` these are the JPEGs, ready for
+    :func:`dlstore.pipeline.decode.decode_batch` on the same buffer.
+
+    Parameters
+    ----------
+    batch : RecordBatch or similar
+        As for :func:`parse_batch`.
+    name : str
+        The feature; every record must hold it as a ``bytes_list`` of exactly one value.
+
+    Returns
+    -------
+    offsets, lengths : numpy.ndarray
+        uint64 ``[num_records]``: value ``i`` is ``buffer[offsets[i]:offsets[i] + lengths[i]]``,
+        offsets counted from the start of the batch's buffer.
+
+    Raises
+    ------
+    dlstore.CorruptRecordError
+        A record is not a valid ``Example`` (the message names the record and the byte).
+    dlstore.DlstoreError
+        A record lacks the feature, holds another kind, or holds other than one value.
+    """
+    from dlstore import _C
+
+    if not isinstance(name, str):
+        raise TypeError(f"name must be str, got {name!r}")
+    buffer = batch.buffer if hasattr(batch, "buffer") else batch
+    offsets = np.ascontiguousarray(batch.offsets, dtype=np.uint64)
+    lengths = np.ascontiguousarray(batch.lengths, dtype=np.uint64)
+    if offsets.shape != lengths.shape or offsets.ndim != 1:
+        raise ValueError(
+            f"offsets and lengths must be 1-D and of the same size, got {offsets.shape} and {lengths.shape}"
+        )
+    return _C.example_bytes_spans(_as_buffer(buffer), offsets, lengths, name)
 
 def _as_buffer(obj: Any) -> Any:
     """Returns ``obj`` if it exposes a contiguous byte buffer, else raises a TypeError that says so."""

@@ -141,8 +141,8 @@ def test_failover_mid_shard_neither_loses_nor_repeats(tmp_path, monkeypatch):
             def next_batch(self):
                 Failing.n += 1
                 if Failing.n > 3:
-                    raise dlstore.DlstoreIOError(f"{paths[0]}: at byte 1234: pread failed: Input/output error (errno 5)",
-                                                 path=paths[0], offset=1234)
+                    raise dlstore.DlstoreIOError(f"{paths[0]}: at byte 1234: pread failed: Input/output error "
+                                                 f"(errno 5)", path=paths[0], offset=1234)
                 return core.next_batch()
 
             def stats(self):

@@ -61,8 +61,26 @@ struct FixedFeatureSpec {
 // num_records * spec[j].length values. Features not in `spec` are skipped after a framing check.
 // Throws Corrupt for malformed records and Generic for a record that does not match the spec;
 // either way the message names the record index (and the feature when there is one).
+// `first_index` is added to the record index in messages (a caller parsing part of a larger batch).
 void parse_example_batch(const uint8_t* buffer, size_t buffer_size, const uint64_t* offsets,
                          const uint64_t* lengths, size_t num_records,
-                         const std::vector<FixedFeatureSpec>& spec, void* const* outputs);
+                         const std::vector<FixedFeatureSpec>& spec, void* const* outputs,
+                         size_t first_index = 0);
+
+// The same, with the records split into up to `threads` contiguous ranges parsed at once: the
+// caller's thread takes one, a process-wide pool the others. Small batches use fewer ranges. When
+// several records are bad, the one with the lowest index is reported, as the serial parse would.
+void parse_example_batch_parallel(const uint8_t* buffer, size_t buffer_size, const uint64_t* offsets,
+                                  const uint64_t* lengths, size_t num_records,
+                                  const std::vector<FixedFeatureSpec>& spec, void* const* outputs,
+                                  size_t threads);
+
+// Where the value of bytes feature `name` lies in each record, without copying it: value i is
+// buffer[value_offsets[i], value_offsets[i] + value_lengths[i]) (e.g. the JPEG of "image/encoded"
+// inside the batch's own buffer). Each record must hold the feature as a bytes_list of exactly one
+// value; otherwise throws (Generic, Corrupt for malformed records) naming the record index.
+void locate_bytes_feature(const uint8_t* buffer, size_t buffer_size, const uint64_t* offsets,
+                          const uint64_t* lengths, size_t num_records, std::string_view name,
+                          uint64_t* value_offsets, uint64_t* value_lengths);
 
 }  // namespace dlstore

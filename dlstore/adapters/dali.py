@@ -1,0 +1,264 @@
+"""DALI adapter: dlstore reads the records, DALI decodes (nvJPEG on a GPU, libjpeg-turbo on the CPU).
+
+dlstore's C++ reader reads and checks the TFRecord shards (any engine, any mount, the rank's
+share); :class:`EncodedSamples` has each record's ``image/encoded`` bytes located inside the
+``tf.train.Example`` in C++ (:func:`dlstore.formats.example.bytes_feature_spans`), without copying
+them, and hands them with the labels (also parsed in C++) to ``fn.external_source`` in batch mode.
+:func:`dali_pipeline` builds the usual ResNet-50 graph behind it: ``decoders.image_random_crop``
+(``mixed`` device when a GPU exists, else ``cpu``), ``resize``, ``crop_mirror_normalize``.
+
+``import dlstore.adapters.dali`` does not import DALI; :func:`dali_pipeline` does.
+
+Examples
+--------
+>>> from dlstore.adapters.dali import dali_pipeline                 # doctest: +SKIP
+>>> pipe = dali_pipeline("/data/train-*", batch_size=256)           # doctest: +SKIP
+>>> images, labels = pipe.run()                                     # doctest: +SKIP
+
+With the PyTorch plugin, an epoch ends where the rank's records end::
+
+    from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
+    it = DALIGenericIterator(pipe, ["image", "label"], last_batch_policy=LastBatchPolicy.PARTIAL)
+"""
+from __future__ import annotations
+
+import collections
+import os
+import re
+from typing import Any, Iterator, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from dlstore.adapters.base import ConsumerShard, LastBatch, check_last_batch, current_world, import_framework
+from dlstore.errors import DlstoreError
+
+__all__ = ["dali_pipeline", "EncodedSamples"]
+
+_INSTALL = "pip install nvidia-dali-cuda120 (or the build for your CUDA), see https://docs.nvidia.com/deeplearning/dali"
+# ImageNet's per-channel mean and std in 0..1 units, as dlstore.pipeline.ResNet50 takes them.
+_IMAGENET_MEAN = (0.485, 0.456, 0.406)
+_IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+def _record_error(error: DlstoreError, batch: Any, paths: List[str]) -> DlstoreError:
+    """``error`` about "record k" of ``batch`` again, naming the file and the record's byte offset in it."""
+    match = re.match(r"record (\d+)", str(error))
+    k = int(match.group(1)) if match else 0
+    index = int(getattr(batch, "file_index", -1))
+    path = paths[index] if 0 <= index < len(paths) else None
+    offset = int(batch.file_offsets[k]) if k < len(batch.file_offsets) else None
+    return type(error)(f"{path}: record at byte {offset}: {error}", path=path, offset=offset)
+
+
+# ---- the external_source feed ------------------------------------------------------------------------
+
+
+class EncodedSamples:
+    """Batches of ``(encoded images, labels)`` from dlstore, for ``fn.external_source(batch=True)``.
+
+    Iterating it gives one epoch: lists of uint8 arrays (each a view of one record's image bytes
+    in the reader's chunk, no copy) and an int64 label array of the same length. A new iteration
+    is the next epoch (the source's ``set_epoch`` is called first when it has one, as the Loader
+    does: a new file order with ``shuffle``), which is what ``cycle="raise"`` asks of a source.
+    The last ``keep`` batches handed out are referenced here, so DALI may use them without a copy
+    (``no_copy=True``) until its prefetch queue has moved past them.
+
+    Parameters
+    ----------
+    source : ConsumerShard, RecordReader or similar
+        This consumer's records (``.batches()``; ``paths`` with ``file_index`` to name a bad record).
+    batch_size : int
+    last_batch : {"PARTIAL", "DROP", "FILL"}
+        ``FILL`` completes the last batch by repeating the epoch's last sample.
+    image_key, label_key : str
+        The bytes feature with the encoded image and the int64 feature with the label.
+    label_offset : int
+        Added to each label (``-1`` turns ImageNet's 1..1000 into 0..999).
+    keep : int
+        Batches kept referenced after being handed out (at least DALI's prefetch depth + 1).
+    """
+
+    def __init__(self, source: Any, batch_size: int, *, last_batch: str = LastBatch.PARTIAL,
+                 image_key: str = "image/encoded", label_key: str = "image/class/label", label_offset: int = 0,
+                 keep: int = 4):
+        if int(batch_size) < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.source = source
+        self.batch_size = int(batch_size)
+        self.last_batch = check_last_batch(last_batch)
+        self.image_key, self.label_key = image_key, label_key
+        self.label_spec = {label_key: (np.int64, 1)}
+        self.label_offset = int(label_offset)
+        self.epoch = 0
+        self._handed_out = collections.deque(maxlen=max(1, int(keep)))
+
+    def _samples(self, source) -> Iterator[Tuple[List[np.ndarray], np.ndarray]]:
+        """Per chunk of records: image views and labels."""
+        from dlstore.formats.example import bytes_feature_spans, parse_batch
+
+        for batch in source.batches():
+            try:  # both in C++: the labels parsed, the image bytes located (not copied)
+                labels = parse_batch(batch, self.label_spec)[self.label_key][:, 0] + self.label_offset
+                offsets, lengths = bytes_feature_spans(batch, self.image_key)
+            except DlstoreError as e:
+                raise _record_error(e, batch, list(getattr(source, "paths", []))) from e
+            chunk = np.frombuffer(batch, dtype=np.uint8)
+            yield [chunk[o:o + n] for o, n in zip(offsets.tolist(), lengths.tolist())], labels
+
+    def __iter__(self) -> Iterator[Tuple[List[np.ndarray], np.ndarray]]:
+        source = self.source
+        if hasattr(source, "set_epoch"):
+            source.set_epoch(self.epoch)
+        self.epoch += 1
+        size = self.batch_size
+        images: List[np.ndarray] = []
+        labels: List[np.ndarray] = []
+        for chunk_images, chunk_labels in self._samples(source):
+            images.extend(chunk_images)
+            labels.append(chunk_labels)
+            if len(images) < size:
+                continue
+            all_labels = np.concatenate(labels)
+            while len(images) >= size:
+                yield self._hand_out(images[:size], all_labels[:size])
+                images, all_labels = images[size:], all_labels[size:]
+            labels = [all_labels]
+        if not images:
+            return
+        tail = np.concatenate(labels)
+        if self.last_batch == LastBatch.DROP:
+            return
+        if self.last_batch == LastBatch.FILL:  # repeat the epoch's last sample, as dlstore's Loader does
+            need = size - len(images)
+            images = images + [images[-1]] * need
+            tail = np.concatenate([tail, np.repeat(tail[-1:], need)])
+        yield self._hand_out(images, tail)
+
+    def _hand_out(self, images: List[np.ndarray], labels: np.ndarray) -> Tuple[List[np.ndarray], np.ndarray]:
+        out = (list(images), np.ascontiguousarray(labels, dtype=np.int64))
+        self._handed_out.append(out)
+        return out
+
+
+# ---- the pipeline ------------------------------------------------------------------------------------
+
+
+def _gpu_count(dali) -> int:
+    try:
+        return int(dali.backend.GetCUDADeviceCount())
+    except Exception:  # no driver at all: DALI's CPU-only path
+        return 0
+
+
+def dali_pipeline(source, batch_size: int, *, device: str = "auto", train: bool = True, size: int = 224,
+                  layout: str = "NCHW", dtype: str = "float32", mean: Sequence[float] = _IMAGENET_MEAN,
+                  std: Sequence[float] = _IMAGENET_STD, eval_resize: Optional[int] = None,
+                  num_threads: Optional[int] = None, device_id: Optional[int] = None, seed: int = 0,
+                  prefetch_queue_depth: int = 2,
+                  last_batch: str = LastBatch.PARTIAL, world: Any = None, shard: str = "auto", shuffle: bool = False,
+                  image_key: str = "image/encoded", label_key: str = "image/class/label", label_offset: int = 0,
+                  **open_kwargs: Any):
+    """A built DALI pipeline: dlstore's reader feeding encoded JPEGs and labels to a ResNet-50 graph.
+
+    Outputs ``(images, labels)``: images ``size x size`` in ``layout`` (``NCHW``/``NHWC`` per
+    batch), float32 normalised as ``(value / 255 - mean) / std`` or uint8 as decoded; labels
+    int64 scalars per sample (``label_offset`` added). ``pipe.run()`` raises ``StopIteration`` at
+    the end of the rank's epoch; ``pipe.reset()`` starts the next.
+
+    Parameters
+    ----------
+    source : str, path-like, list of them, or an object with ``.batches()``
+        Record files (globs, directories), sharded among ranks by :class:`~dlstore.adapters.base.ConsumerShard`, or a
+        ready source of this rank's records (e.g. ``dlstore.open_records(...)``).
+    batch_size : int
+    device : {"auto", "cpu", "gpu"}
+        ``gpu`` decodes with nvJPEG (``mixed``) and resizes on the GPU; ``cpu`` runs everything on
+        the CPU with ``device_id=None`` (no CUDA needed); ``auto`` takes ``gpu`` when DALI sees one.
+    train : bool
+        Train: random crop (area 0.08..1, aspect 3/4..4/3) decoded in place, resize to ``size``,
+        random horizontal flip. Eval: resize the shorter side to ``eval_resize``, centre crop.
+        As :class:`dlstore.pipeline.ResNet50` (DALI's own resampling and crop choice).
+    layout : {"NCHW", "NHWC"}
+    dtype : {"float32", "uint8"}
+        ``uint8`` skips normalisation. Any layout goes with either dtype.
+    mean, std : sequence of 3 floats
+        In 0..1 units, as :class:`dlstore.pipeline.ResNet50` takes them (ImageNet's by default).
+    eval_resize : int, optional
+        Default ``round(size * 256 / 224)`` (256 for 224).
+    num_threads : int, optional
+        DALI's CPU threads; default the cores this process may use.
+    device_id : int, optional
+        GPU; default the local rank modulo the GPUs visible. Ignored (None) on the CPU.
+    seed : int
+        DALI's seed (crops, flips); combined with the rank so ranks differ.
+    prefetch_queue_depth : int
+    last_batch : {"PARTIAL", "DROP", "FILL"}
+    world, shard, shuffle
+        Which records this rank reads (only when ``source`` names files).
+    image_key, label_key, label_offset
+        See :class:`EncodedSamples`.
+    **open_kwargs
+        For :func:`dlstore.open_records` (``io``, ``verify``, ``on_error``...).
+
+    Returns
+    -------
+    nvidia.dali.Pipeline
+        Built; its feed is ``pipe.dlstore_samples`` (an :class:`EncodedSamples`).
+    """
+    dali = import_framework("nvidia.dali", _INSTALL)
+    fn, types = dali.fn, dali.types
+    if layout not in ("NCHW", "NHWC"):
+        raise ValueError(f"layout must be 'NCHW' or 'NHWC', got {layout!r}")
+    if dtype not in ("float32", "uint8"):
+        raise ValueError(f"dtype must be 'float32' or 'uint8', got {dtype!r}")
+    if device not in ("auto", "cpu", "gpu"):
+        raise ValueError(f"device must be 'auto', 'cpu' or 'gpu', got {device!r}")
+    gpus = _gpu_count(dali)
+    if device == "auto":
+        device = "gpu" if gpus else "cpu"
+    if device == "gpu" and not gpus:
+        raise RuntimeError("device='gpu' but DALI sees no CUDA device; use device='cpu' or 'auto'")
+
+    world = current_world(world)
+    if not hasattr(source, "batches"):
+        from dlstore.reader import expand_paths
+
+        source = ConsumerShard(expand_paths(source), world.rank, world.size, shard=shard, shuffle=shuffle, seed=seed,
+                               **open_kwargs)
+    samples = EncodedSamples(source, batch_size, last_batch=last_batch, image_key=image_key,
+                             label_key=label_key, label_offset=label_offset, keep=prefetch_queue_depth + 2)
+    if device == "gpu":
+        device_id = world.local_rank % gpus if device_id is None else int(device_id)
+    else:
+        device_id = None
+    if num_threads is None:
+        num_threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    pipe = dali.Pipeline(batch_size=int(batch_size), num_threads=int(num_threads), device_id=device_id,
+                         seed=int(np.random.SeedSequence([seed, world.rank]).generate_state(1)[0] & 0x7FFFFFFF),
+                         prefetch_queue_depth=int(prefetch_queue_depth))
+    decoder = "mixed" if device == "gpu" else "cpu"
+    with pipe:
+        # Batch mode from an iterable: one chunk of views per call, no copy (the feed keeps them alive).
+        # Not parallel=True: the reading already runs in dlstore's C++ threads, and an iterator's state
+        # would tie it to one Python worker anyway.
+        jpegs, labels = fn.external_source(source=samples, num_outputs=2, batch=True, cycle="raise", no_copy=True,
+                                           dtype=[types.UINT8, types.INT64], ndim=[1, 0])
+        if train:
+            images = fn.decoders.image_random_crop(jpegs, device=decoder, output_type=types.RGB,
+                                                   random_area=[0.08, 1.0], random_aspect_ratio=[0.75, 4.0 / 3.0],
+                                                   num_attempts=100)
+            images = fn.resize(images, resize_x=size, resize_y=size)
+            extra = {"mirror": fn.random.coin_flip(probability=0.5)}
+        else:
+            images = fn.decoders.image(jpegs, device=decoder, output_type=types.RGB)
+            images = fn.resize(images, resize_shorter=eval_resize or round(size * 256 / 224))
+            extra = {"crop": (size, size)}
+        normalise = dtype == "float32"
+        if normalise:
+            extra.update(mean=[255.0 * m for m in mean], std=[255.0 * d for d in std])
+        images = fn.crop_mirror_normalize(images, output_layout=layout[1:],
+                                          dtype=types.FLOAT if normalise else types.UINT8, **extra)
+        pipe.set_outputs(images, labels)
+    pipe.build()
+    pipe.dlstore_samples = samples
+    return pipe

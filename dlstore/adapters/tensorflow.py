@@ -1,0 +1,85 @@
+"""TensorFlow adapter: a dlstore loader as a ``tf.data.Dataset`` with a proper ``element_spec``.
+
+``import dlstore.adapters.tensorflow`` does not import TensorFlow; :func:`as_tf_dataset` does.
+
+Examples
+--------
+>>> from dlstore.adapters.tensorflow import as_tf_dataset          # doctest: +SKIP
+>>> from dlstore.pipeline import resnet50_loader                   # doctest: +SKIP
+>>> ds = as_tf_dataset(resnet50_loader("/data/train-*", batch_size=256))   # doctest: +SKIP
+>>> ds.element_spec["image"]                                       # doctest: +SKIP
+TensorSpec(shape=(256, 224, 224, 3), dtype=tf.uint8, name='image')
+>>> model.fit(ds.map(lambda b: (b["image"], b["label"])), epochs=1)        # doctest: +SKIP
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, Iterator, Optional, Tuple
+
+import numpy as np
+
+from dlstore.adapters.base import BatchAdapter, import_framework
+
+__all__ = ["as_tf_dataset", "TensorFlowAdapter"]
+
+_INSTALL = "pip install tensorflow (or tensorflow-cpu)"
+
+
+def _tf():
+    return import_framework("tensorflow", _INSTALL)
+
+
+class TensorFlowAdapter(BatchAdapter):
+    """A :class:`dlstore.pipeline.Loader` seen by TensorFlow; :meth:`dataset` makes the ``tf.data.Dataset``.
+
+    The loader's batches become the dataset's elements (a dict of tensors per batch) with no
+    per-sample work. Each array is copied once, unless the loader yields owned arrays already
+    (``Loader(..., copy=True)``): ``from_generator`` may keep a yielded array's memory as the
+    tensor's instead of copying it (seen with the loader's buffers: held elements changed as the
+    loader reused them), and elements are held downstream (``prefetch``, ``shuffle``) longer
+    than the loader keeps a buffer. The tests hold every element of an epoch to check this.
+
+    Parameters
+    ----------
+    loader : dlstore.pipeline.Loader
+    copy : bool, optional
+        Force (True) or skip (False) the copy; default: copy unless ``loader.copy`` is true.
+    """
+
+    def __init__(self, loader, copy: Optional[bool] = None):
+        super().__init__(loader)
+        self._tf = _tf()
+        self.copy = (not getattr(loader, "copy", False)) if copy is None else bool(copy)
+
+    def convert(self, name: str, array: np.ndarray) -> np.ndarray:
+        return np.array(array, copy=True) if self.copy else array
+
+    def convert_spec(self, name: str, shape: Tuple[Optional[int], ...], dtype: np.dtype):
+        return self._tf.TensorSpec(shape=shape, dtype=self._tf.as_dtype(dtype), name=name)
+
+    def dataset(self):
+        """The ``tf.data.Dataset``: one element per loader batch; each iteration is a new pass of the loader."""
+        def generate() -> Iterator[Dict[str, Any]]:
+            yield from self
+
+        return self._tf.data.Dataset.from_generator(generate, output_signature=self.element_spec)
+
+
+def as_tf_dataset(loader, *, copy: Optional[bool] = None):
+    """A ``tf.data.Dataset`` over a dlstore loader's batches.
+
+    Parameters
+    ----------
+    loader : dlstore.pipeline.Loader
+        E.g. :func:`dlstore.pipeline.resnet50_loader` or :func:`dlstore.pipeline.bert_loader`.
+    copy : bool, optional
+        See :class:`TensorFlowAdapter`.
+
+    Returns
+    -------
+    tf.data.Dataset
+        Elements are dicts name -> tensor; ``element_spec`` is a dict of ``tf.TensorSpec`` whose
+        first dimension is the batch size, or ``None`` when the loader's last batch may be
+        smaller (``last_batch="PARTIAL"``), with the loader's dtypes (``uint8`` or ``float32``
+        images, ``int64`` labels and BERT ids, ``float32`` weights).
+    """
+    return TensorFlowAdapter(loader, copy=copy).dataset()

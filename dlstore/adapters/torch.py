@@ -1,0 +1,291 @@
+"""PyTorch adapter: an IterableDataset sharded over ranks and DataLoader workers, and a tensor loader.
+
+``import dlstore.adapters.torch`` does not import torch; :class:`TorchLoader` imports it when made,
+and :class:`DlstoreIterableDataset` (a ``torch.utils.data.IterableDataset``) when first named.
+
+Examples
+--------
+Ranks and DataLoader workers, each sample once per epoch::
+
+    from dlstore.adapters.torch import DlstoreIterableDataset
+    from dlstore.pipeline import ResNet50
+
+    ds = DlstoreIterableDataset("/data/train-*", ResNet50(layout="NCHW", dtype="float32"), batch_size=256)
+    for epoch in range(90):
+        ds.set_epoch(epoch)
+        for batch in torch.utils.data.DataLoader(ds, batch_size=None, num_workers=4):
+            ...
+
+The native loader's threads, as torch tensors (no DataLoader, no per-sample Python)::
+
+    from dlstore.adapters.torch import TorchLoader
+    from dlstore.pipeline import resnet50_loader
+
+    for batch in TorchLoader(resnet50_loader("/data/train-*", batch_size=256)):
+        batch["image"], batch["label"]       # on the GPU when there is one, copied from pinned memory
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, Iterator, Optional, Tuple
+
+import numpy as np
+
+from dlstore.adapters.base import BatchAdapter, ConsumerShard, LastBatch, check_last_batch, current_world, \
+    import_framework
+
+__all__ = ["DlstoreIterableDataset", "TorchLoader", "pinned_allocator"]  # noqa: F822 (DlstoreIterableDataset: module __getattr__)
+
+_INSTALL = "pip install torch"
+_DLPACK_CPU = 1  # DLDeviceType kDLCPU
+
+
+def _torch():
+    return import_framework("torch", _INSTALL)
+
+
+def _as_tensor(torch, array: Any):
+    """A torch tensor sharing ``array``'s memory (numpy on the CPU, or any DLPack producer, e.g. CuPy)."""
+    if isinstance(array, np.ndarray):
+        # from_numpy warns on read-only arrays (torch has no read-only tensors); DLPack shares them quietly.
+        return torch.from_numpy(array) if array.flags.writeable else torch.from_dlpack(array)
+    return torch.from_dlpack(array)
+
+
+class _IterableRecords:
+    """The body of :class:`DlstoreIterableDataset`; see there. Kept apart so that this module imports
+    without torch: the dataset class is made (with ``torch.utils.data.IterableDataset`` as its second
+    base) the first time it is named."""
+
+    def __init__(self, paths, pipeline=None, batch_size: Optional[int] = None, *, world: Any = None,
+                 shard: str = "auto", shuffle: bool = False, seed: int = 0, last_batch: str = LastBatch.PARTIAL,
+                 prefetch: int = 2, threads: Optional[int] = None, **open_kwargs: Any):
+        from dlstore.reader import expand_paths
+
+        if pipeline is not None and (batch_size is None or int(batch_size) < 1):
+            raise ValueError(f"a pipeline needs batch_size >= 1, got {batch_size!r}")
+        if pipeline is None and batch_size is not None:
+            raise ValueError("batch_size goes with a pipeline; without one the dataset yields records "
+                             "and the DataLoader batches them")
+        if shard not in ("auto", "files", "records"):
+            raise ValueError(f"shard must be 'auto', 'files' or 'records', got {shard!r}")
+        self.paths = expand_paths(paths)
+        self.pipeline = pipeline
+        self.batch_size = None if batch_size is None else int(batch_size)
+        self.world = world
+        self.shard = shard
+        self.shuffle = shuffle
+        self.seed = int(seed)
+        self.last_batch = check_last_batch(last_batch)
+        self.prefetch = int(prefetch)
+        self.threads = threads
+        self.open_kwargs = open_kwargs
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Chooses the epoch whose file order (with ``shuffle``) and augmentation seeds the next pass uses.
+
+        Call it before creating the epoch's DataLoader iterator: workers take a copy of the dataset then.
+        """
+        self.epoch = int(epoch)
+
+    def consumer(self) -> Tuple[Any, bool]:
+        """This process's world narrowed to the current DataLoader worker, and whether in a worker."""
+        torch = _torch()
+        world = current_world(self.world)
+        info = torch.utils.data.get_worker_info()
+        if info is None:
+            return world, False
+        return world.with_worker(info.id, info.num_workers), True
+
+    def share(self) -> ConsumerShard:
+        """The records this process (or, in a DataLoader worker, this worker) reads this epoch."""
+        world, _ = self.consumer()
+        return ConsumerShard(self.paths, world.consumer, world.num_consumers, shard=self.shard,
+                             shuffle=self.shuffle, seed=self.seed, epoch=self.epoch, **self.open_kwargs)
+
+    def __iter__(self) -> Iterator[Any]:
+        torch = _torch()
+        world, in_worker = self.consumer()
+        source = self.share()
+        if self.pipeline is None:
+            yield from _records(source)
+            return
+        from dlstore.pipeline import Loader
+
+        # Each consumer draws its own augmentations, the same on every run with the same seed and world.
+        seed = int(np.random.SeedSequence([self.seed, self.epoch, world.consumer]).generate_state(1)[0])
+        # Owned batches (copy=True): the DataLoader holds several batches in its queues, more than the
+        # loader's ring of reused buffers would keep valid. In a worker one decode thread each by
+        # default: the workers are the parallelism.
+        threads = self.threads if self.threads is not None or not in_worker else 1
+        loader = Loader(source, self.pipeline, self.batch_size, prefetch=self.prefetch,
+                        last_batch=self.last_batch, threads=threads, seed=seed, epochs=1, copy=True)
+        for batch in loader:
+            yield {name: _as_tensor(torch, array) for name, array in batch.items()}
+
+
+def _records(source) -> Iterator[bytes]:
+    """Each record of ``source`` as ``bytes`` (the pipeline-less path: the user decodes)."""
+    for batch in source.batches():
+        view = memoryview(batch).cast("B")
+        for offset, length in zip(batch.offsets.tolist(), batch.lengths.tolist()):
+            yield bytes(view[offset:offset + length])
+
+
+def _dataset_class():
+    torch = _torch()
+
+    class DlstoreIterableDataset(_IterableRecords, torch.utils.data.IterableDataset):
+        """A ``torch.utils.data.IterableDataset`` of dlstore records or batches, each seen once per epoch
+        across ranks and DataLoader workers.
+
+        Every (rank, worker) pair is one *consumer*: the rank comes from ``world`` or
+        :func:`dlstore.placement.world.detect_world` (mpirun, torchrun, Horovod, SLURM, PopRun...),
+        the worker from ``torch.utils.data.get_worker_info()``; consumer ``rank * num_workers +
+        worker`` reads its share of the records (see ``shard``).
+
+        Parameters
+        ----------
+        paths : str, path-like or list of them
+            Files, directories or globs (:func:`dlstore.reader.expand_paths`).
+        pipeline : ResNet50, Bert or None
+            A :mod:`dlstore.pipeline` preset. With one, each item is a whole batch, a dict of
+            tensors (use ``DataLoader(ds, batch_size=None)``); without one, each item is one record
+            as ``bytes`` (give the DataLoader a ``collate_fn`` that decodes them).
+        batch_size : int
+            Samples per batch; required with a pipeline, not allowed without.
+        world : World, optional
+            Overrides the detected one (anything with ``with_worker``, ``consumer``, ``num_consumers``).
+        shard : {"auto", "files", "records"}
+            How records are dealt to consumers: whole files (``c, c + n, ...``), or records
+            ``c, c + n, ...`` of every file (even shares, every consumer reads every file);
+            ``auto`` takes files when they divide evenly among the consumers.
+        shuffle : bool
+            Draw the file order from ``(seed, epoch)`` each epoch, identically on every consumer.
+        seed : int
+            Seeds the file order and, with ``(epoch, consumer)``, the pipeline's augmentations.
+        last_batch : {"PARTIAL", "DROP", "FILL"}
+            Each consumer's last batch, as in DALI. ``PARTIAL`` (default) keeps every sample
+            exactly once.
+        prefetch, threads
+            The :class:`dlstore.pipeline.Loader`'s. ``threads=None`` in a DataLoader worker means one.
+        **open_kwargs
+            For :func:`dlstore.open_records`: ``io``, ``format``, ``verify``, ``on_error``...
+
+        Notes
+        -----
+        Batch counts can differ between ranks by one or more (files of unequal size, or
+        ``PARTIAL``); with DistributedDataParallel, agree on a step count or use ``DROP`` over
+        even shards.
+        """
+
+    DlstoreIterableDataset.__module__ = __name__
+    return DlstoreIterableDataset
+
+
+def __getattr__(name: str):
+    # The dataset class subclasses torch's, so it is made on first use, not at import.
+    if name == "DlstoreIterableDataset":
+        cls = _dataset_class()
+        globals()[name] = cls
+        return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def pinned_allocator():
+    """An ``allocator`` for :class:`dlstore.pipeline.Loader` whose batch buffers are page-locked (pinned).
+
+    The loader then assembles batches straight in pinned memory and :class:`TorchLoader` copies
+    them to the GPU asynchronously without a staging copy. Needs CUDA.
+
+    Examples
+    --------
+    >>> loader = resnet50_loader(paths, batch_size=256, allocator=pinned_allocator())    # doctest: +SKIP
+    >>> for batch in TorchLoader(loader):                                                 # doctest: +SKIP
+    ...     ...
+    """
+    torch = _torch()
+
+    def allocate(shape, dtype) -> np.ndarray:
+        like = torch.from_numpy(np.empty(0, dtype))
+        # The array's base is the tensor, so the pinned memory lives as long as the array.
+        return torch.empty(tuple(shape), dtype=like.dtype, pin_memory=True).numpy()
+
+    return allocate
+
+
+class TorchLoader(BatchAdapter):
+    """A :class:`dlstore.pipeline.Loader` yielding torch tensors, on the CPU or copied to the GPU.
+
+    On the CPU each tensor shares the loader's array (``torch.from_numpy``/``torch.from_dlpack``,
+    no copy), so it is valid as long as the loader's batch is: until the next batch is drawn (or
+    always, with ``Loader(..., copy=True)``). To a CUDA device the copy is asynchronous
+    (``non_blocking=True``) from page-locked memory: the loader's own buffers when it was made with
+    ``allocator=pinned_allocator()``, else a pinned staging buffer per output. Before the next
+    batch is drawn (which lets the loader reuse its buffer, and this adapter its staging buffer)
+    the previous batch's copy is waited for: by then it has usually long finished, behind the
+    training step the consumer queued. Device tensors are new each batch. Arrays the loader
+    already holds on the GPU (DLPack with a CUDA device) are shared as they are.
+
+    Parameters
+    ----------
+    loader : dlstore.pipeline.Loader
+    device : str or torch.device, optional
+        Default: the current CUDA device when CUDA is available, else the CPU.
+    pin_memory : bool, optional
+        Copy through pinned memory (asynchronous); default True for a CUDA device.
+    """
+
+    def __init__(self, loader, device: Any = None, pin_memory: Optional[bool] = None):
+        super().__init__(loader)
+        torch = self._torch = _torch()
+        if device is None:
+            device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
+        self.device = torch.device(device)
+        self.to_cuda = self.device.type == "cuda"
+        self.pin_memory = self.to_cuda if pin_memory is None else bool(pin_memory)
+        self._staging: Dict[str, Any] = {}  # name -> pinned tensor
+
+    def convert(self, name: str, array: Any):
+        return _as_tensor(self._torch, array)
+
+    def convert_spec(self, name: str, shape: Tuple[Optional[int], ...], dtype: np.dtype):
+        return shape, _as_tensor(self._torch, np.empty(0, dtype)).dtype
+
+    def __iter__(self) -> Iterator[Dict[str, Any]]:
+        if not self.to_cuda:
+            yield from super().__iter__()
+            return
+        torch = self._torch
+        copied = None  # CUDA event after the last batch's copies
+        for batch in self.loader:
+            out = self._to_device(batch)
+            copied = torch.cuda.Event()
+            copied.record(torch.cuda.current_stream(self.device))
+            yield out
+            # The consumer wants the next batch: the loader may now reuse this batch's buffers, and the
+            # staging buffers are filled again, so this batch's copies must be done.
+            copied.synchronize()
+
+    def _to_device(self, batch: Dict[str, Any]) -> Dict[str, Any]:
+        out = {}
+        for name, array in batch.items():
+            tensor = _as_tensor(self._torch, array)
+            if tensor.device.type != "cpu" or tensor.is_pinned():
+                out[name] = tensor.to(self.device, non_blocking=True)
+            elif self.pin_memory:
+                out[name] = self._stage(name, tensor).to(self.device, non_blocking=True)
+            else:
+                out[name] = tensor.to(self.device)
+        return out
+
+    def _stage(self, name: str, tensor):
+        """``tensor`` copied into the pinned buffer for ``name`` (made, or remade when it does not fit)."""
+        buf = self._staging.get(name)
+        if buf is None or buf.dtype != tensor.dtype or buf.shape[1:] != tensor.shape[1:] \
+                or buf.shape[0] < tensor.shape[0]:
+            buf = self._torch.empty(tuple(tensor.shape), dtype=tensor.dtype, pin_memory=True)
+            self._staging[name] = buf
+        staged = buf[:tensor.shape[0]]
+        staged.copy_(tensor)
+        return staged

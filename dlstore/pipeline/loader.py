@@ -1,0 +1,537 @@
+"""The loader: records from a source -> fixed-size batches in reused buffers, prepared ahead in a thread.
+
+A background thread pulls ``RecordBatch`` chunks from the source (the C++ reader releases the GIL),
+cuts them into runs that fill output batches of exactly ``batch_size`` rows (a batch may take the
+tail of one chunk and the head of the next: two runs, no copy of the records), runs the pipeline's
+C++ batch function once per run, and hands finished batches to the consumer through a bounded
+queue. Output arrays come from a ring of ``prefetch + 2`` buffers allocated once.
+"""
+from __future__ import annotations
+
+import re
+import time
+import warnings
+import weakref
+from typing import Any, Callable, Dict, Iterator, Optional, Tuple
+
+import numpy as np
+
+from dlstore.errors import DlstoreError
+from dlstore.pipeline.prefetch import BatchRing, Prefetcher
+from dlstore.pipeline.stages import LAST_BATCH_POLICIES, Pipeline
+
+__all__ = ["Loader"]
+
+
+class _Batch:
+    """A filled slot, as the producer publishes it."""
+
+    __slots__ = ("slot", "rows", "padding", "epoch", "position")
+
+    def __init__(self, slot: int, rows: int, padding: int, epoch: int, position: int):
+        self.slot, self.rows, self.padding, self.epoch, self.position = slot, rows, padding, epoch, position
+
+
+class _EpochEnd:
+    __slots__ = ("epoch",)
+
+    def __init__(self, epoch: int):
+        self.epoch = epoch
+
+
+# The C++ parser and the decoder name the record by its index in the call; a salvage call holds one
+# record, so that index says nothing: the loader's message names the file, offset and position instead.
+_RECORD_PREFIX = re.compile(r"^(record \d+|image \d+ of the batch \(bytes \d+\.\.\d+ of the buffer\)): ")
+
+
+class Loader:
+    """Batches of a pipeline's outputs over a record source, prepared in a background thread.
+
+    Parameters
+    ----------
+    source : RecordReader or similar
+        Anything with ``batches()`` yielding ``RecordBatch``-like chunks (buffer protocol over one
+        contiguous region, or a ``buffer`` attribute that has it; numpy ``offsets`` / ``lengths``;
+        ``num_records``), such as
+        :func:`dlstore.open_records`. Optional, used when present: ``format`` (``tfrecord`` or
+        ``recordio``; default ``tfrecord``), ``paths`` with per-chunk ``file_index`` and
+        ``file_offsets`` (to name the file and offset of a bad record), ``set_epoch(epoch)``
+        (called before each epoch), ``state_dict()`` / ``load_state_dict(d)`` (see
+        :meth:`state_dict`), ``engine`` / ``engine_reason`` / ``stats()`` (reported by :meth:`stats`).
+    pipeline : Pipeline
+        What a record becomes: :class:`~dlstore.pipeline.Bert`, :class:`~dlstore.pipeline.ResNet50`.
+    batch_size : int
+        Rows per batch; every batch has exactly this many except, with ``PARTIAL``, an epoch's last.
+    prefetch : int, optional
+        Finished batches that may wait for the consumer (at least 1).
+    last_batch : {"DROP", "PARTIAL", "FILL"}, optional
+        An epoch's incomplete last batch is dropped, yielded short, or filled to ``batch_size`` by
+        repeating the epoch's last sample (:attr:`padding` says how many rows are repeats). As
+        DALI's ``LastBatchPolicy``. Batches never span two epochs.
+    threads : int, optional
+        Threads of the pipeline's C++ batch function; default: the pipeline's choice.
+    seed : int, optional
+        Seed of random augmentation. Each sample's randomness is a function of
+        ``(seed, epoch, position in the epoch)`` only.
+    epochs : int or None, optional
+        Epochs one iteration of the loader covers (``None``: endless). The epoch counter carries
+        on from one iteration to the next, so ``for epoch in range(3): for batch in loader:``
+        sees epochs 0, 1, 2 with different random crops.
+    copy : bool, optional
+        Yield arrays the caller owns instead of views into the reused buffers.
+    on_error : {"raise", "skip", "warn"}, optional
+        A record the pipeline cannot process (malformed Example, undecodable image):
+        ``raise`` an error naming the file, the byte offset, the sample position and what was
+        wrong; ``skip`` it (counted in ``stats()["skipped"]``); ``warn``: skip with a
+        ``RuntimeWarning``. Corrupt framing or CRCs are the source's concern (its own ``on_error``).
+    allocator : callable, optional
+        ``allocator(shape, dtype) -> numpy.ndarray`` for the output buffers, e.g. one returning
+        page-locked memory; see :class:`~dlstore.pipeline.prefetch.BatchRing`.
+
+    Notes
+    -----
+    Yielded arrays are views into a ring of ``prefetch + 2`` reused buffers: a batch stays valid
+    until the consumer draws the next one (``next()`` returns). Keep data longer by copying it
+    (``copy=True``, or a framework's copy to the device). Breaking out of the loop, or
+    :meth:`close`, stops the background thread and releases the source's files.
+
+    Examples
+    --------
+    >>> reader = dlstore.open_records("/data/bert/part-*")            # doctest: +SKIP
+    >>> loader = Loader(reader, Bert(seq_len=128), batch_size=64)      # doctest: +SKIP
+    >>> for batch in loader:                                           # doctest: +SKIP
+    ...     train_step(batch["input_ids"], batch["input_mask"])
+    """
+
+    def __init__(self, source: Any, pipeline: Pipeline, batch_size: int, *, prefetch: int = 2,
+                 last_batch: str = "DROP", threads: Optional[int] = None, seed: int = 0,
+                 epochs: Optional[int] = 1, copy: bool = False, on_error: str = "raise",
+                 allocator: Optional[Callable[[Tuple[int, ...], Any], np.ndarray]] = None):
+        if not hasattr(source, "batches"):
+            raise TypeError(f"source must have a batches() method (e.g. dlstore.open_records), "
+                            f"got {type(source).__name__}")
+        if not isinstance(pipeline, Pipeline):
+            raise TypeError(f"pipeline must be a dlstore.pipeline.Pipeline (Bert, ResNet50), "
+                            f"got {type(pipeline).__name__}")
+        if int(batch_size) < 1:
+            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        if int(prefetch) < 1:
+            raise ValueError(f"prefetch must be at least 1, got {prefetch}")
+        last_batch = str(getattr(last_batch, "name", last_batch)).upper()  # DALI's LastBatchPolicy.FILL too
+        if last_batch not in LAST_BATCH_POLICIES:
+            raise ValueError(f"last_batch must be one of {', '.join(LAST_BATCH_POLICIES)}, got {last_batch!r}")
+        if epochs is not None and int(epochs) < 1:
+            raise ValueError(f"epochs must be at least 1 or None (endless), got {epochs}")
+        if on_error not in ("raise", "skip", "warn"):
+            raise ValueError(f"on_error must be 'raise', 'skip' or 'warn', got {on_error!r}")
+        if int(seed) < 0:
+            raise ValueError(f"seed must be non-negative, got {seed}")
+        if threads is not None and int(threads) < 1:
+            raise ValueError(f"threads must be at least 1, got {threads}")
+
+        self.source = source
+        self.pipeline = pipeline
+        self.batch_size = int(batch_size)
+        self.prefetch = int(prefetch)
+        self.last_batch = last_batch
+        self.threads = int(threads) if threads is not None else pipeline.default_threads()
+        self.seed = int(seed)
+        self.epochs = None if epochs is None else int(epochs)
+        self.copy = bool(copy)
+        self.on_error = on_error
+        self.format = getattr(source, "format", "tfrecord")
+        self._fields = pipeline.fields()
+        self._run = pipeline.bind(format=self.format, seed=self.seed, threads=self.threads)
+        self._allocator = allocator
+        self._ring: Optional[BatchRing] = None
+        # The consumer's position: the epoch under way and the samples of it already yielded.
+        self._epoch = 0
+        self._position = 0
+        self._source_positioned = False  # load_state_dict put the source at _position itself
+        self._active: Optional[Prefetcher] = None
+        self._iterator: Optional[weakref.ref] = None
+        self._producer: Optional[_Producer] = None
+        #: Padding rows (repeats of the epoch's last sample) in the batch last yielded (``FILL``).
+        self.padding = 0
+        self._counts = {"batches": 0, "samples": 0, "padding": 0, "skipped": 0, "bytes": 0, "records": 0}
+        self._seconds = {"source": 0.0, "pipeline": 0.0, "producer_wait": 0.0, "consumer_wait": 0.0}
+
+    # ---- what comes out ----
+
+    @property
+    def element_spec(self) -> Dict[str, Tuple[Tuple[Optional[int], ...], np.dtype]]:
+        """Output name -> ``(shape with the batch dimension, numpy dtype)``.
+
+        The batch dimension is ``batch_size``, or ``None`` with ``last_batch="PARTIAL"`` (an
+        epoch's last batch may be shorter).
+        """
+        rows = None if self.last_batch == "PARTIAL" else self.batch_size
+        return {name: ((rows, *shape), np.dtype(dtype)) for name, (shape, dtype) in self._fields.items()}
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next batch comes from (the one under way, if any)."""
+        return self._epoch
+
+    def __iter__(self) -> Iterator[Dict[str, np.ndarray]]:
+        live = self._iterator() if self._iterator is not None else None
+        if live is not None and live.gi_frame is not None:
+            raise RuntimeError("this loader is already being iterated; finish or close() that loop first")
+        iterator = self._consume()
+        self._iterator = weakref.ref(iterator)
+        return iterator
+
+    def _consume(self) -> Iterator[Dict[str, np.ndarray]]:
+        # The thread starts at the first next(), so an iterator never advanced holds nothing.
+        if self._ring is None:
+            self._ring = BatchRing(self._fields, self.batch_size, self.prefetch + 2, self._allocator)
+        ring = self._ring
+        producer = _Producer(self, self._epoch, self._position, self._source_positioned)
+        self._source_positioned = False
+        prefetcher = Prefetcher(len(ring), producer.run, name="dlstore-loader")
+        self._active, self._producer = prefetcher, producer
+        held: Optional[int] = None
+        try:
+            while True:
+                item = prefetcher.get()
+                if held is not None:  # the consumer asked for the next batch: the last one is free
+                    prefetcher.release(held)
+                    held = None
+                if item is None:
+                    return
+                if isinstance(item, _EpochEnd):
+                    self._epoch, self._position = item.epoch + 1, 0
+                    continue
+                held = item.slot
+                self._epoch, self._position = item.epoch, item.position
+                self.padding = item.padding
+                self._counts["batches"] += 1
+                self._counts["samples"] += item.rows - item.padding
+                self._counts["padding"] += item.padding
+                arrays = ring.slots[item.slot]
+                if item.rows != self.batch_size:
+                    arrays = {name: a[:item.rows] for name, a in arrays.items()}
+                elif not self.copy:
+                    arrays = dict(arrays)  # the consumer may add to or pop from it
+                if self.copy:
+                    arrays = {name: a.copy() for name, a in arrays.items()}
+                yield arrays
+        finally:
+            prefetcher.close()
+            _add_stats(self._counts, self._seconds, producer, prefetcher)
+            self._active = self._producer = None
+
+    def close(self) -> None:
+        """Ends the iteration under way, if any: the background thread stops and the source is released.
+
+        From another thread than the consumer's, the iteration stops and the consumer's loop ends
+        at its next step.
+        """
+        iterator = self._iterator() if self._iterator is not None else None
+        if iterator is None:
+            return
+        try:
+            iterator.close()
+        except ValueError:  # running right now, in another thread: stop it from here
+            active = self._active
+            if active is not None:
+                active.close()
+
+    def __enter__(self) -> "Loader":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # ---- resumption ----
+
+    def state_dict(self) -> Dict[str, Any]:
+        """Where the consumer is: ``epoch``, ``sample_in_epoch`` (samples of it already yielded), ``seed``.
+
+        Batches prepared ahead and not yet drawn do not count. When the source has
+        ``state_dict()``, its state is included under ``"source"`` with its ``epoch`` and
+        ``sample_in_epoch`` set to the consumer's, so the source can be put back there.
+        """
+        state: Dict[str, Any] = {"epoch": self._epoch, "sample_in_epoch": self._position, "seed": self.seed}
+        if hasattr(self.source, "state_dict"):
+            source_state = dict(self.source.state_dict())
+            source_state.update(epoch=self._epoch, sample_in_epoch=self._position)
+            state["source"] = source_state
+        return state
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Resumes at a :meth:`state_dict`: the next iteration starts at its epoch and sample.
+
+        With a source that has ``load_state_dict``, the source state is handed to it and the
+        source is expected to start its next ``batches()`` at that ``sample_in_epoch``; otherwise the
+        loader reads and discards the samples of the epoch already yielded (no pipeline work).
+        Random augmentation continues as it would have: sample seeds depend on positions only.
+
+        Raises
+        ------
+        ValueError
+            When the state was saved with another seed, or is malformed.
+        RuntimeError
+            During an iteration.
+        """
+        if self._active is not None:
+            raise RuntimeError("load_state_dict() during an iteration; close() it first")
+        try:
+            epoch, position, seed = int(state["epoch"]), int(state["sample_in_epoch"]), int(state["seed"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"not a loader state (needs epoch, sample_in_epoch, seed): {state!r}") from e
+        if epoch < 0 or position < 0:
+            raise ValueError(f"epoch and sample_in_epoch must be non-negative, got {epoch} and {position}")
+        if seed != self.seed:
+            raise ValueError(f"the state was saved with seed {seed}; this loader has seed {self.seed}: "
+                             f"its samples would differ")
+        self._epoch, self._position = epoch, position
+        self._source_positioned = False
+        if state.get("source") is not None and hasattr(self.source, "load_state_dict"):
+            self.source.load_state_dict(state["source"])
+            self._source_positioned = True
+
+    # ---- what happened ----
+
+    def stats(self) -> Dict[str, Any]:
+        """Counters and timings over this loader's life (iterations finished or under way).
+
+        Keys: ``batches``, ``samples`` (rows yielded, padding excluded), ``padding``, ``skipped``
+        (records the pipeline could not process, with ``on_error`` skip/warn), ``records`` and
+        ``bytes`` (records and payload bytes taken from the source); seconds the background
+        thread spent waiting on the source (``source_s``: I/O), in the pipeline (``pipeline_s``:
+        parse/decode) and waiting for the consumer to free a buffer (``producer_wait_s``), and
+        that the consumer spent waiting for a batch (``consumer_wait_s``); ``buffers_allocated``
+        (output arrays allocated: fields x ``(prefetch + 2)``, all at the first iteration) and
+        ``buffer_bytes``; the pipeline's description (which decoder and why), ``batch_size``,
+        ``prefetch``, ``last_batch``, ``threads``; and the source's ``engine`` / ``engine_reason``
+        and its ``stats()`` under ``source``, when it has them.
+        """
+        counts, seconds = dict(self._counts), dict(self._seconds)
+        if self._active is not None and self._producer is not None:
+            _add_stats(counts, seconds, self._producer, self._active)
+        out: Dict[str, Any] = dict(counts)
+        out.update({f"{k}_s": v for k, v in seconds.items()})
+        out["buffers_allocated"] = self._ring.arrays_allocated if self._ring is not None else 0
+        out["buffer_bytes"] = self._ring.nbytes if self._ring is not None else 0
+        out.update(self.pipeline.describe())
+        out.update(batch_size=self.batch_size, prefetch=self.prefetch, last_batch=self.last_batch,
+                   threads=self.threads)
+        for key in ("engine", "engine_reason"):
+            if hasattr(self.source, key):
+                out[key] = getattr(self.source, key)
+        if hasattr(self.source, "stats"):
+            out["source"] = self.source.stats()
+        return out
+
+    def __repr__(self) -> str:
+        return (f"Loader({self.pipeline.name}, batch_size={self.batch_size}, prefetch={self.prefetch}, "
+                f"last_batch={self.last_batch}, epoch={self._epoch}, sample_in_epoch={self._position})")
+
+
+class _Producer:
+    """The background thread's work for one iteration of a :class:`Loader`."""
+
+    def __init__(self, loader: Loader, epoch: int, position: int, source_positioned: bool):
+        self.source = loader.source
+        self.run_pipeline = loader._run
+        self.ring = loader._ring
+        self.batch_size = loader.batch_size
+        self.last_batch = loader.last_batch
+        self.on_error = loader.on_error
+        self.stage = loader.pipeline.name
+        self.first_epoch = epoch
+        self.first_position = position
+        self.source_positioned = source_positioned
+        self.epochs = loader.epochs
+        self.counts = {"skipped": 0, "bytes": 0, "records": 0}
+        self.seconds = {"source": 0.0, "pipeline": 0.0}
+
+    def run(self, prefetcher: Prefetcher) -> None:
+        epoch = self.first_epoch
+        while self.epochs is None or epoch < self.first_epoch + self.epochs:
+            first = epoch == self.first_epoch
+            if not (first and self.source_positioned) and hasattr(self.source, "set_epoch"):
+                self.source.set_epoch(epoch)
+            position = self.first_position if first else 0
+            skip = position if first and not self.source_positioned else 0
+            self._epoch(prefetcher, epoch, position, skip)
+            if prefetcher.stopping:
+                return
+            prefetcher.publish(_EpochEnd(epoch))
+            epoch += 1
+
+    def _epoch(self, prefetcher: Prefetcher, epoch: int, position: int, skip: int) -> None:
+        """Fills and publishes the batches of one epoch, starting at ``position`` (``skip`` records unread)."""
+        batch_size = self.batch_size
+        slot: Optional[int] = None
+        out: Dict[str, np.ndarray] = {}
+        row = 0
+        chunks = self.source.batches()
+        try:
+            while True:
+                t0 = time.perf_counter()
+                chunk = next(chunks, None)
+                t1 = time.perf_counter()
+                self.seconds["source"] += t1 - t0
+                if chunk is None or prefetcher.stopping:
+                    break
+                n = chunk.num_records
+                start = 0
+                if skip:
+                    start = min(skip, n)
+                    skip -= start
+                if start == n:
+                    continue
+                offsets, lengths = chunk.offsets, chunk.lengths
+                buffer = getattr(chunk, "buffer", chunk)
+                self.counts["records"] += n - start
+                self.counts["bytes"] += int(lengths[start:].sum())
+                while start < n:
+                    if slot is None:
+                        slot = prefetcher.acquire()
+                        out = self.ring.slots[slot]
+                        row = 0
+                    take = min(batch_size - row, n - start)
+                    t0 = time.perf_counter()
+                    row += self._process(chunk, buffer, offsets, lengths, start, take, out, row, epoch,
+                                         position)
+                    self.seconds["pipeline"] += time.perf_counter() - t0
+                    start += take
+                    position += take
+                    if row == batch_size:
+                        prefetcher.publish(_Batch(slot, row, 0, epoch, position))
+                        slot = None
+        finally:
+            close = getattr(chunks, "close", None)
+            if close is not None:
+                close()  # releases the reader's files and buffers now, in this thread
+        if slot is not None:
+            if row == 0 or self.last_batch == "DROP" or prefetcher.stopping:
+                prefetcher.release(slot)
+            elif self.last_batch == "PARTIAL":
+                prefetcher.publish(_Batch(slot, row, 0, epoch, position))
+            else:  # FILL: repeat the last sample
+                for a in out.values():
+                    a[row:] = a[row - 1]
+                prefetcher.publish(_Batch(slot, batch_size, batch_size - row, epoch, position))
+        self._agree(prefetcher, epoch, position)
+
+    def _agree(self, prefetcher: Prefetcher, epoch: int, position: int) -> None:
+        # A source that splits an epoch unevenly between ranks (dlstore.Dataset, remainder "uneven")
+        # agrees on a batch count so that no rank waits forever in a collective: a rank whose
+        # share ran out early yields empty batches (0 rows) up to that count.
+        agreed = getattr(self.source, "num_batches", None)
+        if self.last_batch != "PARTIAL" or not isinstance(agreed, int):
+            return
+        yielded = -(-position // self.batch_size)  # batches covering the samples of this epoch
+        for _ in range(agreed - yielded):
+            if prefetcher.stopping:
+                return
+            prefetcher.publish(_Batch(prefetcher.acquire(), 0, 0, epoch, position))
+
+    def _process(self, chunk: Any, buffer: Any, offsets: np.ndarray, lengths: np.ndarray, start: int, count: int,
+                 out: Dict[str, np.ndarray], row: int, epoch: int, position: int) -> int:
+        """Runs the pipeline on records ``start .. start + count - 1`` of ``chunk`` into rows from ``row``.
+
+        Returns the rows written: ``count``, or fewer when records were skipped (``on_error``).
+        """
+        stop = start + count
+        try:
+            self.run_pipeline(buffer, offsets[start:stop], lengths[start:stop], out, row, epoch, position)
+            return count
+        except DlstoreError:
+            pass  # one record or more is bad: find which, one at a time, below
+        except Exception as e:
+            _add_note(e, f"raised in the dlstore loader thread by the {self.stage} pipeline, records "
+                         f"{position}..{position + count - 1} of epoch {epoch}{self._where(chunk, start)}")
+            raise
+        written = row
+        for k in range(start, stop):
+            try:
+                self.run_pipeline(buffer, offsets[k:k + 1], lengths[k:k + 1], out, written, epoch,
+                                  position + k - start)
+            except DlstoreError as e:
+                located = self._located(e, chunk, k, epoch, position + k - start)
+                if self.on_error == "raise":
+                    raise located from e
+                self.counts["skipped"] += 1
+                if self.on_error == "warn":
+                    warnings.warn(f"{located} (skipped)", RuntimeWarning, stacklevel=2)
+                continue
+            written += 1
+        return written - row
+
+    def _location(self, chunk: Any, k: int) -> Tuple[Optional[str], Optional[int]]:
+        """The file and byte offset of record ``k`` of ``chunk``, when the chunk or the source says."""
+        path = getattr(chunk, "path", None)
+        if path is None:
+            # Looked up now: a source may change its files from one epoch to the next.
+            paths, index = getattr(self.source, "paths", None), getattr(chunk, "file_index", None)
+            if paths is None or index is None:
+                return None, None
+            path = paths[index]
+        offsets = getattr(chunk, "file_offsets", None)
+        return path, (int(offsets[k]) if offsets is not None else None)
+
+    def _where(self, chunk: Any, k: int) -> str:
+        """``", in <file> at byte N"`` for record ``k`` of ``chunk``, or "" when unknown."""
+        path, offset = self._location(chunk, k)
+        if path is None:
+            return ""
+        return f", in {path}" + (f" at byte {offset}" if offset is not None else "")
+
+    def _located(self, error: DlstoreError, chunk: Any, k: int, epoch: int, position: int) -> DlstoreError:
+        """``error`` of record ``k`` of ``chunk``, re-made to name the file, offset, sample and stage."""
+        path, offset = self._location(chunk, k)
+        what = _RECORD_PREFIX.sub("", str(error))
+        where = "record" if path is None else f"{path}: record" + (f" at byte {offset}" if offset is not None else "")
+        message = f"{where} (sample {position} of epoch {epoch}), {self.stage} pipeline: {what}"
+        try:
+            return type(error)(message, path, offset)
+        except TypeError:  # a subclass with another constructor
+            return DlstoreError(message, path, offset)
+
+
+_READER_KEYS = ("format", "compression", "verify", "chunk_size", "depth", "io_threads", "verify_threads")
+
+
+def open_source(paths: Any, io: Optional[str], kw: Dict[str, Any]) -> Any:
+    """:func:`dlstore.open_records` on ``paths``, taking its arguments out of ``kw``.
+
+    The reader's arguments (``format``, ``compression``, ``verify``, ``chunk_size``, ``depth``,
+    ``io_threads``, ``verify_threads``) are popped from ``kw``, leaving the loader's; ``on_error``
+    stays in ``kw`` and goes to the reader as well. A source already made (a
+    :class:`dlstore.Dataset`, with its mounts, rank and shuffle, or a reader) is used as it is.
+    """
+    import dlstore
+
+    if hasattr(paths, "batches"):
+        given = [k for k in _READER_KEYS if k in kw] + (["io"] if io is not None else [])
+        if given:
+            raise ValueError(f"{', '.join(given)} belong to the source: set them on {type(paths).__name__} "
+                             f"when making it, not on the loader")
+        return paths
+    reader_kw = {k: kw.pop(k) for k in _READER_KEYS if k in kw}
+    if "on_error" in kw:
+        reader_kw["on_error"] = kw["on_error"]
+    return dlstore.open_records(paths, io=io, **reader_kw)
+
+
+def _add_stats(counts: Dict[str, int], seconds: Dict[str, float], producer: _Producer,
+               prefetcher: Prefetcher) -> None:
+    """Adds an iteration's counters and timings to ``counts`` and ``seconds``."""
+    for k, v in producer.counts.items():
+        counts[k] += v
+    for k, v in producer.seconds.items():
+        seconds[k] += v
+    seconds["producer_wait"] += prefetcher.producer_wait_s
+    seconds["consumer_wait"] += prefetcher.consumer_wait_s
+
+
+def _add_note(error: BaseException, note: str) -> None:
+    """Adds ``note`` to the traceback display of ``error`` (Python 3.11+; older: to its args)."""
+    if hasattr(error, "add_note"):
+        error.add_note(note)
+    elif error.args and isinstance(error.args[0], str):
+        error.args = (f"{error.args[0]} ({note})",) + error.args[1:]

@@ -1,0 +1,210 @@
+"""The ResNet-50 input pipeline: JPEGs decoded in C++ (crop window only, smallest DCT scale) into batches.
+
+Train: RandomResizedCrop 224 (scale 0.08-1, ratio 3/4-4/3) and a horizontal flip with probability
+1/2, as torchvision; eval: resize the shorter side to 256 and take the centre 224 x 224. Outputs
+uint8 NHWC, or float32 NCHW normalised with ImageNet's mean and std, plus int64 labels.
+
+Per run of records the pipeline makes three batch calls, each in C++ with the GIL released:
+the labels are parsed into the label array (TFRecord: ``image/class/label``; RecordIO: the
+``IRHeader``'s label, read with numpy), the JPEG inside each record is located without a copy
+(TFRecord: the ``image/encoded`` bytes found by the C++ Example reader; RecordIO: what follows the
+header), and :func:`dlstore.pipeline.decode.decode_batch` decodes and augments every image into
+its row of the batch on several threads. Each image's crop and flip come from a seed that is a
+function of ``(seed, epoch, sample position)`` only.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, Optional, Sequence, Tuple
+
+import numpy as np
+
+from dlstore.errors import CorruptRecordError
+from dlstore.pipeline.decode import IMAGENET_MEAN, IMAGENET_STD
+from dlstore.pipeline.stages import Field, Pipeline, PipelineRun, available_cores, sample_seeds
+
+__all__ = ["ResNet50", "resnet50_loader", "recordio_labels"]
+
+_IRHEADER_BYTES = 24  # flag:uint32, label:float32, id:uint64, id2:uint64 (dlstore.formats.recordio)
+
+
+class ResNet50(Pipeline):
+    """ImageNet training or evaluation images, decoded and augmented in C++, with their labels.
+
+    Parameters
+    ----------
+    train : bool, optional
+        RandomResizedCrop + flip (train) or resize + centre crop (eval).
+    layout : {"NHWC", "NCHW"}, optional
+        ``image`` is ``(B, size, size, 3)`` or ``(B, 3, size, size)``.
+    dtype : {"uint8", "float32"}, optional
+        uint8 values as decoded, or float32 normalised with ``mean`` and ``std``. The decoder
+        writes uint8 NHWC or float32 NCHW; those are the two combinations accepted.
+    size : int, optional
+        Output side (224).
+    mean, std : sequence of 3 floats, optional
+        Normalisation for float32 output, in 0..1 units: ``(value / 255 - mean) / std``.
+    label_offset : int, optional
+        Added to every label. TensorFlow's ImageNet converter stores labels 1..1000 (0 meaning
+        background); ``label_offset=-1`` gives 0..999. RecordIO labels (MXNet's ``im2rec``) are
+        0-based already.
+    scale, ratio : (float, float), optional
+        RandomResizedCrop's area fraction and aspect-ratio ranges.
+    eval_resize : int, optional
+        Eval: the shorter side is resized to this before the centre crop (256).
+
+    Raises
+    ------
+    ValueError
+        For an unsupported layout/dtype pair or out-of-range parameters.
+    """
+
+    name = "resnet50"
+    formats = ("tfrecord", "recordio")
+
+    def __init__(self, train: bool = True, layout: str = "NHWC", dtype: str = "uint8", size: int = 224,
+                 mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD,
+                 label_offset: int = 0, scale: Tuple[float, float] = (0.08, 1.0),
+                 ratio: Tuple[float, float] = (3 / 4, 4 / 3), eval_resize: int = 256):
+        layout, dtype = str(layout).upper(), str(dtype)
+        if (layout, dtype) not in (("NHWC", "uint8"), ("NCHW", "float32")):
+            raise ValueError(f"layout/dtype must be NHWC/uint8 or NCHW/float32, got {layout}/{dtype}")
+        if int(size) < 1:
+            raise ValueError(f"size must be at least 1, got {size}")
+        if len(mean) != 3 or len(std) != 3 or min(std) <= 0:
+            raise ValueError(f"mean and std need 3 values each, std positive; got {mean} and {std}")
+        if not 0 < scale[0] <= scale[1] or not 0 < ratio[0] <= ratio[1]:
+            raise ValueError(f"scale and ratio must be increasing positive ranges, got {scale} and {ratio}")
+        self.train = bool(train)
+        self.layout, self.dtype, self.size = layout, dtype, int(size)
+        self.mean, self.std = tuple(float(v) for v in mean), tuple(float(v) for v in std)
+        self.label_offset = int(label_offset)
+        self.scale, self.ratio = (float(scale[0]), float(scale[1])), (float(ratio[0]), float(ratio[1]))
+        self.eval_resize = int(eval_resize)
+
+    def fields(self) -> Dict[str, Field]:
+        s = self.size
+        image = ((s, s, 3), np.dtype(np.uint8)) if self.layout == "NHWC" else ((3, s, s), np.dtype(np.float32))
+        return {"image": image, "label": ((), np.dtype(np.int64))}
+
+    def default_threads(self) -> int:
+        return available_cores()
+
+    def bind(self, *, format: str, seed: int, threads: int) -> PipelineRun:
+        from dlstore import _C
+        from dlstore.pipeline.decode import decode_batch
+
+        self.check_format(format)
+        label_spec = [("image/class/label", "int64", 1, None)]
+        parse = _C.parse_example_batch
+        locate = _C.example_bytes_spans
+        options = dict(train=self.train, mean=self.mean, std=self.std, threads=threads, on_error="raise",
+                       scale=self.scale, ratio=self.ratio, eval_resize=self.eval_resize)
+        offset = self.label_offset
+
+        def run_tfrecord(buffer: Any, offsets: np.ndarray, lengths: np.ndarray, out: Dict[str, np.ndarray],
+                         row: int, epoch: int, position: int) -> None:
+            n = len(offsets)
+            labels = out["label"]
+            parse(buffer, offsets, lengths, label_spec, {"image/class/label": labels}, row, 1)
+            if offset:
+                labels[row:row + n] += offset
+            jpeg_offsets, jpeg_lengths = locate(buffer, offsets, lengths, "image/encoded")
+            decode_batch(buffer, jpeg_offsets, jpeg_lengths, out["image"][row:row + n],
+                         seeds=sample_seeds(seed, epoch, position, n), **options)
+
+        def run_recordio(buffer: Any, offsets: np.ndarray, lengths: np.ndarray, out: Dict[str, np.ndarray],
+                         row: int, epoch: int, position: int) -> None:
+            n = len(offsets)
+            labels, jpeg_offsets, jpeg_lengths = recordio_labels(buffer, offsets, lengths)
+            out["label"][row:row + n] = labels + offset
+            decode_batch(buffer, jpeg_offsets, jpeg_lengths, out["image"][row:row + n],
+                         seeds=sample_seeds(seed, epoch, position, n), **options)
+
+        return run_tfrecord if format == "tfrecord" else run_recordio
+
+    def describe(self) -> Dict[str, Any]:
+        from dlstore.pipeline.decode import decode_path
+
+        return {"pipeline": self.name, "train": self.train, "layout": self.layout, "dtype": self.dtype,
+                "size": self.size, "decoder": decode_path()}
+
+    def __repr__(self) -> str:
+        return (f"ResNet50(train={self.train}, layout={self.layout!r}, dtype={self.dtype!r}, size={self.size})")
+
+
+def recordio_labels(buffer: Any, offsets: np.ndarray, lengths: np.ndarray
+                    ) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Labels and JPEG spans of RecordIO image records (``IRHeader`` then the image), in numpy.
+
+    The label is the header's float label, or the first of the ``flag`` extra labels stored after
+    the header when ``flag > 0`` (MXNet's ``pack`` with an array label), cast to int64.
+
+    Returns
+    -------
+    (labels int64, jpeg offsets uint64, jpeg lengths uint64)
+
+    Raises
+    ------
+    CorruptRecordError
+        A record shorter than its header says, naming the record's index in the run.
+    """
+    data = np.frombuffer(buffer, dtype=np.uint8)
+    n = len(offsets)
+    if n and int(lengths.min()) < _IRHEADER_BYTES:
+        k = int(np.argmax(lengths < _IRHEADER_BYTES))
+        raise CorruptRecordError(f"record {k}: RecordIO image record of {int(lengths[k])} bytes is shorter than "
+                                 f"an IRHeader ({_IRHEADER_BYTES} bytes)")
+    head = data[offsets[:, None] + np.arange(8, dtype=np.uint64)].view("<u4")  # (n, 2): flag, label bits
+    flags = head[:, 0].astype(np.uint64)
+    labels = head[:, 1].view("<f4").astype(np.int64)
+    header = _IRHEADER_BYTES + 4 * flags
+    if n and (header > lengths).any():
+        k = int(np.argmax(header > lengths))
+        raise CorruptRecordError(f"record {k}: IRHeader says {int(flags[k])} extra labels, which do not fit in "
+                                 f"the record of {int(lengths[k])} bytes")
+    extra = np.flatnonzero(flags)
+    if extra.size:
+        first = offsets[extra] + np.uint64(_IRHEADER_BYTES)
+        labels[extra] = data[first[:, None] + np.arange(4, dtype=np.uint64)].view("<f4")[:, 0].astype(np.int64)
+    return labels, offsets + header, lengths - header
+
+
+def resnet50_loader(paths: Any, batch_size: int = 256, train: bool = True, layout: str = "NHWC",
+                    dtype: str = "uint8", io: Optional[str] = None, prefetch: int = 2,
+                    threads: Optional[int] = None, **kw: Any):
+    """A :class:`~dlstore.pipeline.Loader` of ResNet-50 batches from TFRecord or RecordIO files.
+
+    Parameters
+    ----------
+    paths : str, path-like or sequence of them
+        Files, globs or directories, as for :func:`dlstore.open_records`.
+    batch_size, prefetch : int, optional
+    train, layout, dtype : optional
+        See :class:`ResNet50`; its other arguments (``size``, ``mean``, ``std``, ``label_offset``,
+        ``scale``, ``ratio``, ``eval_resize``) may be given here too.
+    io : str, optional
+        I/O engine (``auto`` by default, resolved and reported in ``loader.stats()``).
+    threads : int, optional
+        Decoding threads; default: every core this process may use.
+    **kw
+        :func:`dlstore.open_records` arguments (``verify``, ``chunk_size``, ``depth``, ...) and
+        :class:`Loader` arguments (``last_batch``, ``seed``, ``epochs``, ``copy``, ``allocator``);
+        ``on_error`` goes to both.
+
+    Returns
+    -------
+    Loader
+
+    Examples
+    --------
+    >>> loader = resnet50_loader("/data/imagenet/train-*", batch_size=256)   # doctest: +SKIP
+    >>> batch = next(iter(loader))                                          # doctest: +SKIP
+    >>> batch["image"].shape, batch["label"].shape                          # doctest: +SKIP
+    ((256, 224, 224, 3), (256,))
+    """
+    from dlstore.pipeline.loader import Loader, open_source
+
+    pipeline_keys = ("size", "mean", "std", "label_offset", "scale", "ratio", "eval_resize")
+    pipeline = ResNet50(train, layout, dtype, **{k: kw.pop(k) for k in pipeline_keys if k in kw})
+    reader = open_source(paths, io, kw)
+    return Loader(reader, pipeline, batch_size, prefetch=prefetch, threads=threads, **kw)

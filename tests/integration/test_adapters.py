@@ -1,0 +1,405 @@
+"""The framework adapters: PyTorch (IterableDataset over ranks x workers, TorchLoader), TensorFlow
+(tf.data with its element_spec), DALI (external_source fed by dlstore), and their lazy imports.
+
+Data is made here, in tmp dirs: TFRecord files whose records say their own global number, small
+synthetic ImageNet and BERT shards. Frameworks that are not installed skip their tests, saying so.
+"""
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import dlstore
+from dlstore.adapters.base import ConsumerShard, LastBatch, check_last_batch
+from dlstore.formats.example import encode_example
+from dlstore.placement.world import World
+from dlstore.synthetic import generate_bert, generate_imagenet
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CUDA_REASON = "needs a CUDA GPU (torch.cuda.is_available() is False here)"
+
+
+def _numbered_files(directory, counts, *, seed=0):
+    """TFRecord files of Examples whose ``id`` is the record's global number, padded to varied sizes
+    (so that files span several 64 KiB reads). Returns the paths and the total count."""
+    rng = np.random.default_rng(seed)
+    paths, n = [], 0
+    for f, count in enumerate(counts):
+        path = os.path.join(directory, f"part-{f:03d}.tfrecord")
+        with dlstore.TFRecordWriter(path) as w:
+            for _ in range(count):
+                w.write(encode_example({"id": [n], "pad": rng.bytes(int(rng.integers(0, 3000)))}))
+                n += 1
+        paths.append(path)
+    return paths, n
+
+
+def _ids(records):
+    return [int(dlstore.parse_example(r)["id"][0]) for r in records]
+
+
+@pytest.fixture(scope="module")
+def imagenet(tmp_path_factory):
+    d = tmp_path_factory.mktemp("imagenet")
+    return generate_imagenet(d, shards=2, records_per_shard=9, image_size=(48, 80), progress=False)
+
+
+@pytest.fixture(scope="module")
+def bert(tmp_path_factory):
+    d = tmp_path_factory.mktemp("bert")
+    return generate_bert(d, shards=3, records_per_shard=10, progress=False)
+
+
+def _pipeline():
+    pytest.importorskip("dlstore.pipeline.loader", reason="dlstore.pipeline.loader is not there yet")
+    import dlstore.pipeline
+
+    return dlstore.pipeline
+
+
+# ---- shared base ------------------------------------------------------------------------------------
+
+
+def test_last_batch_policy_names_match_dali():
+    assert LastBatch.ALL == ("FILL", "DROP", "PARTIAL")
+    assert check_last_batch("partial") == "PARTIAL"
+    dali_iter = pytest.importorskip("nvidia.dali.plugin.base_iterator", reason="DALI is not installed")
+    for member in dali_iter.LastBatchPolicy:
+        assert check_last_batch(member) == member.name
+    with pytest.raises(ValueError, match="FILL, DROP, PARTIAL"):
+        check_last_batch("pad")
+
+
+@pytest.mark.parametrize("shard", ["files", "records", "auto"])
+@pytest.mark.parametrize("consumers", [1, 3, 4])
+def test_consumer_sources_cover_every_record_once(tmp_path, shard, consumers):
+    paths, total = _numbered_files(tmp_path, [40, 0, 75, 33])
+    seen = []
+    for c in range(consumers):
+        source = ConsumerShard(paths, c, consumers, shard=shard, shuffle=True, seed=3, epoch=1,
+                               chunk_size=64 << 10)
+        for batch in source.batches():
+            view = memoryview(batch).cast("B")
+            seen += _ids(bytes(view[o:o + n]) for o, n in zip(batch.offsets.tolist(), batch.lengths.tolist()))
+    assert sorted(seen) == list(range(total))
+
+
+def test_lazy_imports():
+    """Importing the adapters imports no framework; naming the torch dataset imports torch."""
+    code = ("import sys, dlstore.adapters, dlstore.adapters.torch as t, dlstore.adapters.tensorflow, "
+            "dlstore.adapters.dali\n"
+            "assert not {'torch', 'tensorflow', 'nvidia.dali'} & set(sys.modules), sorted(sys.modules)\n"
+            "t.DlstoreIterableDataset\n"
+            "assert 'torch' in sys.modules and 'tensorflow' not in sys.modules\n")
+    env = dict(os.environ, PYTHONPATH=REPO)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+
+
+# ---- PyTorch ----------------------------------------------------------------------------------------
+
+
+def _collect(dataset, num_workers):
+    torch = pytest.importorskip("torch")
+    loader = torch.utils.data.DataLoader(dataset, batch_size=4, num_workers=num_workers, collate_fn=list)
+    return [r for batch in loader for r in batch]
+
+
+@pytest.mark.parametrize("counts", [[30, 50, 20, 41], [30, 50, 41]], ids=["files", "records"])
+def test_torch_dataset_ranks_x_workers_exactly_once(tmp_path, counts):
+    """Two ranks x DataLoader(num_workers=2): every record once per epoch, for two epochs.
+
+    Four files over four consumers are dealt whole; three cannot be, so records are strided."""
+    from dlstore.adapters.torch import DlstoreIterableDataset
+
+    paths, total = _numbered_files(tmp_path, counts)
+    for epoch in range(2):
+        per_rank = []
+        for rank in range(2):
+            ds = DlstoreIterableDataset(paths, world=World(rank=rank, size=2), shuffle=True, seed=5,
+                                        chunk_size=64 << 10)
+            ds.set_epoch(epoch)
+            per_rank.append(_ids(_collect(ds, num_workers=2)))
+        assert sorted(per_rank[0] + per_rank[1]) == list(range(total))
+        assert per_rank[0] and per_rank[1]
+
+
+def test_torch_dataset_reads_the_rank_from_the_environment(tmp_path, monkeypatch):
+    from dlstore.adapters.torch import DlstoreIterableDataset
+
+    paths, total = _numbered_files(tmp_path, [10, 11, 12])
+    seen = []
+    for rank in range(3):
+        for name, value in {"OMPI_COMM_WORLD_RANK": rank, "OMPI_COMM_WORLD_SIZE": 3,
+                            "OMPI_COMM_WORLD_LOCAL_RANK": rank, "OMPI_COMM_WORLD_LOCAL_SIZE": 3}.items():
+            monkeypatch.setenv(name, str(value))
+        mine = _ids(_collect(DlstoreIterableDataset(paths), num_workers=0))
+        assert sorted(mine) == list(range(sum([10, 11, 12][:rank]), sum([10, 11, 12][:rank + 1])))
+        seen += mine
+    assert sorted(seen) == list(range(total))
+
+
+def test_torch_dataset_with_bert_pipeline_exactly_once(bert):
+    """Batches of the Bert pipeline through two workers x two ranks: each record's features once."""
+    torch = pytest.importorskip("torch")
+    pipeline = _pipeline()
+    from dlstore.adapters.torch import DlstoreIterableDataset
+
+    expected = sorted(tuple(dlstore.parse_example(r)["input_ids"].tolist()) for r in dlstore.open_records(bert))
+    got = []
+    for rank in range(2):
+        ds = DlstoreIterableDataset(bert, pipeline.Bert(seq_len=128, max_predictions=20), batch_size=4,
+                                    world=World(rank=rank, size=2), shard="records")
+        for batch in torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2):
+            assert isinstance(batch["input_ids"], torch.Tensor) and batch["input_ids"].dtype == torch.int64
+            assert batch["input_ids"].shape[1:] == (128,) and batch["input_ids"].shape[0] <= 4
+            assert batch["next_sentence_labels"].shape[1:] == (1,)
+            got += [tuple(row) for row in batch["input_ids"].tolist()]
+    assert sorted(got) == expected
+
+
+def test_torch_dataset_recordio_images(tmp_path):
+    """ResNet-50 batches from RecordIO shards over three ranks (strided records): every label once."""
+    torch = pytest.importorskip("torch")
+    pipeline = _pipeline()
+    from dlstore.adapters.torch import DlstoreIterableDataset
+
+    paths = generate_imagenet(tmp_path, shards=2, records_per_shard=7, image_size=(40, 56), format="recordio",
+                              progress=False)
+    expected = sorted(int(dlstore.recordio.unpack(r)[0].label) for r in dlstore.open_records(paths))
+    got = []
+    for rank in range(3):
+        ds = DlstoreIterableDataset(paths, pipeline.ResNet50(train=False, size=24), batch_size=2,
+                                    world=World(rank=rank, size=3))
+        assert ds.share().shard == "records"
+        for batch in torch.utils.data.DataLoader(ds, batch_size=None):
+            assert batch["image"].dtype == torch.uint8 and batch["image"].shape[1:] == (24, 24, 3)
+            got += batch["label"].tolist()
+    assert sorted(got) == expected
+
+
+def test_torch_dataset_argument_checks(tmp_path):
+    from dlstore.adapters.torch import DlstoreIterableDataset
+
+    paths, _ = _numbered_files(tmp_path, [3])
+    with pytest.raises(ValueError, match="batch_size"):
+        DlstoreIterableDataset(paths, batch_size=8)
+    with pytest.raises(ValueError, match="last_batch"):
+        DlstoreIterableDataset(paths, last_batch="pad")
+    with pytest.raises(ValueError, match="shard"):
+        DlstoreIterableDataset(paths, shard="mounts")
+
+
+def test_torch_loader_shares_the_loaders_arrays(bert):
+    """On the CPU the tensors are the loader's arrays (no copy) and equal the numpy loader's values."""
+    torch = pytest.importorskip("torch")
+    pipeline = _pipeline()
+    from dlstore.adapters.torch import TorchLoader
+
+    reference = list(pipeline.bert_loader(bert, batch_size=8, copy=True))
+    native = pipeline.bert_loader(bert, batch_size=8)
+    adapter = TorchLoader(native, device="cpu")
+    assert adapter.element_spec["input_ids"] == ((8, 128), torch.int64)
+    n = 0
+    for mine, ref in zip(adapter, reference):
+        for name, array in ref.items():
+            tensor = mine[name]
+            assert isinstance(tensor, torch.Tensor) and tensor.device.type == "cpu"
+            np.testing.assert_array_equal(tensor.numpy(), array)
+        n += 1
+    assert n == len(reference) > 1
+
+
+def test_torch_loader_zero_copy(bert):
+    torch = pytest.importorskip("torch")
+    pipeline = _pipeline()
+    from dlstore.adapters.torch import TorchLoader
+
+    adapter = TorchLoader(pipeline.bert_loader(bert, batch_size=8), device="cpu")
+    it = iter(adapter.loader)
+    batch = next(it)
+    tensor = adapter.convert("input_ids", batch["input_ids"])
+    assert tensor.data_ptr() == batch["input_ids"].__array_interface__["data"][0]
+    assert isinstance(tensor, torch.Tensor)
+
+
+@pytest.mark.gpu
+def test_torch_loader_to_cuda_through_pinned_memory(bert):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip(CUDA_REASON)
+    pipeline = _pipeline()
+    from dlstore.adapters.torch import TorchLoader, pinned_allocator
+
+    reference = list(pipeline.bert_loader(bert, batch_size=8, copy=True))
+    adapter = TorchLoader(pipeline.bert_loader(bert, batch_size=8))
+    assert adapter.device.type == "cuda" and adapter.pin_memory
+    got = [{k: v.cpu().numpy() for k, v in b.items()} for b in adapter]
+    assert adapter._staging and all(buf.is_pinned() for buf in adapter._staging.values())
+    assert len(got) == len(reference)
+    for mine, ref in zip(got, reference):
+        for name in ref:
+            np.testing.assert_array_equal(mine[name], ref[name])
+    # The loader's own buffers pinned: copied from there, no staging.
+    pinned = TorchLoader(pipeline.bert_loader(bert, batch_size=8, allocator=pinned_allocator()))
+    got = [{k: v.cpu().numpy() for k, v in b.items()} for b in pinned]
+    assert not pinned._staging and len(got) == len(reference)
+    for mine, ref in zip(got, reference):
+        np.testing.assert_array_equal(mine["input_ids"], ref["input_ids"])
+
+
+# ---- TensorFlow -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("last_batch", ["DROP", "PARTIAL"])
+def test_tf_dataset_element_spec_and_values(bert, last_batch):
+    tf = pytest.importorskip("tensorflow")
+    pipeline = _pipeline()
+    from dlstore.adapters.tensorflow import as_tf_dataset
+
+    reference = list(pipeline.bert_loader(bert, batch_size=7, last_batch=last_batch, copy=True))
+    ds = as_tf_dataset(pipeline.bert_loader(bert, batch_size=7, last_batch=last_batch))
+    batch_dim = 7 if last_batch == "DROP" else None
+    spec = ds.element_spec
+    assert spec["input_ids"] == tf.TensorSpec((batch_dim, 128), tf.int64, name="input_ids")
+    assert spec["masked_lm_weights"] == tf.TensorSpec((batch_dim, 20), tf.float32, name="masked_lm_weights")
+    assert spec["next_sentence_labels"] == tf.TensorSpec((batch_dim, 1), tf.int64, name="next_sentence_labels")
+    # Every element held at once: an element aliasing the loader's reused buffers would change under us.
+    got = list(ds.as_numpy_iterator())
+    assert len(got) == len(reference) == (30 // 7 if last_batch == "DROP" else -(-30 // 7))
+    for mine, ref in zip(got, reference):
+        assert set(mine) == set(ref)
+        for name in ref:
+            np.testing.assert_array_equal(mine[name], ref[name])
+    assert len(list(ds.as_numpy_iterator())) == len(got)  # a second pass is a new epoch of the loader
+
+
+def test_tf_dataset_images(imagenet):
+    tf = pytest.importorskip("tensorflow")
+    pipeline = _pipeline()
+    from dlstore.adapters.tensorflow import as_tf_dataset
+
+    def make():
+        return pipeline.resnet50_loader(imagenet, batch_size=4, train=False, layout="NHWC", dtype="uint8",
+                                        size=32)
+
+    ds = as_tf_dataset(make())
+    assert ds.element_spec["image"] == tf.TensorSpec((4, 32, 32, 3), tf.uint8, name="image")
+    assert ds.element_spec["label"].dtype == tf.int64
+    reference = [{k: v.copy() for k, v in b.items()} for b in make()]
+    got = list(ds.as_numpy_iterator())
+    assert len(got) == len(reference) == 18 // 4
+    for mine, ref in zip(got, reference):
+        np.testing.assert_array_equal(mine["image"], ref["image"])
+        np.testing.assert_array_equal(mine["label"], ref["label"])
+
+
+# ---- DALI -------------------------------------------------------------------------------------------
+
+
+def _dali_epoch(pipe):
+    images, labels = [], []
+    try:
+        while True:
+            out_images, out_labels = pipe.run()
+            images.append(np.array(out_images.as_tensor()))
+            labels += out_labels.as_array().tolist()
+    except StopIteration:
+        pipe.reset()
+    return images, labels
+
+
+@pytest.mark.parametrize("train,layout,dtype", [(True, "NCHW", "float32"), (False, "NHWC", "uint8")])
+def test_dali_pipeline_cpu_shapes_and_labels(imagenet, train, layout, dtype):
+    pytest.importorskip("nvidia.dali", reason="DALI is not installed")
+    from dlstore.adapters.dali import dali_pipeline
+
+    truth = [int(dlstore.parse_example(r)["image/class/label"][0]) for r in dlstore.open_records(imagenet)]
+    pipe = dali_pipeline(imagenet, 4, device="cpu", train=train, size=40, layout=layout, dtype=dtype,
+                         num_threads=1, label_offset=-1)
+    for _ in range(2):  # two epochs: the feed restarts after StopIteration
+        images, labels = _dali_epoch(pipe)
+        assert labels == [t - 1 for t in truth]
+        assert [len(b) for b in images] == [4, 4, 4, 4, 2]  # PARTIAL
+        shape = (3, 40, 40) if layout == "NCHW" else (40, 40, 3)
+        assert all(b.shape[1:] == shape and b.dtype == np.dtype(dtype) for b in images)
+    if dtype == "float32":  # normalised: roughly zero-centred
+        assert -2.5 < float(np.concatenate(images).mean()) < 2.5
+
+
+def test_dali_eval_matches_a_reference_decode(imagenet):
+    """Eval images are the JPEG, resized and centre-cropped: close to PIL doing the same."""
+    pytest.importorskip("nvidia.dali", reason="DALI is not installed")
+    from PIL import Image
+
+    from dlstore.adapters.dali import dali_pipeline
+
+    pipe = dali_pipeline(imagenet[:1], 9, device="cpu", train=False, size=32, layout="NHWC", dtype="uint8",
+                         num_threads=1)
+    images, _ = _dali_epoch(pipe)
+    first = next(iter(dlstore.open_records(imagenet[:1])))
+    img = Image.open(io.BytesIO(dlstore.parse_example(first)["image/encoded"][0])).convert("RGB")
+    w, h = img.size
+    short = round(32 * 256 / 224)
+    scale = short / min(w, h)
+    img = img.resize((round(w * scale), round(h * scale)), Image.BILINEAR)
+    left, top = (int((side - 32) / 2 + 0.5) for side in img.size)  # DALI rounds the centre crop's corner up
+    ref = np.asarray(img.crop((left, top, left + 32, top + 32)), dtype=np.float32)
+    assert np.abs(images[0][0].astype(np.float32) - ref).mean() < 3
+
+
+@pytest.mark.parametrize("policy,sizes", [("DROP", [4, 4, 4, 4]), ("FILL", [4, 4, 4, 4, 4])])
+def test_dali_last_batch(imagenet, policy, sizes):
+    pytest.importorskip("nvidia.dali", reason="DALI is not installed")
+    from dlstore.adapters.dali import dali_pipeline
+
+    truth = [int(dlstore.parse_example(r)["image/class/label"][0]) for r in dlstore.open_records(imagenet)]
+    pipe = dali_pipeline(imagenet, 4, device="cpu", size=24, num_threads=1, last_batch=policy)
+    images, labels = _dali_epoch(pipe)
+    assert [len(b) for b in images] == sizes
+    expected = truth[:16] if policy == "DROP" else truth + truth[-1:] * 2
+    assert labels == expected
+
+
+def test_dali_ranks_share_the_records(imagenet):
+    pytest.importorskip("nvidia.dali", reason="DALI is not installed")
+    from dlstore.adapters.dali import dali_pipeline
+
+    truth = sorted(int(dlstore.parse_example(r)["image/class/label"][0]) for r in dlstore.open_records(imagenet))
+    labels = []
+    for rank in range(3):
+        pipe = dali_pipeline(imagenet, 4, device="cpu", size=24, num_threads=1, world=World(rank=rank, size=3))
+        labels += _dali_epoch(pipe)[1]
+    assert sorted(labels) == truth
+
+
+def test_dali_names_a_record_without_the_image(tmp_path):
+    pytest.importorskip("nvidia.dali", reason="DALI is not installed")
+    from dlstore.adapters.dali import EncodedSamples
+
+    path = str(tmp_path / "bad.tfrecord")
+    with dlstore.TFRecordWriter(path) as w:
+        w.write(encode_example({"image/encoded": b"\xff\xd8", "image/class/label": [1]}))
+        w.write(encode_example({"image/class/label": [2]}))
+    feed = EncodedSamples(dlstore.open_records(path), 4)
+    with pytest.raises(dlstore.DlstoreError, match="bad.tfrecord: record at byte [1-9].*'image/encoded'") as e:
+        list(feed)
+    assert e.value.path == path and e.value.offset > 0
+
+
+@pytest.mark.gpu
+def test_dali_pipeline_gpu_decode(imagenet):
+    dali = pytest.importorskip("nvidia.dali", reason="DALI is not installed")
+    if dali.backend.GetCUDADeviceCount() == 0:
+        pytest.skip("needs a CUDA GPU visible to DALI (mixed nvJPEG decode)")
+    from dlstore.adapters.dali import dali_pipeline
+
+    pipe = dali_pipeline(imagenet, 4, device="auto", size=32)
+    images, labels = pipe.run()
+    assert images.as_cpu().as_array().shape == (4, 3, 32, 32)
+    assert len(labels.as_array()) == 4
