@@ -1,0 +1,138 @@
+"""Smoke test of ``benchmarks/pipelines.py`` at tiny size (``--quick``), and checks of its pieces that
+need no framework: the RandomResizedCrop window, contender selection, ratios and target verdicts."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPT = os.path.join(ROOT, "benchmarks", "pipelines.py")
+
+
+def _load_script():
+    spec = importlib.util.spec_from_file_location("dlstore_bench_pipelines", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def pipelines():
+    return _load_script()
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _dlstore_pipeline_built() -> bool:
+    try:
+        from dlstore.pipeline import bert_loader, resnet50_loader  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+# ---- pieces ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("height,width", [(375, 500), (500, 300), (224, 224), (40, 900), (900, 40), (1, 1)])
+def test_random_resized_crop_window(pipelines, height, width):
+    rng = random.Random(3)
+    lo, hi = pipelines.RATIO_RANGE
+    for _ in range(300):
+        top, left, h, w = pipelines.random_resized_crop(rng, height, width)
+        assert 0 < h <= height and 0 < w <= width
+        assert 0 <= top <= height - h and 0 <= left <= width - w
+        if width / height > 4 * hi or height / width > 4 / lo:  # no draw fits: the clamped centre fallback
+            assert (top, left) == ((height - h) // 2, (width - w) // 2)
+            assert lo - 0.05 <= w / h <= hi + 0.05
+
+
+def test_random_resized_crop_draws_area_and_ratio(pipelines):
+    rng = random.Random(0)
+    areas, ratios = [], []
+    for _ in range(2000):
+        _, _, h, w = pipelines.random_resized_crop(rng, 400, 400)
+        areas.append(h * w / 160000)
+        ratios.append(math.log(w / h))
+    # Rounding to whole pixels moves the bounds a little; the draws cover the range.
+    assert 0.07 <= min(areas) < 0.12 and max(areas) > 0.9
+    assert min(ratios) < math.log(0.8) and max(ratios) > math.log(1.25)
+    assert all(math.log(0.74) <= r <= math.log(1.35) for r in ratios)
+
+
+def test_select_by_name_family_and_task(pipelines):
+    assert pipelines.select(None) == list(pipelines.CONTENDERS)
+    assert pipelines.select("bert") == ["bert-dlstore", "bert-dali", "bert-tfdata"]
+    assert pipelines.select("dali") == ["resnet50-dali", "bert-dali"]
+    assert pipelines.select("resnet50-torch,bert-tfdata") == ["resnet50-torch", "bert-tfdata"]
+    with pytest.raises(ValueError, match="unknown nope"):
+        pipelines.select("nope")
+
+
+def test_targets_pass_fail_and_skip(pipelines):
+    def row(family, rate, status="ok"):
+        return {"family": family, "items_per_s": rate, "status": status}
+
+    tables = {"resnet50": [row("dlstore", 1600.0), row("dali", 950.0), row("tfdata", 1000.0), row("torch", 680.0)],
+              "bert": [row("dlstore", 130_000.0), row("dali", 60_000.0), row("tfdata", 33_000.0)]}
+    verdicts = pipelines.targets(tables)
+    assert [v["verdict"] for v in verdicts] == ["PASS", "PASS", "FAIL"]
+    assert verdicts[0]["text"] == "1.60x tf.data"  # the better of DALI and tf.data
+    assert verdicts[2]["value"] == pytest.approx(130 / 33)
+    tables["resnet50"][0] = row("dlstore", None, "not available: not built")
+    assert pipelines.targets(tables)[0]["verdict"] == "SKIP (dlstore not measured)"
+    pipelines.add_ratios(tables["bert"])
+    assert tables["bert"][0]["vs_dali"] == pytest.approx(130 / 60)
+
+
+# ---- end to end ------------------------------------------------------------------------------------
+
+def test_pipelines_quick(tmp_path):
+    pytest.importorskip("dlstore._C", reason="the C++ core is not built")
+    pytest.importorskip("PIL", reason="the synthetic ImageNet-like set needs pillow")
+    out, md = tmp_path / "p.json", tmp_path / "p.md"
+    env = dict(os.environ, DLSTORE_CACHE=os.fspath(tmp_path / "cache"))
+    r = subprocess.run([sys.executable, SCRIPT, "--quick", "--json", os.fspath(out), "--markdown", os.fspath(md)],
+                       capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    with open(out) as f:
+        doc = json.load(f)
+    assert doc["quick"] and doc["cores"] and doc["plans"]["resnet50"]["size"] == "tiny"
+    built = _dlstore_pipeline_built()
+    for task, names in (("resnet50", ["resnet50-dlstore", "resnet50-dali", "resnet50-tfdata", "resnet50-torch"]),
+                        ("bert", ["bert-dlstore", "bert-dali", "bert-tfdata"])):
+        rows = {row["name"]: row for row in doc["tables"][task]}
+        assert list(rows) == names  # every contender keeps its row: measured, not available or failed
+        unit = "images" if task == "resnet50" else "samples"
+        for name, row in rows.items():
+            family = row["family"]
+            expected_ok = built if family == "dlstore" else _installed(
+                {"dali": "nvidia.dali", "tfdata": "tensorflow", "torch": "torch"}[family])
+            if expected_ok:  # measured, with batches of the agreed shapes and dtypes
+                assert row["status"] == "ok", (name, row["status"])
+                assert row[f"{unit}_per_s"] > 0 and row["cpu_ms_per_item"] > 0
+                assert row["runs"][0]["items"] >= doc["plans"][task]["items"]
+            else:
+                assert row["status"].startswith("not available: "), (name, row["status"])
+    assert all(t["verdict"] in ("PASS", "FAIL") or t["verdict"].startswith("SKIP") for t in doc["targets"])
+    assert len(doc["targets"]) == 3 and "verdict" in r.stdout
+    text = md.read_text()
+    assert "## Targets" in text and "Where the semantics differ" in text and "PyTorch DataLoader + PIL" in text
+    # --render writes the same page from the JSON alone.
+    again = tmp_path / "again.md"
+    r = subprocess.run([sys.executable, SCRIPT, "--render", os.fspath(out), "--markdown", os.fspath(again)],
+                       capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert again.read_text() == text
