@@ -162,6 +162,16 @@ class Dataset:
                                    throughput=throughput))
 
     @property
+    def engine(self) -> str:
+        """The engine that runs (``io="auto"`` resolved)."""
+        return self.choice.engine
+
+    @property
+    def engine_reason(self) -> str:
+        """Why that engine."""
+        return self.choice.reason
+
+    @property
     def layout(self):
         """The mounts' layout (``kind``: replicated, striped or mixed), or None without mounts."""
         return self._layout

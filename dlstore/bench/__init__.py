@@ -4,8 +4,8 @@ Scenarios are registered by name in :data:`SCENARIOS`. Each names the module tha
 that module provides ``add_arguments(parser)`` and ``run(args) -> int`` (the exit status). A
 scenario without a module is planned: the command line lists it and says so (exit 2).
 
-To add one (``resnet50``, ``bert``): write ``dlstore/bench/<name>.py`` with those two functions
-and set ``module`` in its entry below.
+To add one: write ``dlstore/bench/<name>.py`` with those two functions and set ``module`` in its
+entry below.
 """
 from __future__ import annotations
 
@@ -35,9 +35,10 @@ SCENARIOS: Dict[str, Scenario] = {
     for s in [
         Scenario("storage", "read-only storage benchmark: records through an I/O engine, cold or warm, "
                             "beside fio's direct=1 ceiling", "dlstore.bench.storage"),
-        Scenario("resnet50", "ResNet-50 input pipeline: images/s per step, jobs 1..N, accelerator "
-                             "utilisation (planned)"),
-        Scenario("bert", "BERT pretraining input pipeline: sequences/s at seq 128 and 384 (planned)"),
+        Scenario("resnet50", "ResNet-50 input pipeline: images/s per step in page-cache, local-cold and target "
+                             "tiers, jobs 1..N, accelerator utilisation", "dlstore.bench.resnet50"),
+        Scenario("bert", "BERT pretraining input pipeline: samples/s per step at seq 128 or 384 in the same "
+                         "tiers, jobs 1..N, accelerator utilisation", "dlstore.bench.bert"),
     ]
 }
 

@@ -1,0 +1,62 @@
+"""``python -m dlstore.bench bert``: the BERT pretraining input pipeline, samples/s per step.
+
+``tf.train.Example`` records with the seven pretraining features are parsed in C++ into
+fixed-shape batches by :class:`dlstore.pipeline.Bert` through :class:`dlstore.pipeline.Loader`,
+at sequence length 128 or 384, in the tiers page-cache, local-cold and target; see
+:mod:`dlstore.bench.pipeline_bench` for what a step, a job and the accelerator emulation are.
+"""
+from __future__ import annotations
+
+import argparse
+
+from dlstore.bench import pipeline_bench
+
+__all__ = ["WORKLOAD", "MAX_PREDICTIONS", "add_arguments", "run"]
+
+MAX_PREDICTIONS = {128: 20, 384: 60}  # masked-LM slots of each preset (create_pretraining_data.py's usual values)
+
+
+def _max_predictions(args: argparse.Namespace) -> int:
+    return args.max_predictions if args.max_predictions is not None else MAX_PREDICTIONS[args.seq_len]
+
+
+def _pipeline_kwargs(args: argparse.Namespace) -> dict:
+    return {"seq_len": args.seq_len, "max_predictions": _max_predictions(args)}
+
+
+def _dataset_overrides(args: argparse.Namespace) -> dict:
+    # The generator's defaults are seq 128 with 20 predictions; other shapes are their own cached set.
+    if args.seq_len == 128 and _max_predictions(args) == 20:
+        return {}
+    return {"seq_len": args.seq_len, "max_predictions": _max_predictions(args)}
+
+
+WORKLOAD = pipeline_bench.Workload(
+    name="bert",
+    unit="samples",
+    dataset_kind="bert",
+    pipeline="Bert",
+    default_batch_size=64,
+    # --size -> the generated BERT set (0.83 KB a record at seq 128): tiny 64 records, small 16k,
+    # default 65k, large 1M (its first generation takes minutes).
+    sizes={"tiny": "tiny", "small": "small", "default": "default", "large": "large"},
+    default_size="default",
+    pipeline_kwargs=_pipeline_kwargs,
+    dataset_overrides=_dataset_overrides,
+    variant=lambda args: args.seq_len,
+    describe=lambda args: f"seq {args.seq_len}, {_max_predictions(args)} masked-LM predictions",
+)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Options of the ``bert`` scenario."""
+    pipeline_bench.add_common_arguments(p, WORKLOAD)
+    p.add_argument("--seq-len", type=int, choices=sorted(MAX_PREDICTIONS), default=128,
+                   help="sequence length (default: %(default)s)")
+    p.add_argument("--max-predictions", type=int, default=None, metavar="N",
+                   help="masked-LM predictions per sequence (default: 20 at seq 128, 60 at 384)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Entry point of ``python -m dlstore.bench bert``."""
+    return pipeline_bench.run_workload(WORKLOAD, args)

@@ -1,0 +1,528 @@
+"""``python -m dlstore.bench resnet50|bert``: steps, jobs, accelerator emulation, tables and JSON with a
+fake loader (fast), then the real scenarios end to end at tiny size."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import types
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from dlstore.bench import SCENARIOS, Scenario, load_scenario, pipeline_bench
+from dlstore.bench import bert as bert_bench
+from dlstore.bench import resnet50 as resnet50_bench
+from dlstore.bench.pipeline_bench import (
+    Compute,
+    CountingSource,
+    LoaderSpec,
+    aggregate_ranks,
+    build_document,
+    fit_batch_size,
+    format_report,
+    markdown_report,
+    plan_steps,
+    resolve_compute,
+    run_jobs,
+    run_steps,
+    run_tier,
+    summarize_jobs,
+)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TIER_KEYS = ["tier", "io", "mb_per_s", "steps", "cpu_busiest_core_pct"]
+
+
+# ---- steps -----------------------------------------------------------------------------------------
+
+def test_plan_steps_deals_batches_into_near_equal_steps():
+    assert plan_steps(34, 9) == [3, 4, 4, 4, 3, 4, 4, 4, 4]
+    assert sum(plan_steps(34, 9)) == 34
+    assert plan_steps(5, 9) == [1] * 5  # fewer batches than steps: one batch a step
+    assert plan_steps(100, 9, step_batches=7) == [7] * 9  # fixed size wins over the count
+    assert plan_steps(None, 3) == [pipeline_bench.DEFAULT_STEP_BATCHES] * 3
+    for bad in (dict(total_batches=0, steps=9), dict(total_batches=10, steps=0),
+                dict(total_batches=10, steps=2, step_batches=0)):
+        with pytest.raises(ValueError):
+            plan_steps(**bad)
+
+
+def test_fit_batch_size_lowers_it_for_small_data_and_says_so():
+    assert fit_batch_size(10_000, 256, 9) == (256, None)
+    assert fit_batch_size(None, 256, 9) == (256, None)
+    size, note = fit_batch_size(32, 256, 9)
+    assert size == 3 and "32 records" in note and "256" in note
+    assert fit_batch_size(4, 256, 9)[0] == 1
+
+
+class FakeClock:
+    """Time that moves only when told: each batch costs ``per_batch`` seconds of loader time."""
+
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, s: float) -> None:
+        self.now += s
+
+
+def _fake_batches(clock, sizes, per_batch):
+    for n in sizes:
+        clock.now += per_batch
+        yield {"image": np.zeros((n, 2), np.uint8), "label": np.zeros(n, np.int64)}
+
+
+class _Bytes:
+    def __init__(self):
+        self.bytes = 0
+
+
+def test_run_steps_times_each_step_and_counts_samples_and_bytes():
+    clock = FakeClock()
+    counter = _Bytes()
+
+    # Steps of 3, 3, 1 batches at 0.5 s a batch: 48 samples/s; 1000 bytes counted per batch.
+    def counting():
+        for b in _fake_batches(clock, [8] * 7, 0.5):
+            counter.bytes += 1000
+            yield b
+
+    ticks = iter([[(0, 100), (0, 100)], [(50, 200), (10, 200)], [(60, 300), (90, 300)], [(70, 400), (90, 400)],
+                  [(80, 500), (95, 500)]])
+    out = run_steps(counting(), [3, 3, 3], counter=counter, clock=clock, cpu_ticks=lambda: next(ticks))
+    assert [s["batches"] for s in out["steps"]] == [3, 3, 1]
+    assert [s["samples"] for s in out["steps"]] == [24, 24, 8]
+    assert [s["rate"] for s in out["steps"]] == pytest.approx([16.0, 16.0, 16.0])
+    assert [s["mb_per_s"] for s in out["steps"]] == pytest.approx([3000 / 1e6 / 1.5] * 2 + [1000 / 1e6 / 0.5])
+    assert [s["busiest_core_pct"] for s in out["steps"]] == pytest.approx([50.0, 80.0, 10.0])
+    assert out["samples"] == 56 and out["batches"] == 7 and out["bytes"] == 7000
+    assert out["seconds"] == pytest.approx(3.5) and out["rate"] == pytest.approx(16.0)
+    assert out["ended_early"] is True
+    # Over the whole run (first to last sample): 70 and 90 busy ticks of 300.
+    assert out["cores_pct"] == pytest.approx([70 / 3, 30.0]) and out["busiest_core_pct"] == pytest.approx(30.0)
+    assert out["accelerator_util_pct"] is None and out["steps"][0]["accelerator_util_pct"] is None
+
+
+def test_run_steps_stops_at_the_end_of_the_plan_and_closes_the_iterator():
+    clock = FakeClock()
+    closed = []
+
+    def batches():
+        try:
+            yield from _fake_batches(clock, [4] * 100, 0.1)
+        finally:
+            closed.append(True)
+
+    out = run_steps(batches(), [2, 2], clock=clock, cpu_ticks=lambda: [])
+    assert out["batches"] == 4 and out["samples"] == 16 and not out["ended_early"]
+    assert closed == [True]
+    assert out["busiest_core_pct"] is None  # no /proc/stat: unknown, not zero
+
+
+def test_run_steps_emulated_compute_gives_accelerator_utilisation():
+    clock = FakeClock()
+    # The loader needs 0.1 s a batch, the accelerator 0.3 s: a real loader would prefetch behind the
+    # sleep; here the times simply add, so AU = 0.3 / 0.4.
+    out = run_steps(_fake_batches(clock, [8] * 6, 0.1), [3, 3], compute_s=0.3, clock=clock, sleep=clock.sleep,
+                    cpu_ticks=lambda: [])
+    assert out["accelerator_util_pct"] == pytest.approx(75.0)
+    assert [s["accelerator_util_pct"] for s in out["steps"]] == pytest.approx([75.0, 75.0])
+    assert out["compute_seconds"] == pytest.approx(1.8)
+
+
+def test_run_steps_with_real_time_counts_wall_and_process_cpu():
+    out = run_steps(({"x": np.zeros(2)} for _ in range(4)), [2, 2], compute_s=0.01)
+    assert out["samples"] == 8 and out["seconds"] >= 0.04
+    assert 50 <= out["accelerator_util_pct"] <= 100
+    assert out["process_cpu_pct"] is not None and out["process_cpu_pct"] >= 0
+
+
+def test_counting_source_counts_and_delegates():
+    class Batch:
+        def __init__(self, n):
+            self.nbytes, self.num_records = 100 * n, n
+
+    class Source:
+        engine = "buffered"
+        engine_reason = "asked for"
+
+        def batches(self):
+            yield Batch(2)
+            yield Batch(3)
+
+        def state_dict(self):
+            return {"epoch": 0}
+
+    src = CountingSource(Source())
+    assert sum(b.num_records for b in src.batches()) == 5
+    assert (src.bytes, src.records) == (500, 5)
+    assert src.engine == "buffered" and src.state_dict() == {"epoch": 0}
+
+
+def test_read_share_says_whether_reading_or_decoding_took_the_time():
+    assert pipeline_bench.read_share({"source_s": 1.0, "pipeline_s": 3.0}) == pytest.approx(25.0)
+    assert pipeline_bench.read_share({"source_s": 0.0, "pipeline_s": 0.0}) is None
+    assert pipeline_bench.read_share({"batches": 3}) is None and pipeline_bench.read_share(None) is None
+
+
+# ---- accelerator presets ------------------------------------------------------------------------------
+
+def test_resolve_compute_presets_and_milliseconds():
+    assert resolve_compute(None, "resnet50", 256) is None
+    a100 = resolve_compute("a100", "resnet50", 400)
+    assert a100.seconds_per_batch == pytest.approx(0.435) and "MLPerf Storage" in a100.source
+    h100 = resolve_compute("h100", "resnet50", 256)
+    assert h100.samples_per_s(256) == pytest.approx(400 / 0.224)
+    ms = resolve_compute("120", "resnet50", 256)
+    assert ms.seconds_per_batch == pytest.approx(0.12) and "command line" in ms.source
+    b = resolve_compute("a100", "bert", 64, variant=384)
+    assert b.samples_per_s(64) == pytest.approx(pipeline_bench.COMPUTE_PRESETS["bert"]["a100"].rates[384])
+    assert "rough" in b.source
+    pod = resolve_compute("pod64-host", "bert", 64, variant=128)
+    assert pod.samples_per_s(64) == pytest.approx(3708.0) and "Graphcore" in pod.source
+    for bad in ("tpu", "0", "-5", "nan", "inf"):
+        with pytest.raises(ValueError):
+            resolve_compute(bad, "resnet50", 256)
+    with pytest.raises(ValueError, match="no figure"):
+        resolve_compute("a100", "bert", 64, variant=512)
+
+
+# ---- jobs, ranks, the document -------------------------------------------------------------------------
+
+def _job(index, samples, seconds, start, au=None, nbytes=1_000_000):
+    return {"job": index, "samples": samples, "bytes": nbytes, "seconds": seconds, "rate": samples / seconds,
+            "accelerator_util_pct": au, "start": start, "end": start + seconds}
+
+
+def test_summarize_jobs_aggregates_over_the_common_start_to_the_last_end():
+    jobs = [_job(0, 100, 2.0, 10.0, au=95.0), _job(1, 100, 4.0, 10.5, au=80.0)]
+    row = summarize_jobs(2, jobs, start=10.0, cores_pct=[40.0, None, 70.0],
+                         compute=Compute(0.5, "x", "y"), batch_size=10)
+    assert row["seconds"] == pytest.approx(4.5) and row["rate"] == pytest.approx(200 / 4.5)
+    assert row["per_job_rate_mean"] == pytest.approx((50 + 25) / 2) and row["per_job_rate_min"] == pytest.approx(25)
+    assert row["mb_per_s"] == pytest.approx(2 / 4.5) and row["busiest_core_pct"] == 70.0
+    assert row["accelerator_util_pct"] == pytest.approx(87.5)
+    # Two accelerators need 2 x 20 samples/s.
+    assert row["sustained_pct"] == pytest.approx(100 * (200 / 4.5) / 40)
+    assert [j["job"] for j in row["per_job"]] == [0, 1]
+    assert summarize_jobs(1, [_job(0, 10, 1.0, 0.0)], 0.0, [])["accelerator_util_pct"] is None
+
+
+def _tier(name, rates, samples_per_step=100, seconds_per_step=None, au=None, io="buffered"):
+    steps = []
+    for i, r in enumerate(rates):
+        s = seconds_per_step or samples_per_step / r
+        steps.append({"step": i + 1, "batches": 1, "samples": samples_per_step, "bytes": 1000 * samples_per_step,
+                      "seconds": s, "rate": samples_per_step / s, "mb_per_s": 1000 * samples_per_step / 1e6 / s,
+                      "busiest_core_pct": 50.0, "compute_seconds": None, "accelerator_util_pct": au})
+    seconds = sum(s["seconds"] for s in steps)
+    samples = samples_per_step * len(rates)
+    return {"tier": name, "io": io, "io_reason": "asked for", "cache": "warm", "cache_method": "read once",
+            "cached_before": 1.0, "steps": steps, "samples": samples, "bytes": 1000 * samples, "seconds": seconds,
+            "rate": samples / seconds, "mb_per_s": 1000 * samples / 1e6 / seconds, "busiest_core_pct": 60.0,
+            "cores_pct": [60.0, 20.0], "process_cpu_pct": 150.0, "batches": len(rates), "accelerator_util_pct": au,
+            "compute_seconds": None, "ended_early": False, "loader_stats": None}
+
+
+def test_aggregate_ranks_sums_samples_over_the_slowest_rank():
+    r0 = [_tier("local-cold", [100, 100])]
+    r1 = [_tier("local-cold", [50, 50, 50])]
+    (agg,) = aggregate_ranks([r0, r1])
+    assert agg["ranks"] == 2 and agg["samples"] == 500
+    assert agg["seconds"] == pytest.approx(6.0) and agg["rate"] == pytest.approx(500 / 6.0)
+    assert [s["rate"] for s in agg["steps"]] == pytest.approx([150, 150, 50])
+
+
+def _doc(workload, compute=None, jobs=None, ranks=None):
+    tiers = [_tier("page-cache", [200, 210]), _tier("local-cold", [100, 150], au=None if compute is None else 88.0)]
+    config = {"step_batches_text": "1 batch of 100", "plan": [1, 1]}
+    return build_document(workload, tiers, info={"cpu": "test CPU", "cores": 2}, config=config, compute=compute,
+                          batch_size=100, jobs=jobs, ranks=ranks, notes=["a note"])
+
+
+def test_document_has_the_agreed_keys_per_tier():
+    doc = json.loads(json.dumps(_doc(resnet50_bench.WORKLOAD)))
+    assert doc["benchmark"] == "resnet50" and doc["sysinfo"]["cpu"] == "test CPU"
+    for t in doc["tiers"]:
+        assert list(t)[:6] == ["tier", "io", "images_per_s", "mb_per_s", "steps", "cpu_busiest_core_pct"]
+        assert len(t["steps"]) == 2 and all(isinstance(r, float) for r in t["steps"])
+    assert doc["tiers"][1]["steps"] == pytest.approx([100, 150])
+    assert doc["tiers"][1]["images_per_s"] == pytest.approx(200 / 1.666667, rel=1e-4)
+    bert = _doc(bert_bench.WORKLOAD)
+    assert all("samples_per_s" in t and "images_per_s" not in t for t in bert["tiers"])
+    assert any("no accelerator emulated" in v for v in bert["verdict"])
+    assert any("local-cold" in v and "% of the page-cache tier" in v for v in bert["verdict"])
+
+
+def test_verdict_with_emulated_accelerators_and_jobs():
+    compute = Compute(0.5, "a100: 500 ms per batch of 100", "test", "a100")  # 200 samples/s per accelerator
+    jobs = {"rows": [dict(jobs=1, rate=190.0, per_job_rate_mean=190.0, per_job_rate_min=190.0, mb_per_s=1.0,
+                          busiest_core_pct=50.0, accelerator_util_pct=95.0, sustained_pct=95.0),
+                     dict(jobs=2, rate=300.0, per_job_rate_mean=150.0, per_job_rate_min=140.0, mb_per_s=1.0,
+                          busiest_core_pct=99.0, accelerator_util_pct=75.0, sustained_pct=75.0)],
+            "shards": "same files", "steps_per_job": 1, "batches_per_job": 2, "cache_method": "evicted", "tier": "x"}
+    doc = _doc(resnet50_bench.WORKLOAD, compute=compute, jobs=jobs)
+    cold = doc["tiers"][1]
+    assert cold["sustained_pct"] == pytest.approx(100 * cold["images_per_s"] / 200)
+    assert cold["required_mb_per_s_per_accelerator"] == pytest.approx(200 * 1000 / 1e6)
+    text = "\n".join(doc["verdict"])
+    assert "storage sustains" in text and "of what 1 accelerator (a100) needs" in text
+    assert "required 0.2 MB/s per accelerator" in text and "below MLPerf Storage's 90%" in text
+    assert "AU >= 90% with up to 1 job" in text
+    report_text = format_report(doc)
+    assert "concurrent jobs" in report_text and "aggregate images/s" in report_text and "AU" in report_text
+    assert "accelerator emulated: a100" in report_text and "note: a note" in report_text
+    md = markdown_report(doc)
+    assert md.startswith("## dlstore.bench resnet50") and "| step |" in md and "| jobs |" in md
+
+
+def test_step_table_puts_tiers_side_by_side_with_missing_steps_as_dash():
+    short = _tier("target", [90])
+    doc = build_document(resnet50_bench.WORKLOAD, [_tier("page-cache", [200, 210, 220]), short],
+                         info={}, config={"step_batches_text": "1 batch"}, compute=None, batch_size=100)
+    text = format_report(doc)
+    lines = text.splitlines()
+    header = next(line for line in lines if line.startswith("step"))
+    assert "page-cache images/s" in header and "target images/s" in header
+    third = next(line for line in lines if line.startswith("3 "))
+    assert "220" in third and third.rstrip().endswith("-")
+
+
+def test_per_rank_tables_under_mpi():
+    r0 = [_tier("local-cold", [100, 100])]
+    r1 = [_tier("local-cold", [50, 50])]
+    doc = build_document(bert_bench.WORKLOAD, aggregate_ranks([r0, r1]), info={},
+                         config={"step_batches_text": "1 batch"}, compute=None, batch_size=10, ranks=[r0, r1])
+    assert doc["world_size"] == 2 and len(doc["ranks"]) == 2
+    assert doc["tiers"][0]["samples_per_s"] == pytest.approx(400 / 4.0)  # over the slower rank's 4 s
+    text = format_report(doc)
+    assert "rank 0: samples/s per step" in text and "rank 1: samples/s per step" in text
+
+
+def test_no_mpi_without_a_launcher(monkeypatch):
+    from dlstore.placement import world
+
+    monkeypatch.setattr(world, "detect_world", lambda: world.World())
+    class Forbidden(types.ModuleType):
+        def __getattr__(self, name):
+            raise AssertionError("mpi4py used without a launcher")
+
+    monkeypatch.setitem(sys.modules, "mpi4py", Forbidden("mpi4py"))
+    assert pipeline_bench._mpi_comm() is None
+    # With a launcher's world of 2 but no mpi4py: still a plain run, not an error.
+    monkeypatch.setitem(sys.modules, "mpi4py", None)
+    monkeypatch.setattr(world, "detect_world", lambda: world.World(rank=0, size=2, local_size=2))
+    assert pipeline_bench._mpi_comm() is None
+
+
+# ---- one tier and the jobs with a fake loader ------------------------------------------------------------
+
+class FakeLoader:
+    """Yields ``batches`` batches of ``batch_size`` from a real reader's files, taking ``delay`` s each."""
+
+    def __init__(self, source, batch_size, batches, delay):
+        self.source, self.batch_size, self.n, self.delay = source, batch_size, batches, delay
+        self.closed = False
+
+    def __iter__(self):
+        for batch in self.source.batches():  # drives the counting source, as the loader would
+            del batch
+        for _ in range(self.n):
+            time.sleep(self.delay)
+            yield {"image": np.zeros((self.batch_size, 1), np.uint8)}
+
+    def stats(self):
+        return {"engine": self.source.engine}
+
+    def close(self):
+        self.closed = True
+
+
+@dataclass(frozen=True)
+class FakeSpec(LoaderSpec):
+    """A LoaderSpec whose loader is :class:`FakeLoader` (picklable: the jobs' processes import this module)."""
+
+    fake_batches: int = 6
+    fake_delay: float = 0.002
+
+    def open(self):
+        from dlstore.reader import open_records
+
+        source = CountingSource(open_records(list(self.paths), io=self.io, verify=self.verify))
+        return FakeLoader(source, self.batch_size, self.fake_batches, self.fake_delay), source
+
+    def rotated(self, job, jobs):
+        k = job * len(self.paths) // jobs
+        return FakeSpec(self.pipeline, self.pipeline_kwargs, self.paths[k:] + self.paths[:k], self.batch_size,
+                        self.io, self.verify, fake_batches=self.fake_batches, fake_delay=self.fake_delay)
+
+
+@pytest.fixture
+def shards(tmp_path):
+    pytest.importorskip("dlstore._C", reason="the C++ core is not built")
+    import dlstore
+
+    paths = []
+    for s in range(3):
+        p = os.fspath(tmp_path / f"part-{s}.tfrecord")
+        with dlstore.TFRecordWriter(p) as w:
+            for i in range(10):
+                w.write(bytes([s, i]) * 500)
+        paths.append(p)
+    return paths
+
+
+@pytest.mark.parametrize("cold", [False, True])
+def test_run_tier_prepares_the_cache_and_reports_it(shards, cold):
+    spec = FakeSpec("ResNet50", {}, tuple(shards), batch_size=4, io="buffered")
+    out = run_tier("local-cold" if cold else "page-cache", spec, [2, 2, 2], cold=cold, log=lambda s: None)
+    assert out["io"] == "buffered" and out["samples"] == 24 and len(out["steps"]) == 3
+    assert out["bytes"] == 30 * 1000 and out["loader_stats"] == {"engine": "buffered"}
+    if cold:
+        assert out["cache"] == "cold"
+        assert "drop_caches" in out["cache_method"] or "posix_fadvise" in out["cache_method"]
+    else:
+        assert out["cache"] == "warm" and out["cache_method"].startswith("read once")
+        assert out["cached_before"] in (None, pytest.approx(1.0, abs=0.05))
+
+
+def test_run_jobs_runs_one_to_n_processes(shards):
+    spec = FakeSpec("ResNet50", {}, tuple(shards), batch_size=4, io="buffered", fake_batches=3)
+    prepared = []
+    out = run_jobs(spec, 2, [3], prepare=lambda: prepared.append(1) or "prepared", timeout=120)
+    assert prepared == [1, 1] and out["cache_method"] == "prepared"
+    assert [r["jobs"] for r in out["rows"]] == [1, 2]
+    assert [r["samples"] for r in out["rows"]] == [12, 24]
+    assert [len(r["per_job"]) for r in out["rows"]] == [1, 2]
+    assert all(r["rate"] > 0 and r["bytes"] == r["jobs"] * 30_000 for r in out["rows"])
+
+
+def test_run_jobs_reports_a_failing_job(shards):
+    spec = FakeSpec("ResNet50", {}, tuple(shards[:1]) + ("/nonexistent/shard.tfrecord",), batch_size=4)
+    with pytest.raises(RuntimeError, match="job 0 of 1 failed"):
+        run_jobs(spec, 1, [1], prepare=lambda: "", timeout=120)
+
+
+# ---- the registry and the plot ---------------------------------------------------------------------------
+
+def test_scenarios_are_registered(monkeypatch):
+    assert SCENARIOS["resnet50"].implemented and SCENARIOS["bert"].implemented
+    assert load_scenario("resnet50") is resnet50_bench and load_scenario("bert") is bert_bench
+    monkeypatch.setitem(SCENARIOS, "planned", Scenario("planned", "not yet"))
+    with pytest.raises(NotImplementedError, match="not implemented yet"):
+        load_scenario("planned")
+
+
+def test_plot_writes_a_png(tmp_path):
+    pytest.importorskip("matplotlib", reason="--plot needs matplotlib")
+    from dlstore.bench.plot import plot_document
+
+    jobs = {"rows": [dict(jobs=1, rate=100.0, per_job_rate_mean=100.0), dict(jobs=2, rate=150.0,
+                                                                            per_job_rate_mean=75.0)], "tier": "x"}
+    doc = json.loads(json.dumps(_doc(resnet50_bench.WORKLOAD, jobs=jobs)))
+    out = plot_document(doc, os.fspath(tmp_path / "p.png"))
+    with open(out, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_without_matplotlib_says_how_to_get_it(monkeypatch):
+    import builtins
+
+    from dlstore.bench import plot
+
+    real_import = builtins.__import__
+
+    def no_matplotlib(name, *args, **kwargs):
+        if name == "matplotlib" or name.startswith("matplotlib."):
+            raise ImportError("No module named 'matplotlib'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    with pytest.raises(plot.MatplotlibMissing, match="pip install matplotlib"):
+        plot.plot_document({"tiers": []}, "x.png")
+
+
+# ---- end to end at tiny size ------------------------------------------------------------------------------
+
+def _bench(*args, tmp_path, timeout=120):
+    env = dict(os.environ, DLSTORE_CACHE=os.fspath(tmp_path / "cache"), DLSTORE_NO_PROGRESS="1")
+    return subprocess.run([sys.executable, "-m", "dlstore.bench", *args], capture_output=True, text=True, cwd=ROOT,
+                          env=env, timeout=timeout)
+
+
+def _needs_pipeline():
+    pytest.importorskip("dlstore._C", reason="the C++ core is not built")
+    pipeline = pytest.importorskip("dlstore.pipeline", reason="dlstore.pipeline (the loader) is not built yet")
+    if not hasattr(pipeline, "Loader"):
+        pytest.skip("dlstore.pipeline has no Loader yet")
+
+
+def _load(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def test_bench_resnet50_tiny_writes_the_json_keys(tmp_path):
+    _needs_pipeline()
+    pytest.importorskip("PIL", reason="the synthetic ImageNet-like set needs pillow")
+    out, md = tmp_path / "r.json", tmp_path / "r.md"
+    r = _bench("resnet50", "--size", "tiny", "--json", os.fspath(out), "--markdown", os.fspath(md),
+               tmp_path=tmp_path)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "images/s per step" in r.stdout and "page-cache images/s" in r.stdout and "verdict:" in r.stdout
+    doc = _load(out)
+    assert [t["tier"] for t in doc["tiers"]] == ["page-cache", "local-cold"]
+    for t in doc["tiers"]:
+        assert set(TIER_KEYS + ["images_per_s"]) <= set(t)
+        assert t["images_per_s"] > 0 and t["mb_per_s"] > 0 and len(t["steps"]) >= 1
+        assert all(r > 0 for r in t["steps"])
+    assert doc["tiers"][0]["io"] in ("buffered", "mmap")
+    cold = doc["tiers"][1]
+    assert "drop_caches" in cold["cache_method"] or "posix_fadvise" in cold["cache_method"]
+    assert {"cpu", "cores", "kernel"} <= set(doc["sysinfo"])
+    assert md.read_text().startswith("## dlstore.bench resnet50")
+
+
+def test_bench_bert_tiny_with_jobs_and_compute(tmp_path):
+    _needs_pipeline()
+    out = tmp_path / "b.json"
+    r = _bench("bert", "--size", "tiny", "--jobs", "2", "--compute", "5", "--json", os.fspath(out),
+               tmp_path=tmp_path)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "concurrent jobs" in r.stdout and "storage sustains" in r.stdout
+    doc = _load(out)
+    for t in doc["tiers"]:
+        assert set(TIER_KEYS + ["samples_per_s"]) <= set(t) and "images_per_s" not in t
+        assert 0 < t["accelerator_util_pct"] <= 100 and t["required_mb_per_s_per_accelerator"] > 0
+    assert [row["jobs"] for row in doc["jobs"]["rows"]] == [1, 2]
+    assert all(row["rate"] > 0 for row in doc["jobs"]["rows"])
+
+
+def test_bench_resnet50_target_tier_from_data(tmp_path):
+    _needs_pipeline()
+    pytest.importorskip("PIL", reason="the synthetic ImageNet-like set needs pillow")
+    from dlstore.synthetic import generate_imagenet
+
+    target = generate_imagenet(os.fspath(tmp_path / "target"), shards=2, records_per_shard=6, progress=False)
+    out = tmp_path / "t.json"
+    r = _bench("resnet50", "--data", os.path.dirname(target[0]), "--tiers", "target", "--batch-size", "2",
+               "--steps", "3", "--json", os.fspath(out), tmp_path=tmp_path)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    doc = _load(out)
+    assert [t["tier"] for t in doc["tiers"]] == ["target"]
+    assert doc["tiers"][0]["images_per_s"] > 0
+
+
+def test_bench_pipeline_argument_errors_exit_2(tmp_path):
+    r = _bench("resnet50", "--tiers", "target", tmp_path=tmp_path)
+    assert r.returncode == 2 and "needs --data" in r.stderr
+    r = _bench("bert", "--tiers", "nvme", tmp_path=tmp_path)
+    assert r.returncode == 2 and "unknown nvme" in r.stderr
+    r = _bench("resnet50", "--mounts", "/a", "/b", tmp_path=tmp_path)
+    assert r.returncode == 2 and "--mounts needs --data" in r.stderr
