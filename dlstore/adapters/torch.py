@@ -68,7 +68,10 @@ class _IterableRecords:
                              "and the DataLoader batches them")
         if shard not in ("auto", "files", "records"):
             raise ValueError(f"shard must be 'auto', 'files' or 'records', got {shard!r}")
-        self.paths = expand_paths(paths)
+        # A dlstore.Dataset brings its own placement (mounts, rank, shuffle, remainder, failover):
+        # each DataLoader worker reads its part of this rank's share.
+        self.dataset = paths if hasattr(paths, "for_worker") else None
+        self.paths = list(paths.shards) if self.dataset is not None else expand_paths(paths)
         self.pipeline = pipeline
         self.batch_size = None if batch_size is None else int(batch_size)
         self.world = world
@@ -91,14 +94,20 @@ class _IterableRecords:
     def consumer(self) -> Tuple[Any, bool]:
         """This process's world narrowed to the current DataLoader worker, and whether in a worker."""
         torch = _torch()
-        world = current_world(self.world)
+        world = self.dataset.world if self.dataset is not None else current_world(self.world)
         info = torch.utils.data.get_worker_info()
         if info is None:
             return world, False
         return world.with_worker(info.id, info.num_workers), True
 
-    def share(self) -> ConsumerShard:
+    def share(self) -> Any:
         """The records this process (or, in a DataLoader worker, this worker) reads this epoch."""
+        if self.dataset is not None:
+            torch = _torch()
+            info = torch.utils.data.get_worker_info()
+            ds = self.dataset.for_worker(info.id, info.num_workers) if info is not None else self.dataset
+            ds.set_epoch(self.epoch)
+            return ds
         world, _ = self.consumer()
         return ConsumerShard(self.paths, world.consumer, world.num_consumers, shard=self.shard,
                              shuffle=self.shuffle, seed=self.seed, epoch=self.epoch, **self.open_kwargs)

@@ -1,0 +1,41 @@
+"""PyTorch's DataLoader workers over a ``dlstore.Dataset``: 2 ranks x 2 workers read every record once per
+epoch, and each worker reads through the dataset's mounts."""
+import collections
+import os
+import shutil
+
+import pytest
+
+import dlstore
+from dlstore.dataset import Dataset
+from dlstore.placement.world import World
+
+torch = pytest.importorskip("torch", reason="the PyTorch adapter needs torch (pip install torch==2.13.0)")
+
+
+def test_ranks_and_workers_read_every_record_once(tmp_path):
+    from dlstore.adapters.torch import DlstoreIterableDataset
+
+    records = []
+    src = tmp_path / "src"
+    src.mkdir()
+    for s in range(5):
+        with dlstore.TFRecordWriter(os.fspath(src / f"part-{s}.tfrecord")) as w:
+            for i in range(17 + s):
+                rec = f"shard {s} record {i}".encode()
+                w.write(rec)
+                records.append(rec)
+    mounts = []
+    for m in range(2):
+        shutil.copytree(src, tmp_path / f"mnt{m}")
+        mounts.append(os.fspath(tmp_path / f"mnt{m}"))
+    for epoch in range(2):
+        seen = collections.Counter()
+        for rank in range(2):
+            ds = Dataset("*.tfrecord", mounts=mounts, world=World(rank=rank, size=2), remainder="uneven",
+                         shuffle="global", seed=4)
+            it = DlstoreIterableDataset(ds)
+            it.set_epoch(epoch)
+            loader = torch.utils.data.DataLoader(it, batch_size=None, num_workers=2)
+            seen.update(bytes(r) for r in loader)
+        assert seen == collections.Counter(records)
