@@ -12,8 +12,21 @@ __all__ = ["mpi_comm", "gather", "allgather"]
 
 
 def mpi_comm(world=None) -> Optional[Any]:
-    """MPI's world communicator when mpi4py imports and there is more than one rank, else None."""
-    if world is not None and world.size <= 1:
+    """MPI's world communicator when a launcher started more than one rank and mpi4py imports, else None.
+
+    ``world`` (a :class:`~dlstore.placement.world.World`) defaults to the one the launcher's
+    variables describe. mpi4py is imported only for more than one rank: importing it initialises
+    MPI, which a plain ``python`` run must not pay for (or fail on).
+    """
+    if world is None:
+        from dlstore.errors import PlacementError
+        from dlstore.placement.world import detect_world
+
+        try:
+            world = detect_world()
+        except PlacementError:
+            return None
+    if world.size <= 1:
         return None
     try:
         from mpi4py import MPI

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "buffer_view.hpp"
 #include "dlstore/error.hpp"
 #include "dlstore/example_parse.hpp"
 #include "registry.hpp"
@@ -14,24 +15,6 @@
 namespace py = pybind11;
 
 namespace {
-
-// Holds a contiguous byte view of a Python object. While held, the exporter may not resize or free
-// the memory (a bytearray refuses to), so the view stays valid with the GIL released.
-class ContiguousBytes {
- public:
-  explicit ContiguousBytes(py::handle obj) {
-    if (PyObject_GetBuffer(obj.ptr(), &view_, PyBUF_SIMPLE) != 0) throw py::error_already_set();
-  }
-  ~ContiguousBytes() { PyBuffer_Release(&view_); }
-  ContiguousBytes(const ContiguousBytes&) = delete;
-  ContiguousBytes& operator=(const ContiguousBytes&) = delete;
-
-  const uint8_t* data() const { return static_cast<const uint8_t*>(view_.buf); }
-  size_t size() const { return static_cast<size_t>(view_.len); }
-
- private:
-  Py_buffer view_{};
-};
 
 py::str feature_name(std::string_view name, const uint8_t* record) {
   PyObject* s = PyUnicode_DecodeUTF8(name.data(), static_cast<Py_ssize_t>(name.size()), nullptr);

@@ -610,29 +610,6 @@ def run_jobs(spec: LoaderSpec, max_jobs: int, plan: Sequence[int], *, prepare: C
 
 # ---- MPI -------------------------------------------------------------------------------------------
 
-def _mpi_comm():
-    """mpi4py's COMM_WORLD when a launcher started more than one rank (:func:`dlstore.placement.world.detect_world`
-    reads its variables), else None.
-
-    mpi4py is imported only then: importing it initialises MPI, which a plain ``python`` run must not
-    pay for (or fail on).
-    """
-    from dlstore.errors import PlacementError
-    from dlstore.placement.world import detect_world
-
-    try:
-        if detect_world().size < 2:
-            return None
-    except PlacementError:
-        return None
-    try:
-        from mpi4py import MPI
-    except ImportError:
-        return None
-    comm = MPI.COMM_WORLD
-    return comm if comm.Get_size() > 1 else None
-
-
 def _sum_known(values: Iterable[Optional[float]]) -> Optional[float]:
     known = [v for v in values if v is not None]
     return sum(known) if known else None
@@ -1000,7 +977,9 @@ def run_workload(workload: Workload, args: argparse.Namespace) -> int:
     wanted = _tiers_wanted(args)
     if args.jobs and args.jobs_tier == "target" and not args.data:
         raise ValueError("--jobs-tier target needs --data")
-    comm = _mpi_comm()
+    from dlstore.distributed import mpi_comm
+
+    comm = mpi_comm()
     rank, world = (comm.Get_rank(), comm.Get_size()) if comm is not None else (0, 1)
     quiet = args.quiet or rank != 0
     log = (lambda s: print(s, file=sys.stderr, flush=True)) if rank == 0 else (lambda s: None)

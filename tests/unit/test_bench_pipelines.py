@@ -306,6 +306,7 @@ def test_per_rank_tables_under_mpi():
 
 
 def test_no_mpi_without_a_launcher(monkeypatch):
+    from dlstore.distributed import mpi_comm
     from dlstore.placement import world
 
     monkeypatch.setattr(world, "detect_world", lambda: world.World())
@@ -314,11 +315,11 @@ def test_no_mpi_without_a_launcher(monkeypatch):
             raise AssertionError("mpi4py used without a launcher")
 
     monkeypatch.setitem(sys.modules, "mpi4py", Forbidden("mpi4py"))
-    assert pipeline_bench._mpi_comm() is None
+    assert mpi_comm() is None
     # With a launcher's world of 2 but no mpi4py: still a plain run, not an error.
     monkeypatch.setitem(sys.modules, "mpi4py", None)
     monkeypatch.setattr(world, "detect_world", lambda: world.World(rank=0, size=2, local_size=2))
-    assert pipeline_bench._mpi_comm() is None
+    assert mpi_comm() is None
 
 
 # ---- one tier and the jobs with a fake loader ------------------------------------------------------------
