@@ -43,7 +43,6 @@ import importlib.util
 import json
 import math
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -57,6 +56,7 @@ for _path in (ROOT, HERE):  # run from a checkout: measure this tree's dlstore; 
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
+from benchmarks import _harness  # noqa: E402
 from dlstore.bench import report, sysinfo  # noqa: E402
 
 RESULT_PREFIX = "PIPELINES_RESULT "
@@ -511,24 +511,6 @@ def expected_spec(plan: Dict) -> Dict[str, List]:
     return {"image": image, "label": [[b], "int64"]}
 
 
-def _versions() -> Dict[str, str]:
-    """Versions of the frameworks this worker imported, for the report."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    out = {}
-    for module, dist in (("tensorflow", "tensorflow"), ("nvidia.dali", "nvidia-dali-cuda130"), ("torch", "torch"),
-                         ("tfrecord", "tfrecord"), ("PIL", "pillow")):
-        if module in sys.modules:
-            v = getattr(sys.modules[module], "__version__", None)
-            if v is None:
-                try:
-                    v = version(dist)
-                except PackageNotFoundError:
-                    v = "?"
-            out[module] = str(v)
-    return out
-
-
 def _jsonable_stats(stats) -> Dict:
     """The loader's ``stats()`` with only what JSON can hold (numbers, strings, lists, dicts)."""
     try:
@@ -563,7 +545,7 @@ def worker(name: str, plan_path: str) -> int:
                      lines[-1])
         text = lines[0] if len(lines) == 1 else f"{lines[0]} ... {cause}"
         out = {"name": name, "error": f"{type(e).__name__}: {text}"[:400]}
-    out["versions"] = _versions()
+    out["versions"] = _harness.framework_versions()
     print(RESULT_PREFIX + json.dumps(out), flush=True)
     sys.stderr.flush()
     os._exit(0)  # no framework teardown (DALI and DataLoader workers can take seconds to stop)
@@ -571,18 +553,7 @@ def worker(name: str, plan_path: str) -> int:
 
 def run_worker(name: str, plan_path: str, timeout: float) -> Dict:
     """Runs ``--worker name`` in a fresh interpreter; returns its result, or ``{"error": why}``."""
-    cmd = [sys.executable, os.path.abspath(__file__), "--worker", name, "--plan", plan_path]
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", DLSTORE_NO_PROGRESS="1",
-               PYTHONPATH=os.pathsep.join([ROOT] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
-    except subprocess.TimeoutExpired:
-        return {"error": f"did not finish within {timeout:.0f} s"}
-    for line in reversed(proc.stdout.splitlines()):
-        if line.startswith(RESULT_PREFIX):
-            return json.loads(line[len(RESULT_PREFIX):])
-    tail = [ln for ln in (proc.stderr or proc.stdout).strip().splitlines() if ln.strip()][-3:]
-    return {"error": f"worker exited with {proc.returncode}: " + " | ".join(tail)[-400:]}
+    return _harness.run_worker(__file__, ["--worker", name, "--plan", plan_path], RESULT_PREFIX, timeout)
 
 
 # ---- the run -------------------------------------------------------------------------------------
@@ -1076,14 +1047,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         "tables": tables, "targets": verdicts,
         "versions": {k: v for r in results.values() for k, v in r.get("versions", {}).items()},
     }
-    default_name = "pipelines-quick.json" if args.quick else "pipelines.json"
-    json_path = args.json or os.path.join(ROOT, "benchmarks", "results", default_name)
-    report.write_json(json_path, doc)
-    print(f"\nwrote {json_path}")
-    if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write(_markdown_doc(doc))
-        print(f"wrote {args.markdown}")
+    _harness.write_outputs(doc, "pipelines", args.quick, args.json, args.markdown, _markdown_doc)
     return 0
 
 

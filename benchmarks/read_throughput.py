@@ -29,7 +29,6 @@ import importlib.util
 import json
 import math
 import os
-import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -39,6 +38,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:  # run from a checkout: measure this tree's dlstore
     sys.path.insert(0, ROOT)
 
+from benchmarks import _harness  # noqa: E402
 from dlstore.bench import report, sysinfo  # noqa: E402
 
 RESULT_PREFIX = "READ_THROUGHPUT_RESULT "
@@ -204,23 +204,6 @@ PEER_PASSES: Dict[str, Callable[[dict], PassFactory]] = {
 }
 
 
-def _versions() -> Dict[str, str]:
-    """Versions of the frameworks this worker imported, for the report."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    out = {}
-    for module in ("tensorflow", "nvidia.dali", "tfrecord"):
-        if module in sys.modules:
-            v = getattr(sys.modules[module], "__version__", None)
-            if v is None:  # the tfrecord package has no __version__
-                try:
-                    v = version(module)
-                except PackageNotFoundError:
-                    v = "?"
-            out[module] = str(v)
-    return out
-
-
 def worker(name: str, plan_path: str, phases: Sequence[str], repeat: int, fio_jobs: int) -> int:
     """``--worker NAME``: measures one contender in each phase and prints one JSON result line."""
     from dlstore.bench.fio import FioError, run_fio
@@ -255,7 +238,7 @@ def worker(name: str, plan_path: str, phases: Sequence[str], repeat: int, fio_jo
         if after is not None:
             measured["fio"] = fio_runs
         out["phases"][phase] = measured
-    out["versions"] = _versions()
+    out["versions"] = _harness.framework_versions()
     print(RESULT_PREFIX + json.dumps(out), flush=True)
     return 0
 
@@ -289,19 +272,9 @@ def index_files(paths: Sequence[str]) -> Tuple[List[str], int, int]:
 def run_worker(name: str, plan_path: str, phases: Sequence[str], repeat: int, fio_jobs: int,
                timeout: float) -> Dict:
     """Runs ``--worker name`` in a fresh interpreter; returns its result, or ``{"error": why}``."""
-    cmd = [sys.executable, os.path.abspath(__file__), "--worker", name, "--plan", plan_path,
-           "--phases", ",".join(phases), "--repeat", str(repeat), "--fio-jobs", str(fio_jobs)]
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", DLSTORE_NO_PROGRESS="1",
-               PYTHONPATH=os.pathsep.join([ROOT] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
-    except subprocess.TimeoutExpired:
-        return {"error": f"did not finish within {timeout:.0f} s"}
-    for line in reversed(proc.stdout.splitlines()):
-        if line.startswith(RESULT_PREFIX):
-            return json.loads(line[len(RESULT_PREFIX):])
-    tail = [ln for ln in (proc.stderr or proc.stdout).strip().splitlines() if ln.strip()][-3:]
-    return {"error": f"worker exited with {proc.returncode}: " + " | ".join(tail)[-400:]}
+    return _harness.run_worker(__file__, ["--worker", name, "--plan", plan_path, "--phases", ",".join(phases),
+                                          "--repeat", str(repeat), "--fio-jobs", str(fio_jobs)],
+                               RESULT_PREFIX, timeout)
 
 
 def _median(values: Sequence[Optional[float]]) -> Optional[float]:
@@ -671,14 +644,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         "phases": table, "targets": verdicts,
         "versions": {k: v for r in results.values() for k, v in r.get("versions", {}).items()},
     }
-    default_name = "read_throughput-quick.json" if args.quick else "read_throughput.json"
-    json_path = args.json or os.path.join(ROOT, "benchmarks", "results", default_name)
-    report.write_json(json_path, doc)
-    print(f"\nwrote {json_path}")
-    if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write(_markdown_doc(doc))
-        print(f"wrote {args.markdown}")
+    _harness.write_outputs(doc, "read_throughput", args.quick, args.json, args.markdown, _markdown_doc)
     return 0
 
 

@@ -1,0 +1,69 @@
+"""What the side-by-side benchmarks share: each contender measured in a fresh interpreter that prints one
+JSON result line, the frameworks' versions it imported, and the JSON + markdown outputs."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Callable, Dict, Optional, Sequence
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Module imported by a worker -> the distribution that provides it (for modules without __version__).
+_FRAMEWORKS = (("tensorflow", "tensorflow"), ("nvidia.dali", "nvidia-dali-cuda130"), ("torch", "torch"),
+               ("tfrecord", "tfrecord"), ("PIL", "pillow"))
+
+
+def framework_versions() -> Dict[str, str]:
+    """Versions of the frameworks this process imported, for the report."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for module, dist in _FRAMEWORKS:
+        if module in sys.modules:
+            v = getattr(sys.modules[module], "__version__", None)
+            if v is None:  # the tfrecord package has no __version__
+                try:
+                    v = version(dist)
+                except PackageNotFoundError:
+                    v = "?"
+            out[module] = str(v)
+    return out
+
+
+def run_worker(script: str, args: Sequence[str], result_prefix: str, timeout: float) -> Dict:
+    """Runs ``script args`` in a fresh interpreter; returns the JSON after ``result_prefix`` on its last
+    such stdout line, or ``{"error": why}`` (a timeout, or the exit status and the last lines it printed).
+
+    Each contender gets its own process so that one framework's threads and memory do not disturb
+    another, and the ``tfrecord`` package never shares a process with TensorFlow.
+    """
+    cmd = [sys.executable, os.path.abspath(script), *args]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", DLSTORE_NO_PROGRESS="1",
+               PYTHONPATH=os.pathsep.join([ROOT] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return {"error": f"did not finish within {timeout:.0f} s"}
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith(result_prefix):
+            return json.loads(line[len(result_prefix):])
+    tail = [ln for ln in (proc.stderr or proc.stdout).strip().splitlines() if ln.strip()][-3:]
+    return {"error": f"worker exited with {proc.returncode}: " + " | ".join(tail)[-400:]}
+
+
+def write_outputs(doc: Dict, name: str, quick: bool, json_path: Optional[str], markdown_path: Optional[str],
+                  markdown: Callable[[Dict], str]) -> None:
+    """Writes ``doc`` as JSON (by default ``benchmarks/results/<name>[-quick].json``) and, when asked,
+    its markdown page; prints where."""
+    from dlstore.bench import report
+
+    default_name = f"{name}-quick.json" if quick else f"{name}.json"
+    path = json_path or os.path.join(ROOT, "benchmarks", "results", default_name)
+    report.write_json(path, doc)
+    print(f"\nwrote {path}")
+    if markdown_path:
+        with open(markdown_path, "w") as f:
+            f.write(markdown(doc))
+        print(f"wrote {markdown_path}")
