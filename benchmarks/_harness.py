@@ -6,7 +6,7 @@ import json
 import os
 import subprocess
 import sys
-from typing import Callable, Dict, Optional, Sequence
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -67,3 +67,23 @@ def write_outputs(doc: Dict, name: str, quick: bool, json_path: Optional[str], m
         with open(markdown_path, "w") as f:
             f.write(markdown(doc))
         print(f"wrote {markdown_path}")
+
+
+def select(only: Optional[str], contenders: Mapping[str, Any], groups: Sequence[str] = ("family",)) -> List[str]:
+    """Contender names from ``--only``: names, or values of the contenders' ``groups`` attributes
+    (a family such as ``dali``, a task such as ``bert``), in table order.
+
+    Raises
+    ------
+    ValueError
+        Naming what is unknown, and what is known.
+    """
+    if not only:
+        return list(contenders)
+    wanted = [w.strip() for w in only.split(",") if w.strip()]
+    known = {g: sorted({getattr(c, g) for c in contenders.values()}) for g in groups}
+    unknown = [w for w in wanted if w not in contenders and not any(w in v for v in known.values())]
+    if unknown:
+        kinds = "; ".join(f"{g}: {', '.join(v)}" for g, v in known.items())
+        raise ValueError(f"--only: unknown {', '.join(unknown)}; contenders: {', '.join(contenders)}; {kinds}")
+    return [n for n, c in contenders.items() if n in wanted or any(getattr(c, g) in wanted for g in groups)]

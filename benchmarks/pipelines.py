@@ -951,23 +951,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def select(only: Optional[str]) -> List[str]:
-    """Contender names from ``--only`` (names, families or tasks), in table order.
-
-    Raises
-    ------
-    ValueError
-        Naming what is unknown.
-    """
-    if not only:
-        return list(CONTENDERS)
-    wanted = [w.strip() for w in only.split(",") if w.strip()]
-    known = set(CONTENDERS) | {c.family for c in CONTENDERS.values()} | set(TASKS)
-    unknown = [w for w in wanted if w not in known]
-    if unknown:
-        raise ValueError(f"--only: unknown {', '.join(unknown)}; contenders: {', '.join(CONTENDERS)}; "
-                         f"families: {', '.join(sorted({c.family for c in CONTENDERS.values()}))}; tasks: "
-                         f"{', '.join(TASKS)}")
-    return [n for n, c in CONTENDERS.items() if n in wanted or c.family in wanted or c.task in wanted]
+    """Contender names from ``--only`` (names, families or tasks), in table order; ValueError naming what is unknown."""
+    return _harness.select(only, CONTENDERS, ("family", "task"))
 
 
 def main(argv: Optional[List[str]] = None) -> int:

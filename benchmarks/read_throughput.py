@@ -471,21 +471,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def select(only: Optional[str]) -> List[str]:
-    """Contender names from ``--only`` (names or families), in table order.
-
-    Raises
-    ------
-    ValueError
-        Naming what is unknown.
-    """
-    if not only:
-        return list(CONTENDERS)
-    wanted = [w.strip() for w in only.split(",") if w.strip()]
-    families = {c.family for c in CONTENDERS.values()}
-    unknown = [w for w in wanted if w not in CONTENDERS and w not in families]
-    if unknown:
-        raise ValueError(f"--only: unknown {', '.join(unknown)}; readers: {', '.join(CONTENDERS)}")
-    return [n for n, c in CONTENDERS.items() if n in wanted or c.family in wanted]
+    """Contender names from ``--only`` (names or families), in table order; ValueError naming what is unknown."""
+    return _harness.select(only, CONTENDERS, ("family",))
 
 
 def run_all(selected: Sequence[str], paths: List[str], indexes: List[str], phases: Sequence[str],
