@@ -68,49 +68,74 @@ ChunkReader::~ChunkReader() {
   }
 }
 
-void ChunkReader::open_next_file() {
+std::shared_ptr<ChunkReader::OpenFile> ChunkReader::open_file(const std::string& path, EngineKind kind,
+                                                              size_t chunk_size, std::string* note) {
   auto of = std::make_shared<OpenFile>();
-  of->index = next_file_;
-  const std::string& path = paths_[next_file_];
-  const ByteRange range = ranges_[next_file_++];
   of->path = path;
-  of->kind = opts_.kind;
+  of->kind = kind;
+  if (kind == EngineKind::Mmap) {
+    of->map = std::make_shared<Mapping>(path);
+    of->size = of->map->size();
+    return of;
+  }
+  if (kind == EngineKind::Direct) {
+    try {
+      of->fh = std::make_shared<FileHandle>(path, true);
+      DirectAlignment a = of->fh->direct_alignment();
+      if (!a.supported) {
+        *note = std::string("direct -> buffered for ") + path + ": " + a.source +
+                " reports that this file cannot do direct I/O";
+        of->fh.reset();
+      } else if (a.memory > (64u << 10) || a.offset > (64u << 10) || chunk_size % a.offset != 0) {
+        *note = std::string("direct -> buffered for ") + path + ": alignment " + std::to_string(a.offset) +
+                " from " + a.source + " is larger than supported";
+        of->fh.reset();
+      } else {
+        of->offset_align = a.offset;
+      }
+    } catch (const Error& e) {
+      if (e.kind != ErrorKind::Alignment) throw;
+      *note = std::string("direct -> buffered for ") + path + ": " + e.what();
+    }
+    if (!of->fh) of->kind = EngineKind::Buffered;
+  }
+  if (!of->fh) of->fh = std::make_shared<FileHandle>(path, false);
+  of->size = of->fh->size();
+  return of;
+}
+
+void ChunkReader::open_next_file() {
+  const size_t index = next_file_;
+  const std::string& path = paths_[index];
+  const ByteRange range = ranges_[next_file_++];
+  std::shared_ptr<OpenFile> of;
   if (current_ && current_->path == path) {
     // The next range of the same file (records of one shard split into pieces): share the open
     // file or mapping instead of opening and mapping it again.
-    of->kind = current_->kind;
-    of->fh = current_->fh;
-    of->map = current_->map;
-    of->size = current_->size;
-    of->offset_align = current_->offset_align;
-  } else if (of->kind == EngineKind::Mmap) {
-    of->map = std::make_shared<Mapping>(path);
-    of->size = of->map->size();
-  } else {
-    if (of->kind == EngineKind::Direct) {
-      try {
-        of->fh = std::make_shared<FileHandle>(path, true);
-        DirectAlignment a = of->fh->direct_alignment();
-        if (!a.supported) {
-          notes_.push_back(std::string("direct -> buffered for ") + path + ": " + a.source +
-                           " reports that this file cannot do direct I/O");
-          of->fh.reset();
-        } else if (a.memory > (64u << 10) || a.offset > (64u << 10) || opts_.chunk_size % a.offset != 0) {
-          notes_.push_back(std::string("direct -> buffered for ") + path + ": alignment " +
-                           std::to_string(a.offset) + " from " + a.source + " is larger than supported");
-          of->fh.reset();
-        } else {
-          of->offset_align = a.offset;
-        }
-      } catch (const Error& e) {
-        if (e.kind != ErrorKind::Alignment) throw;
-        notes_.push_back(std::string("direct -> buffered for ") + path + ": " + e.what());
-      }
-      if (!of->fh) of->kind = EngineKind::Buffered;
+    of = std::make_shared<OpenFile>(*current_);
+  } else if (opts_.timeout_s > 0) {
+    // A hung mount blocks open() and fstat() as well as reads: open on a pool thread and wait at
+    // most the timeout. The task owns copies of what it uses, so an abandoned one touches nothing
+    // of this reader.
+    auto note = std::make_shared<std::string>();
+    const EngineKind kind = opts_.kind;
+    const size_t chunk_size = opts_.chunk_size;
+    std::future<std::shared_ptr<OpenFile>> opened =
+        threads_->submit([path, kind, chunk_size, note]() { return open_file(path, kind, chunk_size, note.get()); });
+    if (opened.wait_for(std::chrono::duration<double>(opts_.timeout_s)) != std::future_status::ready) {
+      abandoned_ = true;
+      throw_error(ErrorKind::Io, path, -1,
+                  "open timed out: the file did not open within " + std::to_string(opts_.timeout_s) +
+                      " s (a hung or very slow mount?)");
     }
-    if (!of->fh) of->fh = std::make_shared<FileHandle>(path, false);
-    of->size = of->fh->size();
+    of = opened.get();
+    if (!note->empty()) notes_.push_back(*note);
+  } else {
+    std::string note;
+    of = open_file(path, opts_.kind, opts_.chunk_size, &note);
+    if (!note.empty()) notes_.push_back(note);
   }
+  of->index = index;
   of->start = range.start;
   of->end = range.end == kUnknownSize ? of->size : range.end;
   DLSTORE_EXPECT(of->start <= of->end && of->end <= of->size, Io, path, static_cast<int64_t>(of->start),

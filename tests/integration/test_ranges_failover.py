@@ -184,3 +184,37 @@ def test_resume_from_a_position(tmp_path):
     for piece, rec in [(0, 0), (0, 17), (1, 0), (1, 49), (2, 50)]:
         reader = PieceReader(pieces, _core("mmap"))
         assert _drain(reader, piece, rec) == full[piece * 50 + rec:]
+
+
+@pytest.fixture
+def hung_file(tmp_path):
+    """A path whose open() blocks (a FIFO with no writer), as a file on a hung mount does; released after."""
+    path = os.fspath(tmp_path / "hung.tfrecord")
+    os.mkfifo(path)
+    yield path
+    # Let the abandoned open() return, so its pool thread ends: a writer that opens and goes.
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+    except OSError:
+        pass  # nobody was waiting any more
+
+
+def test_an_open_that_hangs_times_out_after_the_earlier_records(tmp_path, hung_file):
+    good = write_tfrecord(tmp_path / "good.tfrecord", [b"a" * 100] * 5)
+    core = _core("buffered", timeout_s=0.5)([good, hung_file], [])
+    got = []
+    with pytest.raises(dlstore.DlstoreIOError, match="open timed out") as e:
+        while (b := core.next_batch()) is not None:
+            got.append(b.num_records)
+    assert sum(got) == 5 and e.value.path == hung_file
+
+
+def test_a_hung_open_fails_over_to_the_replica(tmp_path, hung_file):
+    recs = [b"r%d" % i for i in range(20)]
+    replica = write_tfrecord(tmp_path / "replica.tfrecord", recs)
+    _, offs = ensure_index(replica)
+    ends = np.append(offs, os.path.getsize(replica))
+    piece = ReadPiece(0, 0, 20, ends, (Place("hung-mount", hung_file), Place("replica-mount", replica)))
+    reader = PieceReader([piece], _core("buffered", timeout_s=0.5), retry_delay=0)
+    assert _drain(reader) == recs
+    assert reader.stats.failovers == 1 and "open timed out" in reader.stats.events[0]

@@ -75,6 +75,10 @@ class ChunkReader : public ChunkStream {
 
  private:
   struct OpenFile;
+  // Opens `path` for `kind` (direct falling back to buffered, saying why in `note`). It touches no
+  // reader state, so it can run on a pool thread that a hung mount may never give back.
+  static std::shared_ptr<OpenFile> open_file(const std::string& path, EngineKind kind, size_t chunk_size,
+                                             std::string* note);
   void open_next_file();
   void fill();
   std::vector<std::string> paths_;
