@@ -62,8 +62,8 @@ SETTINGS: Dict[str, Setting] = {
                 "consumer alone). One core reads memory at about CRC speed, so a second one helps.",
                 int, lambda v: v >= 0, "a non-negative integer"),
         Setting("read_timeout", 120.0, "DLSTORE_READ_TIMEOUT",
-                "Seconds a read may take before it counts as failed (a hung mount) and is retried on a "
-                "replica mount; 0 waits forever.", float, lambda v: v >= 0, "a non-negative number"),
+                "Seconds an open or a read may take before it counts as failed (a hung mount) and is "
+                "retried on a replica mount; 0 waits forever.", float, lambda v: v >= 0, "a non-negative number"),
         Setting("max_retries", 2, "DLSTORE_MAX_RETRIES",
                 "Retries of a failed read at the same place, once no replica mount is left to fail over to.",
                 int, lambda v: v >= 0, "a non-negative integer"),
