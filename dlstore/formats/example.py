@@ -230,14 +230,8 @@ def parse_batch(batch: Any, spec: Mapping[str, Sequence[Any]]) -> dict[str, np.n
             ).tobytes()
         native_spec.append((name, _BATCH_DTYPES[dtype], length, default))
 
-    buffer = batch.buffer if hasattr(batch, "buffer") else batch
-    offsets = np.ascontiguousarray(batch.offsets, dtype=np.uint64)
-    lengths = np.ascontiguousarray(batch.lengths, dtype=np.uint64)
-    if offsets.shape != lengths.shape or offsets.ndim != 1:
-        raise ValueError(
-            f"offsets and lengths must be 1-D and of the same size, got {offsets.shape} and {lengths.shape}"
-        )
-    return _C.parse_example_batch(_as_buffer(buffer), offsets, lengths, native_spec)
+    buffer, offsets, lengths = _batch_arrays(batch)
+    return _C.parse_example_batch(buffer, offsets, lengths, native_spec)
 
 
 def bytes_feature_spans(batch: Any, name: str) -> tuple[np.ndarray, np.ndarray]:
@@ -270,14 +264,19 @@ def bytes_feature_spans(batch: Any, name: str) -> tuple[np.ndarray, np.ndarray]:
 
     if not isinstance(name, str):
         raise TypeError(f"name must be str, got {name!r}")
-    buffer = batch.buffer if hasattr(batch, "buffer") else batch
+    buffer, offsets, lengths = _batch_arrays(batch)
+    return _C.example_bytes_spans(buffer, offsets, lengths, name)
+
+def _batch_arrays(batch: Any) -> tuple[Any, np.ndarray, np.ndarray]:
+    """``(buffer, offsets, lengths)`` of a RecordBatch-like object, checked, as the C++ calls take them."""
     offsets = np.ascontiguousarray(batch.offsets, dtype=np.uint64)
     lengths = np.ascontiguousarray(batch.lengths, dtype=np.uint64)
     if offsets.shape != lengths.shape or offsets.ndim != 1:
         raise ValueError(
             f"offsets and lengths must be 1-D and of the same size, got {offsets.shape} and {lengths.shape}"
         )
-    return _C.example_bytes_spans(_as_buffer(buffer), offsets, lengths, name)
+    return _as_buffer(batch.buffer if hasattr(batch, "buffer") else batch), offsets, lengths
+
 
 def _as_buffer(obj: Any) -> Any:
     """Returns ``obj`` if it exposes a contiguous byte buffer, else raises a TypeError that says so."""
