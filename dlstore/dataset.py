@@ -21,14 +21,13 @@ import numpy as np
 
 from dlstore import settings
 from dlstore.errors import DlstoreError, PlacementError
-from dlstore.formats.detect import detect
 from dlstore.indexing import ensure_index
 from dlstore.io.failover import PieceReader, Place, ReadPiece
 from dlstore.io.select import EngineChoice, resolve_engine
 from dlstore.placement.blocks import cut_blocks, interleave_by_mount
 from dlstore.placement.sharding import EpochPlan
 from dlstore.placement.world import World, detect_world
-from dlstore.reader import _chunk_size, _head, _verify_threads, expand_paths
+from dlstore.reader import core_options, detect_files, expand_paths
 
 __all__ = ["Dataset"]
 
@@ -101,14 +100,7 @@ class Dataset:
         self.max_retries = settings.get("max_retries", max_retries)
         self.block_size = settings.get("block_size", block_size)
         first = [self._paths_of(i)[0] for i in range(len(self.shards))]
-        formats, comps = set(), []
-        for path in first:
-            fmt, comp = detect(path, _head(path), format, "auto")
-            formats.add(fmt)
-            comps.append(comp)
-        if len(formats) > 1:
-            raise DlstoreError(f"the shards mix formats {sorted(formats)}; read each format apart")
-        self.format = formats.pop()
+        self.format, comps = detect_files(first, format)
         compressed = [p for p, c in zip(first, comps) if c != "none"]
         if compressed:
             raise DlstoreError(f"{compressed[0]}: compressed shards cannot be split by record between ranks; "
@@ -117,10 +109,7 @@ class Dataset:
         self.counts = self._index(first, progress)
         total = int(sum(int(f[-1]) for f in self._frames))
         self.choice: EngineChoice = resolve_engine(settings.get("io", io), first, total)
-        self._core_args = dict(chunk_size=_chunk_size(self.choice.engine, chunk_size),
-                               headroom=settings.get("headroom"), depth=settings.get("depth", depth),
-                               threads=settings.get("io_threads", io_threads), max_records=0,
-                               verify_threads=_verify_threads(self.choice.engine, verify_threads))
+        self._core_args = core_options(self.choice.engine, chunk_size, depth, io_threads, verify_threads)
         self._rank_mounts = self._assign(mount_policy, mounts_per_rank, throughput)
         if len(self._rank_mounts) > 1:
             # Every mount of this rank streams at once only with reads in flight on each. Chunks are
@@ -128,7 +117,7 @@ class Dataset:
             # chunks per mount keep the others busy meanwhile (explicit arguments still win).
             k = len(self._rank_mounts)
             if io_threads is None and "DLSTORE_IO_THREADS" not in os.environ:
-                self._core_args["threads"] = max(self._core_args["threads"], 2 * k)
+                self._core_args["io_threads"] = max(self._core_args["io_threads"], 2 * k)
             if depth is None and "DLSTORE_DEPTH" not in os.environ:
                 self._core_args["depth"] = max(self._core_args["depth"], 4 * k)
         self.epoch = 0
@@ -248,8 +237,10 @@ class Dataset:
     def _make_core(self, paths: List[str], ranges: List[Tuple[int, int]]):
         from dlstore import _C
 
+        a = self._core_args
         return _C.Reader(paths, self.format, self.choice.engine, ["none"] * len(paths), self.verify, self.on_error,
-                         ranges=ranges, timeout_s=float(self.read_timeout), **self._core_args)
+                         a["chunk_size"], a["headroom"], a["depth"], a["io_threads"], 0, a["verify_threads"],
+                         ranges=ranges, timeout_s=float(self.read_timeout))
 
     def batches(self) -> Iterator:
         """Yields RecordBatches of this consumer's records for the current epoch, from the current position.
@@ -264,7 +255,6 @@ class Dataset:
         first = int(np.searchsorted(ends, k, "right"))
         offset = k - (int(ends[first - 1]) if first else 0)
         reader = PieceReader(pieces, self._make_core, max_retries=self.max_retries)
-        self._reader = reader
         try:
             for batch in reader.batches(first, offset):
                 self.sample_in_epoch += batch.num_records

@@ -8,7 +8,7 @@ from __future__ import annotations
 import glob
 import os
 import warnings
-from typing import Iterator, List, Optional, Sequence, Union
+from typing import Iterator, List, Optional, Sequence, Tuple, Union
 
 from dlstore import settings
 from dlstore.errors import DlstoreError, DlstoreIOError
@@ -317,18 +317,34 @@ def open_records(paths: PathSpec, *, format: str = "auto", io: Optional[str] = N
     if on_error not in ("raise", "skip", "warn"):
         raise ValueError(f"on_error must be 'raise', 'skip' or 'warn', not {on_error!r}")
     files = expand_paths(paths)
+    fmt, comps = detect_files(files, format, compression)
+    choice = resolve_engine(settings.get("io", io), files, sum(os.path.getsize(f) for f in files))
+    return RecordReader(files, format=fmt, compression=comps, choice=choice, verify=verify, on_error=on_error,
+                        **core_options(choice.engine, chunk_size, depth, io_threads, verify_threads))
+
+
+def detect_files(files: Sequence[str], format: str = "auto", compression: str = "auto") -> Tuple[str, List[str]]:
+    """The format of ``files`` (one for all) and each file's compression, told by their first bytes.
+
+    Raises
+    ------
+    DlstoreError
+        When the files mix formats, or one cannot be read.
+    """
     formats, comps = set(), []
-    total = 0
     for f in files:
         fmt, comp = detect(f, _head(f), format, compression)
         formats.add(fmt)
         comps.append(comp)
-        total += os.path.getsize(f)
     if len(formats) > 1:
         raise DlstoreError(f"the files mix formats {sorted(formats)}; read each format apart")
-    choice = resolve_engine(settings.get("io", io), files, total)
-    return RecordReader(files, format=formats.pop(), compression=comps, choice=choice, verify=verify,
-                        on_error=on_error, chunk_size=_chunk_size(choice.engine, chunk_size),
-                        headroom=settings.get("headroom"), depth=settings.get("depth", depth),
-                        io_threads=settings.get("io_threads", io_threads),
-                        verify_threads=_verify_threads(choice.engine, verify_threads))
+    return formats.pop(), comps
+
+
+def core_options(engine: str, chunk_size: Optional[int] = None, depth: Optional[int] = None,
+                 io_threads: Optional[int] = None, verify_threads: Optional[int] = None) -> dict:
+    """The C++ reader's options for ``engine``: explicit values, else the settings (with the
+    engine-specific defaults of :func:`_chunk_size` and :func:`_verify_threads`)."""
+    return dict(chunk_size=_chunk_size(engine, chunk_size), headroom=settings.get("headroom"),
+                depth=settings.get("depth", depth), io_threads=settings.get("io_threads", io_threads),
+                verify_threads=_verify_threads(engine, verify_threads))
