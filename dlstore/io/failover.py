@@ -97,13 +97,12 @@ class PieceReader:
         self.retry_delay = retry_delay
         self.stats = FailoverStats()
         self.core_stats: Dict[str, int] = {}
-        self._failed: set = set()  # mounts that failed in this pass: later pieces avoid them
 
     def _place_for(self, piece: ReadPiece, tried: Dict[int, int]) -> Optional[Place]:
         # The first place not yet failed in this pass; a place that failed may be retried up to
         # max_retries times, but only when every replica has failed too.
         for place in piece.places:
-            if place.mount not in self._failed:
+            if place.mount not in self.stats.failed_mounts:  # later pieces avoid a mount that failed
                 return place
         for i, place in enumerate(piece.places):
             if tried.get(i, 0) <= self.max_retries:
@@ -154,9 +153,7 @@ class PieceReader:
                 index = piece.places.index(place)
                 attempts = tries.setdefault(k, {})
                 attempts[index] = attempts.get(index, 0) + 1
-                first_fail = place.mount not in self._failed
-                self._failed.add(place.mount)
-                if first_fail:
+                if place.mount not in self.stats.failed_mounts:
                     self.stats.failed_mounts.append(place.mount)
                 nxt = self._place_for(piece, attempts)
                 at = f"record {pos_record + piece.start if k == pos_piece else piece.start} of shard {piece.shard}"
