@@ -251,7 +251,7 @@ def _chunk_size(engine: str, requested: Optional[int]) -> int:
     # mmap chunks are views into the mapping, not buffers: a larger one costs no memory and cuts
     # the per-batch hand-offs between the consumer and the CRC thread, which on these VMs cost
     # more than the bytes (warm 3 GB set, interleaved: 32 MiB 9.8 GB/s, 64 MiB 12.2 GB/s).
-    if requested is None and "DLSTORE_CHUNK_SIZE" not in os.environ and engine == "mmap":
+    if settings.is_default("chunk_size", requested) and engine == "mmap":
         return 8 * settings.get("chunk_size")
     return settings.get("chunk_size", requested)
 
@@ -260,7 +260,7 @@ def _verify_threads(engine: str, requested: Optional[int]) -> int:
     # Direct reads are bound by the device and land in RAM, not in cache: a second CRC thread only
     # adds memory-bandwidth contention (more CPU per GB for the same speed). From the page cache
     # (buffered, mmap) CRC is the bottleneck and a second core nearly doubles the rate.
-    if requested is None and "DLSTORE_VERIFY_THREADS" not in os.environ and engine == "direct":
+    if settings.is_default("verify_threads", requested) and engine == "direct":
         return 0
     return settings.get("verify_threads", requested)
 

@@ -10,7 +10,7 @@ from typing import Any, Callable, Dict, Optional
 
 from dlstore.io.select import REQUESTS as _IO_REQUESTS
 
-__all__ = ["Setting", "SETTINGS", "get", "markdown_table"]
+__all__ = ["Setting", "SETTINGS", "get", "is_default", "markdown_table"]
 
 MiB = 1 << 20
 
@@ -75,6 +75,14 @@ SETTINGS: Dict[str, Setting] = {
                 "Where generated datasets and indexes of read-only data are kept.", os.path.expanduser),
     ]
 }
+
+
+def is_default(name: str, override: Any = None) -> bool:
+    """Whether setting ``name`` is left at its default: no explicit value and no environment variable.
+
+    Code that picks a better default for a case (an engine, a number of mounts) does so only then.
+    """
+    return override is None and SETTINGS[name].env not in os.environ
 
 
 def get(name: str, override: Any = None) -> Any:
