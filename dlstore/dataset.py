@@ -25,24 +25,14 @@ from dlstore.indexing import ensure_index
 from dlstore.io.failover import PieceReader, Place, ReadPiece
 from dlstore.io.select import EngineChoice, resolve_engine
 from dlstore.placement.blocks import cut_blocks, interleave_by_mount
-from dlstore.placement.sharding import EpochPlan
+from dlstore.placement.mounts import assign_mounts, mount_for, mounts_for
+from dlstore.placement.sharding import EpochPlan, merge_runs
 from dlstore.placement.world import World, detect_world
 from dlstore.reader import core_options, detect_files, expand_paths
 
 __all__ = ["Dataset"]
 
 PathSpec = Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]]
-
-
-def _runs(shards: np.ndarray, records: np.ndarray) -> List[Tuple[int, int, int]]:
-    """Consecutive records of one shard in ``(shard, record)`` order, merged into ``(shard, start, stop)``."""
-    if len(shards) == 0:
-        return []
-    breaks = np.flatnonzero((shards[1:] != shards[:-1]) | (records[1:] != records[:-1] + 1)) + 1
-    starts = np.concatenate([[0], breaks])
-    stops = np.concatenate([breaks, [len(shards)]])
-    return [(int(shards[a]), int(records[a]), int(records[b - 1]) + 1)
-            for a, b in zip(starts.tolist(), stops.tolist())]
 
 
 class Dataset:
@@ -91,7 +81,7 @@ class Dataset:
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
         self.world = world if world is not None else detect_world()
-        self._layout, self.shards, self._holders = self._find_layout(shards, mounts)
+        self._layout, self.shards = self._find_layout(shards, mounts)
         self.mounts = list(self._layout.mounts) if self._layout is not None else []
         self._plan_args = dict(seed=seed, shuffle_shards=shuffle_shards, shuffle=shuffle, buffer_size=buffer_size,
                                remainder=remainder, batch_size=batch_size)
@@ -99,7 +89,9 @@ class Dataset:
         self.read_timeout = settings.get("read_timeout", read_timeout)
         self.max_retries = settings.get("max_retries", max_retries)
         self.block_size = settings.get("block_size", block_size)
-        first = [self._paths_of(i)[0] for i in range(len(self.shards))]
+        # Indexes and the format come from each shard's first copy (replicas are the same bytes).
+        first = (self.shards if self._layout is None else
+                 [self._layout.path(i, self._layout.holders[i][0]) for i in range(len(self.shards))])
         self.format, comps = detect_files(first, format)
         compressed = [p for p, c in zip(first, comps) if c != "none"]
         if compressed:
@@ -116,9 +108,9 @@ class Dataset:
             # consumed in order, so one mount running late holds the window: two threads and four
             # chunks per mount keep the others busy meanwhile (explicit arguments still win).
             k = len(self._rank_mounts)
-            if io_threads is None and "DLSTORE_IO_THREADS" not in os.environ:
+            if settings.is_default("io_threads", io_threads):
                 self._core_args["io_threads"] = max(self._core_args["io_threads"], 2 * k)
-            if depth is None and "DLSTORE_DEPTH" not in os.environ:
+            if settings.is_default("depth", depth):
                 self._core_args["depth"] = max(self._core_args["depth"], 4 * k)
         self.epoch = 0
         self.sample_in_epoch = 0
@@ -129,24 +121,17 @@ class Dataset:
     def _find_layout(self, shards: PathSpec, mounts: Optional[Sequence[str]]):
         if not mounts:
             files = [os.path.abspath(p) for p in expand_paths(shards)]
-            return None, files, None
+            return None, files
         from dlstore.io.layout import scan_layout
 
         if isinstance(shards, (str, os.PathLike)):
             shards = [shards]
         layout = scan_layout([os.fspath(m) for m in mounts], [os.fspath(s) for s in shards])
-        return layout, list(layout.shards), [tuple(h) for h in layout.holders]
-
-    def _paths_of(self, shard: int) -> List[str]:
-        if self._layout is None:
-            return [self.shards[shard]]
-        return [os.path.join(self.mounts[m], self.shards[shard]) for m in self._holders[shard]]
+        return layout, list(layout.shards)
 
     def _assign(self, policy: str, mounts_per_rank: int, throughput) -> Tuple[int, ...]:
         if self._layout is None:
             return ()
-        from dlstore.placement.mounts import assign_mounts
-
         return tuple(assign_mounts(self._layout, self.world, policy=policy, mounts_per_rank=mounts_per_rank,
                                    throughput=throughput))
 
@@ -210,23 +195,27 @@ class Dataset:
     def _reading_order(self, epoch: int) -> List[ReadPiece]:
         """The consumer's records this epoch, as pieces in the order they are emitted."""
         plan = self.plan(epoch)
-        shards, records = plan.samples(self.world.consumer)
-        runs = _runs(shards, records)
+        c = self.world.consumer
+        # Emitted as read, the plan's pieces are the runs; a shuffle buffer's emission order is
+        # merged into runs again.
+        arrays = plan.piece_arrays(c) if plan.order(c) is None else merge_runs(*plan.samples(c))
+        runs = list(zip(*(a.tolist() for a in arrays)))
         if self._layout is None:
             return [ReadPiece(s, a, b, self._frames[s][a:b + 1], (Place("", self.shards[s]),)) for s, a, b in runs]
         frames = {s: self._frames[s] for s in {r[0] for r in runs}}
         blocks = cut_blocks(runs, frames, self.block_size)
-        from dlstore.placement.mounts import mount_for
-
-        choices = [mount_for(self._layout, b.shard, self._rank_mounts, block=b.number) for b in blocks]
-        order = interleave_by_mount(blocks, [c[0] for c in choices])
-        out = []
-        for i in order:
-            b, (first, fallbacks) = blocks[i], choices[i]
-            mounts = (first, *fallbacks)
-            places = tuple(Place(self.mounts[m], os.path.join(self.mounts[m], self.shards[b.shard])) for m in mounts)
-            out.append(ReadPiece(b.shard, b.start, b.stop, self._frames[b.shard][b.start:b.stop + 1], places))
-        return out
+        chosen = mounts_for(self._layout, [b.shard for b in blocks], self._rank_mounts,
+                            [b.number for b in blocks]).tolist()
+        # The failover order and the places depend on the shard and its chosen mount only.
+        places: Dict[Tuple[int, int], Tuple[Place, ...]] = {}
+        for b, m in zip(blocks, chosen):
+            if (b.shard, m) not in places:
+                first, fallbacks = mount_for(self._layout, b.shard, self._rank_mounts, block=b.number)
+                places[(b.shard, m)] = tuple(Place(self.mounts[k], self._layout.path(b.shard, k))
+                                             for k in (first, *fallbacks))
+        return [ReadPiece(b.shard, b.start, b.stop, self._frames[b.shard][b.start:b.stop + 1],
+                          places[(b.shard, chosen[i])])
+                for i in interleave_by_mount(blocks, chosen) for b in [blocks[i]]]
 
     def set_epoch(self, epoch: int) -> None:
         """Starts ``epoch`` from its first sample."""

@@ -29,7 +29,7 @@ import numpy as np
 from dlstore.errors import PlacementError
 
 __all__ = ["Piece", "Restart", "EpochPlan", "SamplerState", "IndexSampler", "REMAINDERS", "SHUFFLES",
-           "shard_order", "global_permutation", "buffer_order", "random_words"]
+           "shard_order", "global_permutation", "buffer_order", "random_words", "merge_runs"]
 
 # Purposes of the random streams: each has its own key, so that e.g. turning the shard shuffle on
 # does not change the buffer order.
@@ -225,6 +225,14 @@ def _global_pieces(plan: "EpochPlan", start: int, stop: int) -> Tuple[np.ndarray
     else:  # pad: wraps around
         where = np.arange(start, stop, dtype=np.int64) % plan.total
         shards, records = all_shards[where], all_records[where]
+    return merge_runs(shards, records)
+
+
+def merge_runs(shards: np.ndarray, records: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(shard, record)`` pairs in reading order as pieces ``(shard, start, stop)``: consecutive
+    records of one shard merged."""
+    if len(shards) == 0:
+        return _no_pieces()
     new_run = np.ones(len(shards), dtype=bool)
     new_run[1:] = (shards[1:] != shards[:-1]) | (records[1:] != records[:-1] + 1)
     first = np.flatnonzero(new_run)
