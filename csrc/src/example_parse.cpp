@@ -1,7 +1,5 @@
 #include "dlstore/example_parse.hpp"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstring>
 #include <exception>
@@ -539,26 +537,6 @@ namespace {
 // Records per range below which splitting a batch costs more in hand-offs than it saves.
 constexpr size_t kMinRecordsPerRange = 16;
 
-// The pool behind parse_example_batch_parallel, shared by every caller in the process and grown
-// on demand. A forked child (a DataLoader worker) inherits the pool object but not its threads: it
-// gets a pool of its own, and the inherited one is leaked, since destroying it would join threads
-// that do not exist there.
-std::shared_ptr<ThreadPool> parse_pool(size_t workers) {
-  static std::mutex mu;
-  static std::shared_ptr<ThreadPool>* pool = nullptr;  // leaked on purpose: see above, and exit order
-  static pid_t owner = 0;
-  std::lock_guard<std::mutex> lock(mu);
-  const pid_t self = getpid();
-  if (pool != nullptr && owner != self) pool = nullptr;  // a forked child: leak the parent's pool
-  if (pool == nullptr) pool = new std::shared_ptr<ThreadPool>();
-  if (!*pool || (*pool)->size() < workers) {
-    // Callers still running on the old pool hold references; it is joined when they let go.
-    *pool = std::make_shared<ThreadPool>(workers);
-    owner = self;
-  }
-  return *pool;
-}
-
 }  // namespace
 
 void parse_example_batch_parallel(const uint8_t* buffer, size_t buffer_size, const uint64_t* offsets,
@@ -579,7 +557,7 @@ void parse_example_batch_parallel(const uint8_t* buffer, size_t buffer_size, con
     parse_example_batch(buffer, buffer_size, offsets + begin, lengths + begin, end - begin, spec,
                         shifted.data(), begin);
   };
-  const std::shared_ptr<ThreadPool> pool = parse_pool(ranges - 1);
+  const std::shared_ptr<ThreadPool> pool = process_pool(ranges - 1);
   std::vector<std::future<void>> others;
   others.reserve(ranges - 1);
   for (size_t r = 1; r < ranges; ++r) others.push_back(pool->submit([&parse_range, r] { parse_range(r); }));

@@ -244,7 +244,6 @@ JpegBatchDecoder::JpegBatchDecoder(size_t threads, JpegTuning tuning) : tuning_(
 #ifdef DLSTORE_HAVE_JPEG
   for (size_t t = 0; t < threads; ++t) workers_.push_back(std::make_unique<JpegWorker>(tuning_));
 #endif
-  if (threads > 1) pool_ = std::make_unique<ThreadPool>(threads - 1);
 }
 
 JpegBatchDecoder::~JpegBatchDecoder() = default;
@@ -285,8 +284,12 @@ void JpegBatchDecoder::decode(const uint8_t* buffer, size_t buffer_size, const u
     }
   };
 
+  // Helpers from the process-wide pool, which a forked child (a DataLoader worker) replaces with its own.
   std::vector<std::future<void>> helpers;
-  for (size_t t = 1; t < workers_.size(); ++t) helpers.push_back(pool_->submit([&work, t] { work(t); }));
+  if (workers_.size() > 1) {
+    const std::shared_ptr<ThreadPool> pool = process_pool(workers_.size() - 1);
+    for (size_t t = 1; t < workers_.size(); ++t) helpers.push_back(pool->submit([&work, t] { work(t); }));
+  }
   std::exception_ptr first;
   try {
     work(0);

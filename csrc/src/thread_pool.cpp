@@ -1,5 +1,7 @@
 #include "dlstore/thread_pool.hpp"
 
+#include <unistd.h>
+
 namespace dlstore {
 
 ThreadPool::ThreadPool(size_t threads) {
@@ -29,6 +31,22 @@ void ThreadPool::work() {
     }
     task();
   }
+}
+
+std::shared_ptr<ThreadPool> process_pool(size_t workers) {
+  static std::mutex mu;
+  static std::shared_ptr<ThreadPool>* pool = nullptr;  // leaked on purpose: see the header, and exit order
+  static pid_t owner = 0;
+  std::lock_guard<std::mutex> lock(mu);
+  const pid_t self = getpid();
+  if (pool != nullptr && owner != self) pool = nullptr;  // a forked child: leak the parent's pool
+  if (pool == nullptr) pool = new std::shared_ptr<ThreadPool>();
+  if (!*pool || (*pool)->size() < workers) {
+    // Callers still running on the old pool hold references; it is joined when they let go.
+    *pool = std::make_shared<ThreadPool>(workers);
+    owner = self;
+  }
+  return *pool;
 }
 
 }  // namespace dlstore

@@ -299,6 +299,28 @@ def test_same_seed_same_pixels_whatever_threads_and_order(synthetic_jpegs):
 
 
 @native_only
+def test_decoding_after_a_fork(synthetic_jpegs):
+    # A DataLoader worker is a fork of a process whose decoder already ran on helper threads; the
+    # child has none of those threads and must decode with its own.
+    import os
+    import signal
+
+    jpegs, _ = synthetic_jpegs
+    seeds = np.arange(len(jpegs), dtype=np.uint64)
+    parent, _, _ = run(jpegs, seeds=seeds, threads=2)
+    pid = os.fork()
+    if pid == 0:
+        signal.alarm(30)  # a hang fails the test instead of blocking it
+        try:
+            child, _, _ = run(jpegs, seeds=seeds, threads=2)
+            os._exit(0 if np.array_equal(child, parent) else 3)
+        except BaseException:
+            os._exit(4)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, f"child ended with status {status}"
+
+
+@native_only
 def test_flip_mirrors_the_same_crop(synthetic_jpegs):
     jpegs, _ = synthetic_jpegs
     plain, _, seeds = run(jpegs, flip_probability=0.0)

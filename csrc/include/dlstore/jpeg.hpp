@@ -23,7 +23,6 @@
 
 namespace dlstore {
 
-class ThreadPool;
 
 // Whether this build decodes JPEGs, and a sentence saying with what (or why not).
 bool jpeg_available();
@@ -71,8 +70,8 @@ class JpegBatchDecoder {
 
  private:
   JpegTuning tuning_;
-  std::vector<std::unique_ptr<JpegWorker>> workers_;  // worker 0 runs on the calling thread
-  std::unique_ptr<ThreadPool> pool_;                  // threads - 1 helpers; none when threads == 1
+  std::vector<std::unique_ptr<JpegWorker>> workers_;  // worker 0 runs on the calling thread, the rest
+                                                      // on helpers of the process pool
   std::mutex mu_;
 };
 

@@ -4,6 +4,7 @@
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <future>
 #include <mutex>
 #include <thread>
@@ -40,5 +41,11 @@ class ThreadPool {
   std::condition_variable cv_;
   bool stop_ = false;
 };
+
+// The pool of helper threads the batch functions (Example parsing, JPEG decoding) share in this
+// process, with at least `workers` threads, grown on demand. A forked child (a DataLoader worker)
+// inherits the pool object but not its threads: it gets a pool of its own, and the inherited one is
+// leaked, since destroying it would join threads that do not exist there.
+std::shared_ptr<ThreadPool> process_pool(size_t workers);
 
 }  // namespace dlstore
