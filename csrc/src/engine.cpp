@@ -57,6 +57,7 @@ ChunkReader::~ChunkReader() {
     // so the pool and its threads are leaked on purpose; each queued task owns what it touches
     // (file, buffer) through shared pointers, so nothing it uses is freed under it.
     threads_.release();
+    opener_.release();
     return;
   }
   // Let queued reads finish before their file handles and the pool go away.
@@ -114,14 +115,15 @@ void ChunkReader::open_next_file() {
     // file or mapping instead of opening and mapping it again.
     of = std::make_shared<OpenFile>(*current_);
   } else if (opts_.timeout_s > 0) {
-    // A hung mount blocks open() and fstat() as well as reads: open on a pool thread and wait at
-    // most the timeout. The task owns copies of what it uses, so an abandoned one touches nothing
+    // A hung mount blocks open() and fstat() as well as reads: open on a thread of its own and wait
+    // at most the timeout. The task owns copies of what it uses, so an abandoned one touches nothing
     // of this reader.
     auto note = std::make_shared<std::string>();
     const EngineKind kind = opts_.kind;
     const size_t chunk_size = opts_.chunk_size;
+    if (!opener_) opener_.reset(new ThreadPool(1));
     std::future<std::shared_ptr<OpenFile>> opened =
-        threads_->submit([path, kind, chunk_size, note]() { return open_file(path, kind, chunk_size, note.get()); });
+        opener_->submit([path, kind, chunk_size, note]() { return open_file(path, kind, chunk_size, note.get()); });
     if (opened.wait_for(std::chrono::duration<double>(opts_.timeout_s)) != std::future_status::ready) {
       abandoned_ = true;
       throw_error(ErrorKind::Io, path, -1,

@@ -86,6 +86,8 @@ class ChunkReader : public ChunkStream {
   EngineOptions opts_;
   std::shared_ptr<BufferPool> pool_;
   std::unique_ptr<ThreadPool> threads_;
+  std::unique_ptr<ThreadPool> opener_;  // one thread for opens under a timeout, apart from the reads
+                                        // so that queued reads do not count against an open's time
   std::shared_ptr<OpenFile> current_;  // file whose chunks are being scheduled
   size_t next_file_ = 0;
   struct InFlight {
