@@ -3,6 +3,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include "buffer_view.hpp"
 #include "dlstore/crc32c.hpp"
 #include "dlstore/reader.hpp"
 #include "registry.hpp"
@@ -18,16 +19,6 @@ py::array_t<uint64_t> view_of(const std::vector<uint64_t>& v, py::handle owner) 
                           v.data(), owner);
   py::detail::array_proxy(a.ptr())->flags &= ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
   return a;
-}
-
-py::buffer_info bytes_info(const py::buffer& b) {
-  // A strided view (a[::2]) would otherwise be read as if its bytes were adjacent.
-  auto* view = new Py_buffer();
-  if (PyObject_GetBuffer(b.ptr(), view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) {
-    delete view;
-    throw py::error_already_set();
-  }
-  return py::buffer_info(view);  // owns the heap-allocated view: releases and deletes it
 }
 
 }  // namespace
@@ -117,15 +108,14 @@ void register_reader(py::module_& m) {
 
   m.def("crc32c",
         [](py::buffer data, uint32_t value) {
-          py::buffer_info info = bytes_info(data);
-          size_t n = static_cast<size_t>(info.size * info.itemsize);
+          const ContiguousBytes bytes(data);
           py::gil_scoped_release nogil;
-          return dlstore::crc32c_extend(value, static_cast<const uint8_t*>(info.ptr), n);
+          return dlstore::crc32c_extend(value, bytes.data(), bytes.size());
         },
         py::arg("data"), py::arg("value") = 0);
   m.def("masked_crc32c", [](py::buffer data) {
-    py::buffer_info info = bytes_info(data);
-    return dlstore::masked_crc32c(static_cast<const uint8_t*>(info.ptr), static_cast<size_t>(info.size * info.itemsize));
+    const ContiguousBytes bytes(data);
+    return dlstore::masked_crc32c(bytes.data(), bytes.size());
   });
   m.def("crc32c_is_hardware", &dlstore::crc32c_is_hardware);
 }

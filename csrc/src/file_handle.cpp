@@ -25,14 +25,12 @@ FileHandle::FileHandle(const std::string& path, bool direct) : path_(path), dire
     throw_errno(path, -1, "open", err);
   }
   struct stat st;
-  const int rc = ::fstat(fd_, &st);
-  if (rc != 0) {
+  if (::fstat(fd_, &st) != 0) {
     const int err = errno;  // close() below may change errno
     ::close(fd_);
     fd_ = -1;
-    errno = err;
+    throw_errno(path, -1, "fstat", err);
   }
-  DLSTORE_SYSCALL_CHECK(rc, path, -1, "fstat");
   size_ = static_cast<uint64_t>(st.st_size);
   mtime_ns_ = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000LL + st.st_mtim.tv_nsec;
 }
