@@ -9,10 +9,10 @@ script runs alone, under ``torchrun`` (torch.distributed, Gloo), under ``mpirun`
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import Callable, Iterable
 
+from dlstore.pipeline.stages import available_cores
 from dlstore.placement.world import World, detect_world
 
 __all__ = ["add_training_args", "data_parallel", "log", "threads_per_rank"]
@@ -118,5 +118,5 @@ def _mpi_average(world: World) -> Callable:
 
 def threads_per_rank(world: World) -> int:
     """Cores this rank may use when the host's cores are shared by ``local_size`` ranks (at least 1)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cores = available_cores()
     return max(1, cores // world.local_size)

@@ -23,13 +23,13 @@ import tensorflow as tf  # noqa: E402
 
 import dlstore.synthetic  # noqa: E402
 from dlstore.adapters.tensorflow import as_tf_dataset  # noqa: E402
-from dlstore.pipeline import resnet50_loader  # noqa: E402
+from dlstore.pipeline import IMAGENET_MEAN, IMAGENET_STD, resnet50_loader  # noqa: E402
 from dlstore.placement.world import detect_world  # noqa: E402
 
 # TensorFlow's ImageNet converter writes labels 1..1000 (0 is "background"); 1001 outputs, as TF's ResNets.
 NUM_CLASSES = 1001
-MEAN = tf.constant([0.485, 0.456, 0.406]) * 255.0
-STD = tf.constant([0.229, 0.224, 0.225]) * 255.0
+MEAN = tf.constant(IMAGENET_MEAN) * 255.0
+STD = tf.constant(IMAGENET_STD) * 255.0
 
 
 def main(argv=None) -> None:

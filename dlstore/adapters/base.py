@@ -14,6 +14,8 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from dlstore.pipeline.stages import LAST_BATCH_POLICIES, check_last_batch
+
 __all__ = ["LastBatch", "check_last_batch", "import_framework", "current_world", "ConsumerShard",
            "shuffled_files", "BatchAdapter"]
 
@@ -33,21 +35,7 @@ class LastBatch:
     FILL = "FILL"
     DROP = "DROP"
     PARTIAL = "PARTIAL"
-    ALL = (FILL, DROP, PARTIAL)
-
-
-def check_last_batch(policy: Any) -> str:
-    """``policy`` as one of :attr:`LastBatch.ALL`; accepts any case and DALI's ``LastBatchPolicy`` members.
-
-    Raises
-    ------
-    ValueError
-        For anything else, listing the policies.
-    """
-    name = getattr(policy, "name", policy)  # nvidia.dali.plugin.base_iterator.LastBatchPolicy.FILL -> "FILL"
-    if isinstance(name, str) and name.upper() in LastBatch.ALL:
-        return name.upper()
-    raise ValueError(f"last_batch must be one of {', '.join(LastBatch.ALL)}, got {policy!r}")
+    ALL = LAST_BATCH_POLICIES
 
 
 def import_framework(module: str, install: str):
@@ -91,10 +79,6 @@ class _RecordSubset(np.ndarray):
     offsets and lengths of the records kept. Being an ndarray it exposes the buffer protocol, so it
     goes wherever a ``RecordBatch`` goes (the loader, :func:`dlstore.formats.example.parse_batch`).
     """
-
-    @property
-    def buffer(self) -> np.ndarray:
-        return self
 
     @property
     def nbytes(self) -> int:  # payload bytes of the records kept, as RecordBatch.nbytes means
@@ -238,16 +222,9 @@ class BatchAdapter:
             yield {name: convert(name, array) for name, array in batch.items()}
 
     @property
-    def batch_dim(self) -> Optional[int]:
-        """The batch size every batch has, or None when the last one may be smaller (``PARTIAL``)."""
-        policy = getattr(self.loader, "last_batch", LastBatch.DROP)
-        return None if check_last_batch(policy) == LastBatch.PARTIAL else self.loader.batch_size
-
-    @property
     def element_spec(self) -> Dict[str, Any]:
-        """Name -> the framework's description of that output, batch dimension first."""
-        batch = self.batch_dim
-        return {name: self.convert_spec(name, (batch, *tuple(shape)[1:]), np.dtype(dtype))
+        """Name -> the framework's description of that output, batch dimension first (None under ``PARTIAL``)."""
+        return {name: self.convert_spec(name, tuple(shape), np.dtype(dtype))
                 for name, (shape, dtype) in self.loader.element_spec.items()}
 
     def stats(self) -> Dict[str, Any]:

@@ -23,7 +23,6 @@ With the PyTorch plugin, an epoch ends where the rank's records end::
 from __future__ import annotations
 
 import collections
-import os
 import re
 from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
@@ -31,13 +30,12 @@ import numpy as np
 
 from dlstore.adapters.base import ConsumerShard, LastBatch, check_last_batch, current_world, import_framework
 from dlstore.errors import DlstoreError
+from dlstore.pipeline.decode import IMAGENET_MEAN, IMAGENET_STD
+from dlstore.pipeline.stages import available_cores
 
 __all__ = ["dali_pipeline", "EncodedSamples"]
 
 _INSTALL = "pip install nvidia-dali-cuda120 (or the build for your CUDA), see https://docs.nvidia.com/deeplearning/dali"
-# ImageNet's per-channel mean and std in 0..1 units, as dlstore.pipeline.ResNet50 takes them.
-_IMAGENET_MEAN = (0.485, 0.456, 0.406)
-_IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
 def _record_error(error: DlstoreError, batch: Any, paths: List[str]) -> DlstoreError:
@@ -151,8 +149,8 @@ def _gpu_count(dali) -> int:
 
 
 def dali_pipeline(source, batch_size: int, *, device: str = "auto", train: bool = True, size: int = 224,
-                  layout: str = "NCHW", dtype: str = "float32", mean: Sequence[float] = _IMAGENET_MEAN,
-                  std: Sequence[float] = _IMAGENET_STD, eval_resize: Optional[int] = None,
+                  layout: str = "NCHW", dtype: str = "float32", mean: Sequence[float] = IMAGENET_MEAN,
+                  std: Sequence[float] = IMAGENET_STD, eval_resize: Optional[int] = None,
                   num_threads: Optional[int] = None, device_id: Optional[int] = None, seed: int = 0,
                   prefetch_queue_depth: int = 2,
                   last_batch: str = LastBatch.PARTIAL, world: Any = None, shard: str = "auto", shuffle: bool = False,
@@ -232,7 +230,7 @@ def dali_pipeline(source, batch_size: int, *, device: str = "auto", train: bool 
     else:
         device_id = None
     if num_threads is None:
-        num_threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        num_threads = available_cores()
     pipe = dali.Pipeline(batch_size=int(batch_size), num_threads=int(num_threads), device_id=device_id,
                          seed=int(np.random.SeedSequence([seed, world.rank]).generate_state(1)[0] & 0x7FFFFFFF),
                          prefetch_queue_depth=int(prefetch_queue_depth))

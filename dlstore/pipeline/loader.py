@@ -18,7 +18,7 @@ import numpy as np
 
 from dlstore.errors import DlstoreError
 from dlstore.pipeline.prefetch import BatchRing, Prefetcher
-from dlstore.pipeline.stages import LAST_BATCH_POLICIES, Pipeline
+from dlstore.pipeline.stages import Pipeline, check_last_batch
 
 __all__ = ["Loader"]
 
@@ -117,9 +117,7 @@ class Loader:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
         if int(prefetch) < 1:
             raise ValueError(f"prefetch must be at least 1, got {prefetch}")
-        last_batch = str(getattr(last_batch, "name", last_batch)).upper()  # DALI's LastBatchPolicy.FILL too
-        if last_batch not in LAST_BATCH_POLICIES:
-            raise ValueError(f"last_batch must be one of {', '.join(LAST_BATCH_POLICIES)}, got {last_batch!r}")
+        last_batch = check_last_batch(last_batch)  # DALI's LastBatchPolicy.FILL too
         if epochs is not None and int(epochs) < 1:
             raise ValueError(f"epochs must be at least 1 or None (endless), got {epochs}")
         if on_error not in ("raise", "skip", "warn"):

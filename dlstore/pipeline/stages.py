@@ -16,7 +16,7 @@ from typing import Any, Callable, Dict, Tuple
 
 import numpy as np
 
-__all__ = ["Pipeline", "PipelineRun", "Field", "sample_seeds", "LAST_BATCH_POLICIES"]
+__all__ = ["Pipeline", "PipelineRun", "Field", "sample_seeds", "LAST_BATCH_POLICIES", "check_last_batch"]
 
 #: ``(per-sample shape, numpy dtype)`` of one output array.
 Field = Tuple[Tuple[int, ...], np.dtype]
@@ -24,7 +24,21 @@ Field = Tuple[Tuple[int, ...], np.dtype]
 #: What happens to an epoch's last, incomplete batch; the names are DALI's ``LastBatchPolicy``.
 #: ``DROP``: dropped. ``PARTIAL``: yielded with fewer rows. ``FILL``: padded to the full size by
 #: repeating the epoch's last sample; the loader says how many rows are padding.
-LAST_BATCH_POLICIES = ("DROP", "PARTIAL", "FILL")
+LAST_BATCH_POLICIES = ("FILL", "DROP", "PARTIAL")  # the order of DALI's LastBatchPolicy
+
+
+def check_last_batch(policy: Any) -> str:
+    """``policy`` as one of :data:`LAST_BATCH_POLICIES`; any case, and DALI's ``LastBatchPolicy`` members.
+
+    Raises
+    ------
+    ValueError
+        For anything else, listing the policies.
+    """
+    name = getattr(policy, "name", policy)  # nvidia.dali.plugin.base_iterator.LastBatchPolicy.FILL -> "FILL"
+    if isinstance(name, str) and name.upper() in LAST_BATCH_POLICIES:
+        return name.upper()
+    raise ValueError(f"last_batch must be one of {', '.join(LAST_BATCH_POLICIES)}, got {policy!r}")
 
 #: A bound pipeline: ``run(buffer, offsets, lengths, out, row, epoch, position)`` writes records
 #: ``offsets[i], lengths[i]`` of ``buffer`` into rows ``row + i`` of each array of ``out``;
