@@ -819,14 +819,16 @@ DIFFERENCES = [
     "**Crop sampling.** dlstore, the PIL contender (torchvision's algorithm) and DALI draw the area "
     "fraction uniformly and the aspect ratio log-uniformly. tf.data's `sample_distorted_bounding_box` "
     "draws the ratio uniformly, then the crop height uniformly among those meeting the area range, which "
-    "favours small crops: over 2,000 draws on a 400 x 400 image its median crop covered 0.34 of the image, "
-    "against 0.54 for a uniform area draw. Smaller crops mean fewer rows to decode and fewer pixels to "
+    "favours small crops: `python benchmarks/crop_area.py` (2,000 draws on a 400 x 400 image) gives a "
+    "median crop of 0.38 of the image against 0.47 for RandomResizedCrop. Smaller crops mean fewer rows "
+    "to decode and fewer pixels to "
     "resize, so this favours tf.data here. When all 10 draws miss (rare for ImageNet-sized images) dlstore "
     "and torchvision take the whole image clamped to the ratio range, centred; DALI the same at a random "
     "position; tf.data the whole image.",
     "**Decode scale and resize filter.** dlstore decodes the crop at the smallest DCT scale M/8 that "
-    "still covers 224 px (libjpeg-turbo's scaled IDCT does most of the downscaling), then resizes the "
-    "rest with 2-tap bilinear. DALI and tf.data decode the crop window at full scale; PIL decodes the "
+    "still covers 224 px (1/8, 2/8, 4/8 or 8/8: libjpeg-turbo's scaled IDCT does part of the "
+    "downscaling), then resizes the rest with antialiased bilinear, PIL's and torchvision's filter. "
+    "DALI and tf.data decode the crop window at full scale; PIL decodes the "
     "whole image at full scale (torchvision does not use Pillow's draft mode). PIL's BILINEAR and DALI's "
     "linear resize are antialiased when scaling down (the filter widens with the scale); "
     "`tf.image.resize` bilinear is not (TF's default, as in TF's official ImageNet input): cheaper, and "
@@ -834,9 +836,9 @@ DIFFERENCES = [
     "**Output.** With `--output uint8` (the default) every contender gives uint8 NHWC and no "
     "normalisation (tf.data rounds its float resize output). With `--output float` dlstore, DALI and "
     "PyTorch give float32 NCHW; tf.data gives float32 NHWC, TF's own layout, since a transpose would cost "
-    "it work no TF user pays. Float output costs tf.data most: in two interleaved pairs of runs on the "
-    "small set it used 3.35-3.42 CPU ms per image for float and 2.16-2.28 for uint8; DALI's cost hardly "
-    "changes, its `crop_mirror_normalize` doing the same pass either way.",
+    "it work no TF user pays. Float output costs tf.data most (compare the CPU ms per image of the "
+    "`--output float` and `--output uint8` runs); DALI's cost hardly changes, its "
+    "`crop_mirror_normalize` doing the same pass either way.",
     "**CRC.** dlstore and tf.data check each TFRecord's CRC-32C; DALI and the `tfrecord` package do not.",
     "**tf.data determinism.** The ResNet-50 pipeline runs with `deterministic = False`, so a slow image "
     "does not hold up its batch (it can only help tf.data's throughput); the others keep record order.",
