@@ -44,6 +44,22 @@ COLUMNS = [report.Column("mounts", "mounts"), report.Column("ranks", "ranks"),
            report.Column("seconds", "s", "{:.2f}"), report.Column("failovers", "failovers")]
 
 
+HOW_TO_READ = """
+## How to read it
+
+- **One mount reads about B however many ranks share it.** The blkio rule is per device and every
+  process sits in the root blkio cgroup (docs/testbed.md), so the ranks share the mount's bandwidth.
+- **Ranks on their own mounts add up**: the seeds' `round_robin_mpi.py` assignment, rank r on mount r % M.
+- **A rank can read several mounts at once** (`mounts_per_rank`). `dlstore.Dataset` cuts each shard into
+  blocks (`block_size`, 8 MiB) and reads block *j* of shard *s* through one of the rank's mounts chosen
+  by (*s* + *j*): the same mount every epoch, so its page cache stays useful; consecutive reads alternate
+  between the rank's mounts. With k mounts the reader keeps 2k threads and 4k chunks in flight: chunks
+  are consumed in order, so a mount running late would otherwise leave the others idle.
+- **What is left of the ideal is start-up**: after the common barrier each rank opens its files and
+  fills its first reads.
+"""
+
+
 def write_dataset(directory: str, total_bytes: int, shards: int, record_bytes: int = 115_000) -> int:
     """Shards of random records (their content does not matter here), with their indexes."""
     rng = np.random.default_rng(0)
@@ -170,12 +186,15 @@ def main(argv=None) -> int:
         report.write_json(args.json, out)
     if args.markdown:
         with open(args.markdown, "w") as f:
+            command = " ".join(["python", "benchmarks/mounts.py"] + list(sys.argv[1:] if argv is None else argv))
             f.write("# Aggregate bandwidth over throttled mounts\n\n")
-            f.write(f"`python benchmarks/mounts.py` on this 2-core VM: {args.mounts} loop-mounted ext4 mounts, each "
-                    f"throttled to B = {bps / 1e6:.1f} MB/s with cgroup v1 blkio, a {total / 1e6:.0f} MB dataset "
-                    f"replicated on each, O_DIRECT reads, page cache evicted before each run.\n\n")
+            f.write(f"Written by `{command}` (root; the JSON is in `benchmarks/results/mounts.json`): "
+                    f"{args.mounts} loop-mounted ext4 mounts, each throttled to B = {bps / 1e6:.1f} MB/s with "
+                    f"cgroup v1 blkio, a {total / 1e6:.0f} MB dataset replicated on each, O_DIRECT reads, page "
+                    f"cache evicted before each run.\n\n")
             f.write(report.markdown_table(rows, COLUMNS))
             f.write("\n\n" + "\n".join(f"- {'PASS' if ok else 'FAIL'} {t}: {v:.2f}" for t, ok, v in checks) + "\n")
+            f.write(HOW_TO_READ)
     return 0 if all(ok for _, ok, _ in checks) else 1
 
 
