@@ -11,7 +11,7 @@ import numpy as np
 from dlstore import settings
 from dlstore.formats import index as index_format
 
-__all__ = ["index_path_for", "build_index", "load_index", "ensure_index"]
+__all__ = ["index_path_for", "build_index", "load_index", "find_index", "ensure_index"]
 
 
 def index_path_for(path: str, fmt: str = "tfrecord", writable: Optional[bool] = None) -> str:
@@ -126,16 +126,29 @@ def load_index(path: str, index_path: str, fmt: str = "tfrecord") -> np.ndarray:
     return offs
 
 
+def find_index(path: str, fmt: str = "tfrecord") -> Tuple[Optional[str], Optional[np.ndarray], Optional[str]]:
+    """An existing index of ``path`` (beside it, else in the cache), checked against the data.
+
+    Returns ``(index path, offsets, None)`` for a valid one; ``(index path, None, why)`` for the last
+    one found and refused (stale, damaged or foreign); ``(None, None, None)`` when there is none.
+    """
+    refused: Tuple[Optional[str], Optional[np.ndarray], Optional[str]] = (None, None, None)
+    for candidate in (index_path_for(path, fmt), index_path_for(path, fmt, writable=False)):
+        if os.path.isfile(candidate):
+            try:
+                return candidate, load_index(path, candidate, fmt), None
+            except ValueError as e:
+                refused = (candidate, None, str(e))
+    return refused
+
+
 def ensure_index(path: str, fmt: str = "tfrecord") -> Tuple[str, np.ndarray]:
     """The index of ``path``, loaded when present and valid, else built (beside the data or in the cache).
 
     An existing index that is stale or cannot be parsed in any way is rebuilt, not reported.
     """
-    for candidate in (index_path_for(path, fmt), index_path_for(path, fmt, writable=False)):
-        if os.path.exists(candidate):
-            try:
-                return candidate, load_index(path, candidate, fmt)
-            except (ValueError, OverflowError):  # stale, damaged or foreign: rebuild
-                pass
+    found, offsets, _ = find_index(path, fmt)
+    if offsets is not None:
+        return found, offsets
     dest, _ = build_index(path, fmt)
     return dest, load_index(path, dest, fmt)

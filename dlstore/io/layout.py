@@ -130,20 +130,13 @@ def record_counts(layout: Layout) -> Tuple[Optional[np.ndarray], str]:
     (numpy.ndarray or None, str)
         The counts, or ``None`` when a shard has no usable index; and a line saying which.
     """
-    from dlstore.indexing import index_path_for, load_index
+    from dlstore.indexing import find_index
 
     counts = np.zeros(len(layout.shards), dtype=np.int64)
     for s, rel in enumerate(layout.shards):
         path = layout.path(s, layout.holders[s][0])
         fmt = "recordio" if rel.lower().endswith(".rec") else "tfrecord"
-        loaded = None
-        for candidate in (index_path_for(path, fmt), index_path_for(path, fmt, writable=False)):
-            if os.path.exists(candidate):
-                try:
-                    loaded = load_index(path, candidate, fmt)
-                    break
-                except (ValueError, OverflowError):
-                    continue
+        _, loaded, _ = find_index(path, fmt)
         if loaded is None:
             return None, f"no valid index for {path} (dlstore index builds one): whole shards are assigned"
         counts[s] = len(loaded)

@@ -8,7 +8,7 @@ import os
 import re
 from typing import Dict, TypedDict
 
-__all__ = ["Mount", "filesystem_of", "meminfo", "available_page_cache_bytes", "format_gb"]
+__all__ = ["Mount", "filesystem_of", "unescape_mount_field", "meminfo", "available_page_cache_bytes", "format_gb"]
 
 _PROC_MOUNTS = "/proc/mounts"
 _PROC_MEMINFO = "/proc/meminfo"
@@ -24,7 +24,9 @@ class Mount(TypedDict):
     device: str
 
 
-def _unescape(field: str) -> str:
+def unescape_mount_field(field: str) -> str:
+    """A field of /proc/mounts or /proc/self/mountinfo, with its octal escapes (space, tab, newline,
+    backslash) decoded."""
     return _OCTAL_ESCAPE.sub(lambda m: chr(int(m.group(1), 8)), field)
 
 
@@ -54,11 +56,11 @@ def filesystem_of(path: str, mounts_file: str = _PROC_MOUNTS) -> Mount:
                 parts = line.split()
                 if len(parts) < 3:
                     continue
-                point = _unescape(parts[1])
+                point = unescape_mount_field(parts[1])
                 inside = real == point or real.startswith(point.rstrip("/") + "/")
                 # >= so that the last of several mounts on one point wins.
                 if inside and len(point) >= len(best["mount"]):
-                    best = {"mount": point, "fstype": parts[2], "device": _unescape(parts[0])}
+                    best = {"mount": point, "fstype": parts[2], "device": unescape_mount_field(parts[0])}
     except OSError:
         pass
     return best

@@ -153,15 +153,10 @@ def valid_index(path: str, fmt: Optional[str] = None, build: bool = False) -> Tu
     fmt = fmt or format_of(path)
     if build:
         return indexing.ensure_index(path, fmt)[0], None
-    note = None
-    for candidate in (indexing.index_path_for(path, fmt), indexing.index_path_for(path, fmt, writable=False)):
-        if os.path.isfile(candidate):
-            try:
-                indexing.load_index(path, candidate, fmt)
-                return candidate, None
-            except (ValueError, OverflowError) as e:
-                note = f"{candidate}: not copied ({e}); pass index=True (--index) to rebuild it"
-    return None, note
+    found, offsets, why = indexing.find_index(path, fmt)
+    if offsets is not None:
+        return found, None
+    return None, (None if why is None else f"{found}: not copied ({why}); pass index=True (--index) to rebuild it")
 
 
 def expand_shards(paths: Union[str, Sequence[str]], out_dir: str, copies: int, *, mode: str = "copy",

@@ -49,6 +49,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 from dlstore.errors import DlstoreError
+from dlstore.io.system import unescape_mount_field
 
 __all__ = [
     "Testbed",
@@ -601,15 +602,11 @@ def _run(step: str, cmd: Sequence[str], timeout: float = 300) -> str:
     return p.stdout
 
 
-def _unescape_mount_path(field_text: str) -> str:
-    # /proc/self/mountinfo writes space, tab, newline and backslash as octal escapes.
-    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field_text)
-
-
 def _mountinfo() -> List[str]:
     """Every mount point of this mount namespace (a path mounted twice appears twice)."""
     with open("/proc/self/mountinfo") as f:
-        return [_unescape_mount_path(line.split()[4]) for line in f if len(line.split()) > 4]
+        # Space, tab, newline and backslash come as octal escapes, as in /proc/mounts.
+        return [unescape_mount_field(line.split()[4]) for line in f if len(line.split()) > 4]
 
 
 def _is_mounted(path: str) -> bool:
