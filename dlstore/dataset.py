@@ -26,7 +26,7 @@ from dlstore.io.failover import PieceReader, Place, ReadPiece
 from dlstore.io.select import EngineChoice, resolve_engine
 from dlstore.placement.blocks import cut_blocks, interleave_by_mount
 from dlstore.placement.mounts import assign_mounts, mount_for, mounts_for
-from dlstore.placement.sharding import EpochPlan, merge_runs
+from dlstore.placement.sharding import EpochPlan, SamplerState, merge_runs
 from dlstore.placement.world import World, detect_world
 from dlstore.reader import core_options, detect_files, expand_paths
 
@@ -254,8 +254,8 @@ class Dataset:
 
     def state_dict(self) -> Dict[str, int]:
         """``epoch``, ``sample_in_epoch``, ``seed`` and ``num_consumers``: enough to resume exactly."""
-        return {"epoch": self.epoch, "sample_in_epoch": self.sample_in_epoch, "seed": self._plan_args["seed"],
-                "num_consumers": self.world.num_consumers}
+        return SamplerState(self.epoch, self.sample_in_epoch, self._plan_args["seed"],
+                            self.world.num_consumers).to_dict()
 
     def load_state_dict(self, state: Dict[str, int]) -> None:
         """Resumes at ``state``. A different number of consumers is accepted at an epoch boundary only.
@@ -269,12 +269,9 @@ class Dataset:
         if int(state.get("seed", self._plan_args["seed"])) != self._plan_args["seed"]:
             raise PlacementError(f"the state was saved with seed {state['seed']}, this dataset has seed "
                                  f"{self._plan_args['seed']}")
-        epoch, k = int(state["epoch"]), int(state["sample_in_epoch"])
-        saved = int(state.get("num_consumers", self.world.num_consumers))
-        if saved != self.world.num_consumers and k != 0:
-            raise PlacementError(f"the state was saved mid-epoch ({k} samples into epoch {epoch}) by "
-                                 f"{saved} consumers; this run has {self.world.num_consumers}. A new world size "
-                                 f"is accepted at an epoch boundary only")
+        saved = SamplerState(int(state["epoch"]), int(state["sample_in_epoch"]), self._plan_args["seed"],
+                             int(state.get("num_consumers", self.world.num_consumers)))
+        epoch, k = saved.epoch, saved.for_consumers(self.world.num_consumers).sample_in_epoch
         n = self.plan(epoch).num_samples(self.world.consumer)
         if not 0 <= k <= n:
             raise PlacementError(f"sample_in_epoch {k} is outside 0..{n} for consumer {self.world.consumer}")
