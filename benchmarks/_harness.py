@@ -2,6 +2,7 @@
 JSON result line, the frameworks' versions it imported, and the JSON + markdown outputs."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -30,6 +31,22 @@ def framework_versions() -> Dict[str, str]:
                     v = "?"
             out[module] = str(v)
     return out
+
+
+def module_missing(module: str, install: str) -> Optional[str]:
+    """Why ``module`` cannot be imported here (``"X is not installed (how)"``), found without importing it."""
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        found = False
+    return None if found else f"{module} is not installed ({install})"
+
+
+def median(values: Sequence[Optional[float]]) -> Optional[float]:
+    """The median of the measured values (None ones are left out; None when there are none)."""
+    from dlstore.bench import report
+
+    return report.summarize(values)["median"]
 
 
 def run_worker(script: str, args: Sequence[str], result_prefix: str, timeout: float) -> Dict:

@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import glob
-import importlib.util
 import json
 import math
 import os
@@ -157,13 +156,8 @@ FAMILY_LABELS = {"dali": "DALI", "tfdata": "tf.data", "torch": "PyTorch"}
 
 def missing_reason(c: Contender) -> Optional[str]:
     """Why a contender cannot run here (None when it can), found without importing the framework."""
-    try:
-        found = importlib.util.find_spec(c.requires) is not None
-    except (ImportError, ValueError):
-        found = False
-    if not found:
-        return f"not available: {c.requires} is not installed ({c.install})"
-    return None
+    why = _harness.module_missing(c.requires, c.install)
+    return None if why is None else f"not available: {why}"
 
 
 # ---- what the workers measure --------------------------------------------------------------------
@@ -671,10 +665,6 @@ def run_all(selected: Sequence[str], plan: Dict, repeat: int, timeout: float) ->
     return results
 
 
-def _median(values: Sequence[Optional[float]]) -> Optional[float]:
-    return report.summarize([v for v in values if v is not None])["median"]
-
-
 def task_rows(task: str, selected: Sequence[str], results: Dict[str, Dict], plan: Dict) -> List[Dict]:
     """One task's table: a row per selected contender (measured, skipped or failed), with ratios."""
     rows = []
@@ -690,8 +680,8 @@ def task_rows(task: str, selected: Sequence[str], results: Dict[str, Dict], plan
         runs = res["runs"]
         for key in ("items_per_s", "cpu_ms_per_item", "busiest_core_pct", "others_cpu_pct", "startup_seconds",
                     "cached_before"):
-            row[key] = _median([r.get(key) for r in runs])
-        row["rss_mb"] = _median([r["rss_bytes"] / 1e6 for r in runs])
+            row[key] = _harness.median([r.get(key) for r in runs])
+        row["rss_mb"] = _harness.median([r["rss_bytes"] / 1e6 for r in runs])
         spread = report.summarize([r["items_per_s"] for r in runs])["spread_pct"]
         row["spread_pct"] = spread if len(runs) > 1 else None
         spec = runs[0]["spec"]

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import hashlib
-import importlib.util
 import json
 import math
 import os
@@ -91,14 +90,7 @@ def missing_reason(c: Contender) -> Optional[str]:
         from dlstore.bench.fio import fio_missing_reason
 
         return fio_missing_reason()
-    if c.requires:
-        try:
-            found = importlib.util.find_spec(c.requires) is not None
-        except (ImportError, ValueError):
-            found = False
-        if not found:
-            return f"{c.requires} is not installed ({c.install})"
-    return None
+    return _harness.module_missing(c.requires, c.install) if c.requires else None
 
 
 def _cores() -> int:
@@ -277,10 +269,6 @@ def run_worker(name: str, plan_path: str, phases: Sequence[str], repeat: int, fi
                                RESULT_PREFIX, timeout)
 
 
-def _median(values: Sequence[Optional[float]]) -> Optional[float]:
-    return report.summarize([v for v in values if v is not None])["median"]
-
-
 def summarize_phase(c: Contender, measured: Dict, records: int, payload: int) -> Dict:
     """A table row from one contender's passes in one phase; throughput counted on ``payload`` bytes."""
     passes = measured["passes"]
@@ -289,11 +277,11 @@ def summarize_phase(c: Contender, measured: Dict, records: int, payload: int) ->
     per_pass = [{"gb_per_s": payload / 1e9 / p["seconds"], "records_per_s": p["records"] / p["seconds"],
                  "cpu_seconds_per_gb": p["cpu_seconds"] / (payload / 1e9)} for p in passes]
     for key in ("gb_per_s", "records_per_s", "cpu_seconds_per_gb"):
-        row[key] = _median([p[key] for p in per_pass])
+        row[key] = _harness.median([p[key] for p in per_pass])
     spread = report.summarize([p["gb_per_s"] for p in per_pass])["spread_pct"]
     row["spread_pct"] = spread if len(passes) > 1 else None
-    row["busiest_core_pct"] = _median([p.get("busiest_core_pct") for p in passes])
-    row["cached_before"] = _median([p.get("cached_before") for p in passes])
+    row["busiest_core_pct"] = _harness.median([p.get("busiest_core_pct") for p in passes])
+    row["cached_before"] = _harness.median([p.get("cached_before") for p in passes])
     row["records"] = passes[0]["records"]
     row["bytes_seen"] = passes[0]["bytes"]
     row["passes"] = passes
@@ -323,8 +311,8 @@ def fio_row(runs: Sequence[dict], phase: str) -> Dict:
     status = f"ok: {first['jobs']} jobs, bs {first['config'].get('bs')}, {first['config'].get('ioengine')}"
     spread = report.summarize([r["gb_per_s"] for r in good])["spread_pct"]
     return {"name": "fio", "reader": label, "crc": None,
-            "gb_per_s": _median([r["gb_per_s"] for r in good]),
-            "cpu_seconds_per_gb": _median([r["cpu_seconds_per_gb"] for r in good]),
+            "gb_per_s": _harness.median([r["gb_per_s"] for r in good]),
+            "cpu_seconds_per_gb": _harness.median([r["cpu_seconds_per_gb"] for r in good]),
             "spread_pct": spread if len(good) > 1 else None,
             "status": status + ("" if phase == "cold" else "; O_DIRECT: no cache"), "runs": list(runs)}
 
