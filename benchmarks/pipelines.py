@@ -608,19 +608,10 @@ def task_plan(task: str, paths: List[str], args) -> Dict:
             "max_predictions": BERT_MAX_PREDICTIONS}
 
 
-def warm_page_cache(paths: Sequence[str]) -> None:
-    """Reads ``paths`` once so that they are in the page cache: the comparison is of pipelines on
-    data in RAM, not of the disk (and a neighbour on a shared machine may have dropped the cache)."""
-    from dlstore.reader import open_records
-
-    for _ in open_records(list(paths), io="buffered", verify=False).batches():
-        pass
-
-
 def run_all(selected: Sequence[str], plan: Dict, repeat: int, timeout: float) -> Dict[str, Dict]:
     """Runs the selected contenders, each in its own process, in ``repeat`` rotating rounds; returns
     per name ``{"runs": [...]}``, ``{"skipped": why}`` or ``{"error": why}``."""
-    from dlstore.bench.cache import resident_fraction
+    from dlstore.bench.cache import make_warm, resident_fraction
 
     results: Dict[str, Dict] = {}
     runnable = []
@@ -642,7 +633,8 @@ def run_all(selected: Sequence[str], plan: Dict, repeat: int, timeout: float) ->
                 if "error" in results.get(name, {}) or "skipped" in results.get(name, {}):
                     continue  # failed or unavailable in its first round: not retried
                 c = CONTENDERS[name]
-                warm_page_cache(plan[c.task]["files"])
+                # Pipelines on data in RAM, not the disk (a neighbour may have dropped the cache).
+                make_warm(plan[c.task]["files"])
                 cached = resident_fraction(plan[c.task]["files"])
                 got = run_worker(name, plan_path, timeout)
                 if "unavailable" in got:

@@ -39,6 +39,7 @@ if ROOT not in sys.path:  # run from a checkout: measure this tree's dlstore
 
 from benchmarks import _harness  # noqa: E402
 from dlstore.bench import report, sysinfo  # noqa: E402
+from dlstore.pipeline.stages import available_cores  # noqa: E402
 
 RESULT_PREFIX = "READ_THROUGHPUT_RESULT "
 # Records per batch for the peers that batch (tf.data, DALI), so Python works per batch, not per record.
@@ -93,13 +94,6 @@ def missing_reason(c: Contender) -> Optional[str]:
     return _harness.module_missing(c.requires, c.install) if c.requires else None
 
 
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
-
-
 def tfdata_passes(plan: dict) -> PassFactory:
     """tf.data: ``TFRecordDataset`` reading ``cores`` files at once, batched and prefetched, the
     record count and byte count computed in the graph, so Python sees one small tuple per batch."""
@@ -111,7 +105,7 @@ def tfdata_passes(plan: dict) -> PassFactory:
     files = plan["files"]
     # One reader per core, interleaved across files (TFRecordDataset's parallel interleave);
     # a 1 MiB read buffer instead of 256 KiB, like fio's bs, so TF is not held back by small reads.
-    ds = tf.data.TFRecordDataset(files, buffer_size=1 << 20, num_parallel_reads=min(len(files), _cores()))
+    ds = tf.data.TFRecordDataset(files, buffer_size=1 << 20, num_parallel_reads=min(len(files), available_cores()))
     ds = ds.batch(BATCH_SIZE).map(count, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
 
     def prepare():
@@ -139,7 +133,7 @@ def dali_passes(plan: dict, variant: str) -> PassFactory:
     no_mmap = variant in ("no-mmap", "o-direct")
     o_direct = variant == "o-direct"
 
-    @pipeline_def(batch_size=BATCH_SIZE, num_threads=_cores(), device_id=None)
+    @pipeline_def(batch_size=BATCH_SIZE, num_threads=available_cores(), device_id=None)
     def reader_pipeline():
         inputs = fn.readers.tfrecord(
             path=files, index_path=indexes, name="Reader", dont_use_mmap=no_mmap, use_o_direct=o_direct,

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import sys
 import threading
@@ -23,21 +22,17 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 
 import dlstore  # noqa: E402
+from dlstore.bench import sysinfo  # noqa: E402
 from dlstore.bench.storage import dataset_paths  # noqa: E402
 from dlstore import _C  # noqa: E402
 
 
-def _cpu() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
-
-
 def read_pass(paths, total, **kw):
     reader = dlstore.open_records(paths, io="mmap", **kw)
-    c0, t0 = _cpu(), time.perf_counter()
+    c0, t0 = sysinfo.process_cpu_seconds(), time.perf_counter()
     for _ in reader.batches():
         pass
-    seconds, cpu = time.perf_counter() - t0, _cpu() - c0
+    seconds, cpu = time.perf_counter() - t0, sysinfo.process_cpu_seconds() - c0
     return total / seconds / 1e9, cpu / (total / 1e9)
 
 

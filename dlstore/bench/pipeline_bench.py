@@ -45,9 +45,9 @@ before each tier, and rank 0 prints one table per rank and the aggregate.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import os
-import resource
 import sys
 import time
 import traceback
@@ -69,7 +69,6 @@ TIERS = ("page-cache", "local-cold", "target")
 DEFAULT_STEPS = 9  # the paper's table has steps 1..9
 DEFAULT_STEP_BATCHES = 10  # when the record count is not known beforehand
 AU_THRESHOLD_PCT = 90.0  # MLPerf Storage counts a run as feeding its accelerators at AU >= 90%
-_WARM_CHUNK = 16 << 20
 
 
 # ---- accelerator emulation ----------------------------------------------------------------------
@@ -200,16 +199,6 @@ def _batch_len(batch: Any) -> int:
     return len(batch)
 
 
-def _per_core_percent(before: Sequence[tuple], after: Sequence[tuple]) -> List[Optional[float]]:
-    return [100.0 * (b1 - b0) / (t1 - t0) if t1 > t0 else None for (b0, t0), (b1, t1) in zip(before, after)]
-
-
-def _cpu_seconds() -> float:
-    # Every thread of this process (the C++ readers and decoders included), not only Python's.
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
-
-
 class CountingSource:
     """A source that counts the record bytes and batches it delivers; all else goes to the wrapped one.
 
@@ -267,7 +256,7 @@ def run_steps(batches: Iterable, plan: Sequence[int], *, compute_s: float = 0.0,
         cores) and ``ended_early`` (the data ended before the plan).
     """
     ticks_start = cpu_ticks()
-    cpu_start = _cpu_seconds()
+    cpu_start = sysinfo.process_cpu_seconds()
     t_start = clock()
     bytes_start = counter.bytes if counter is not None else 0
     it = iter(batches)
@@ -300,7 +289,7 @@ def run_steps(batches: Iterable, plan: Sequence[int], *, compute_s: float = 0.0,
             ticks_now = cpu_ticks()
             nbytes = (counter.bytes if counter is not None else 0) - bytes_prev
             seconds = t_now - t_prev
-            cores = _per_core_percent(ticks_prev, ticks_now)
+            cores = sysinfo.per_core_percent(ticks_prev, ticks_now)
             steps.append({
                 "step": number, "batches": done, "samples": samples, "bytes": nbytes, "seconds": seconds,
                 "rate": samples / seconds if seconds > 0 else None,
@@ -318,8 +307,8 @@ def run_steps(batches: Iterable, plan: Sequence[int], *, compute_s: float = 0.0,
         if close is not None:
             close()
     seconds = t_prev - t_start
-    cpu = _cpu_seconds() - cpu_start
-    cores = _per_core_percent(ticks_start, ticks_prev)
+    cpu = sysinfo.process_cpu_seconds() - cpu_start
+    cores = sysinfo.per_core_percent(ticks_start, ticks_prev)
     samples = sum(s["samples"] for s in steps)
     nbytes = bytes_prev - bytes_start
     computing = sum(s["compute_seconds"] or 0.0 for s in steps)
@@ -413,17 +402,6 @@ class LoaderSpec:
                           self.io, self.verify, self.prefetch, self.threads, self.epochs, self.mounts, self.shards)
 
 
-def _warm(paths: Sequence[str]) -> str:
-    """Reads every file once so that it sits in the page cache; returns what ran."""
-    buf = bytearray(_WARM_CHUNK)
-    view = memoryview(buf)
-    for p in paths:
-        with open(p, "rb", buffering=0) as f:
-            while f.readinto(view):
-                pass
-    return f"read once before the run ({len(paths)} {'file' if len(paths) == 1 else 'files'})"
-
-
 def _close(loader: Any) -> None:
     close = getattr(loader, "close", None)
     if close is not None:
@@ -457,7 +435,7 @@ def run_tier(tier: str, spec: LoaderSpec, plan: Sequence[int], *, cold: bool, co
         the tier started), and the loader's ``loader_stats`` when it has them.
     """
     paths = list(spec.paths)
-    method = None if cold else _warm(paths)
+    method = None if cold else cache_control.make_warm(paths)
     loader, source = spec.open()
     try:
         if cold:
@@ -594,7 +572,7 @@ def run_jobs(spec: LoaderSpec, max_jobs: int, plan: Sequence[int], *, prepare: C
                         raise RuntimeError(f"job {index} of {n} failed:\n{error}")
                     got[index] = measured
                     bar.update()
-                cores = _per_core_percent(ticks0, sysinfo.per_core_cpu_ticks())
+                cores = sysinfo.per_core_percent(ticks0, sysinfo.per_core_cpu_ticks())
             finally:
                 for p in procs:
                     p.join(timeout=30)
@@ -1070,7 +1048,8 @@ def run_workload(workload: Workload, args: argparse.Namespace) -> int:
             jobs_tier = args.jobs_tier or ("target" if target else "local-cold")
             spec = specs[jobs_tier]
             paths = list(spec.paths)
-            prepare = (lambda: _warm(paths)) if jobs_tier == "page-cache" else (lambda: cache_control.make_cold(paths))
+            make = cache_control.make_warm if jobs_tier == "page-cache" else cache_control.make_cold
+            prepare = functools.partial(make, paths)
             jobs = run_jobs(spec, args.jobs, plan[:args.jobs_steps], prepare=prepare, compute=compute, quiet=quiet)
             jobs["tier"] = jobs_tier
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import sys
 import threading
 import time
@@ -146,13 +145,6 @@ class _BatchBarrier:
         self._cond.notify_all()
 
 
-def _cpu_seconds() -> float:
-    # getrusage(RUSAGE_SELF) covers every thread of the process, so the C++ I/O and CRC threads
-    # are counted, not just the Python thread; microsecond resolution, unlike os.times().
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
-
-
 def count_records(readers: Sequence, sync: bool = False,
                   progress: Optional[Callable[[int], None]] = None) -> Tuple[int, int]:
     """Reads every record of ``readers`` once (at the same time when several): ``(records, bytes)``.
@@ -244,11 +236,11 @@ def measure_passes(prepare: Callable[[], Callable[[], Tuple[int, int]]], paths: 
             method = cache_control.make_cold(paths)
         resident = cache_control.resident_fraction(paths)
         ticks0 = sysinfo.per_core_cpu_ticks()
-        cpu0 = _cpu_seconds()
+        cpu0 = sysinfo.process_cpu_seconds()
         t0 = time.perf_counter()
         records, nbytes = one_pass()
         seconds = time.perf_counter() - t0
-        cpu = _cpu_seconds() - cpu0
+        cpu = sysinfo.process_cpu_seconds() - cpu0
         busiest = sysinfo.busiest_core_percent(ticks0, sysinfo.per_core_cpu_ticks())
         result = rates({"records": records, "bytes": nbytes, "seconds": seconds, "cpu_seconds": cpu,
                         "busiest_core_pct": busiest, "cached_before": resident})

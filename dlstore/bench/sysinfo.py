@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import os
 import platform
+import resource
 import shutil
 import sys
 from typing import List, Optional, Sequence, Tuple
 
 from dlstore.io.system import available_page_cache_bytes, filesystem_of, format_gb, meminfo
+from dlstore.pipeline.stages import available_cores
 
 # filesystem_of is dlstore.io.system's, the one the engine choice reads too.
 __all__ = ["cpu_model", "filesystem_of", "gpu_status", "collect", "format_header", "per_core_cpu_ticks",
@@ -30,13 +32,6 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or "unknown"
-
-
-def _usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
 
 
 def gpu_status() -> str:
@@ -65,7 +60,7 @@ def collect(paths: Sequence[str] = (), engine: Optional[str] = None,
 
     info: dict = {
         "cpu": cpu_model(),
-        "cores": _usable_cores(),
+        "cores": available_cores(),
         "kernel": f"{platform.system()} {platform.release()}",
         "python": sys.version.split()[0],
         "dlstore": __version__,
@@ -129,11 +124,18 @@ def per_core_cpu_ticks() -> List[tuple]:
     return out
 
 
+def per_core_percent(before: List[tuple], after: List[tuple]) -> List[Optional[float]]:
+    """Utilisation of each core between two :func:`per_core_cpu_ticks` samples (None where no tick passed)."""
+    return [100.0 * (b1 - b0) / (t1 - t0) if t1 > t0 else None for (b0, t0), (b1, t1) in zip(before, after)]
+
+
 def busiest_core_percent(before: List[tuple], after: List[tuple]) -> Optional[float]:
     """Utilisation of the busiest core between two :func:`per_core_cpu_ticks` samples (system-wide)."""
-    best = None
-    for (b0, t0), (b1, t1) in zip(before, after):
-        if t1 > t0:
-            pct = 100.0 * (b1 - b0) / (t1 - t0)
-            best = pct if best is None else max(best, pct)
-    return best
+    return max((p for p in per_core_percent(before, after) if p is not None), default=None)
+
+
+def process_cpu_seconds() -> float:
+    """User + system CPU time of this process: getrusage(RUSAGE_SELF) covers every thread (the C++
+    readers, CRC checkers and decoders included), with microsecond resolution, unlike os.times()."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
