@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -19,6 +18,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import dlstore  # noqa: E402
+from dlstore.bench.cache import drop_page_cache, drop_page_cache_refusal  # noqa: E402
+from dlstore.bench.fio import fio_missing_reason  # noqa: E402
 from dlstore.bench.storage import dataset_paths  # noqa: E402
 
 CONFIGS = [dict(depth=4, io_threads=2, chunk_size=8 << 20), dict(depth=8, io_threads=4, chunk_size=8 << 20),
@@ -26,14 +27,8 @@ CONFIGS = [dict(depth=4, io_threads=2, chunk_size=8 << 20), dict(depth=8, io_thr
 FIO = [("psync", 1, "1M"), ("libaio", 16, "1M"), ("io_uring", 4, "8M"), ("io_uring", 16, "1M")]
 
 
-def drop_cache() -> None:
-    subprocess.run(["sync"], check=True)
-    with open("/proc/sys/vm/drop_caches", "w") as f:
-        f.write("3\n")
-
-
 def run_dlstore(paths, total, cfg) -> float:
-    drop_cache()
+    drop_page_cache()
     reader = dlstore.open_records(paths, io="direct", **cfg)
     t = time.perf_counter()
     reader.count()
@@ -41,7 +36,7 @@ def run_dlstore(paths, total, cfg) -> float:
 
 
 def run_fio(paths, engine, depth, bs) -> float:
-    drop_cache()
+    drop_page_cache()
     out = subprocess.run(["fio", "--name=seq", "--rw=read", f"--bs={bs}", "--direct=1", f"--ioengine={engine}",
                           f"--iodepth={depth}", "--filename=" + ":".join(paths), "--output-format=json"],
                          capture_output=True, text=True, check=True).stdout
@@ -54,8 +49,9 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--json", default="benchmarks/results/direct_sweep.json")
     args = p.parse_args()
-    if os.geteuid() != 0 or not shutil.which("fio"):
-        print("direct_sweep needs root (to drop the page cache) and fio", file=sys.stderr)
+    why = drop_page_cache_refusal() or fio_missing_reason()
+    if why:
+        print(f"direct_sweep needs root (to drop the page cache) and fio: {why}", file=sys.stderr)
         return 2
     paths = dataset_paths(args.data, "small")  # --data (glob, dir, file) or the cached set
     total = sum(os.path.getsize(x) for x in paths)
