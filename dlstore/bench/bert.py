@@ -37,10 +37,6 @@ WORKLOAD = pipeline_bench.Workload(
     dataset_kind="bert",
     pipeline="Bert",
     default_batch_size=64,
-    # --size -> the generated BERT set (0.83 KB a record at seq 128): tiny 64 records, small 16k,
-    # default 65k, large 1M (its first generation takes minutes).
-    sizes={"tiny": "tiny", "small": "small", "default": "default", "large": "large"},
-    default_size="default",
     pipeline_kwargs=_pipeline_kwargs,
     dataset_overrides=_dataset_overrides,
     variant=lambda args: args.seq_len,

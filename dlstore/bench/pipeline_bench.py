@@ -57,6 +57,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 from dlstore._progress import Progress
 from dlstore.bench import cache as cache_control
 from dlstore.bench import report, sysinfo
+from dlstore.synthetic import PRESETS
 
 __all__ = [
     "TIERS", "ComputePreset", "Compute", "Workload", "LoaderSpec", "CountingSource",
@@ -336,8 +337,8 @@ class Workload:
     """What differs between ``resnet50`` and ``bert``: names, units, data, pipeline and presets.
 
     ``pipeline`` names a class of :mod:`dlstore.pipeline` built with the keyword arguments that
-    ``pipeline_kwargs(args)`` returns; ``sizes`` maps each ``--size`` to a preset of
-    :data:`dlstore.synthetic.PRESETS` and ``dataset_overrides(args)`` adds generator arguments.
+    ``pipeline_kwargs(args)`` returns; ``--size`` picks a preset of :data:`dlstore.synthetic.PRESETS`
+    for ``dataset_kind`` (``default`` unless given) and ``dataset_overrides(args)`` adds generator arguments.
     """
 
     name: str
@@ -345,8 +346,6 @@ class Workload:
     dataset_kind: str
     pipeline: str
     default_batch_size: int
-    sizes: Dict[str, str]
-    default_size: str
     pipeline_kwargs: Callable[[argparse.Namespace], Dict[str, Any]]
     dataset_overrides: Callable[[argparse.Namespace], Dict[str, Any]] = field(default=lambda args: {})
     variant: Callable[[argparse.Namespace], Optional[int]] = field(default=lambda args: None)
@@ -858,7 +857,7 @@ def add_common_arguments(p: argparse.ArgumentParser, workload: Workload) -> None
     p.add_argument("--local", metavar="GLOB",
                    help="data for the page-cache and local-cold baselines (default: a generated "
                         f"{workload.dataset_kind} set of --size, cached under the dlstore cache directory)")
-    p.add_argument("--size", choices=tuple(workload.sizes), default=workload.default_size,
+    p.add_argument("--size", choices=tuple(PRESETS[workload.dataset_kind]), default="default",
                    help="size of the generated baseline set (default: %(default)s; tiny is for smoke tests)")
     p.add_argument("--tiers", default=None, metavar="LIST",
                    help=f"comma-separated tiers to run, of {', '.join(TIERS)} (default: page-cache,local-cold, "
@@ -933,7 +932,7 @@ def _baseline_paths(workload: Workload, args: argparse.Namespace) -> List[str]:
         return expand_paths(args.local)
     from dlstore.synthetic import cached_dataset
 
-    return expand_paths(cached_dataset(workload.dataset_kind, workload.sizes[args.size], progress=not args.quiet,
+    return expand_paths(cached_dataset(workload.dataset_kind, args.size, progress=not args.quiet,
                                        **workload.dataset_overrides(args)))
 
 

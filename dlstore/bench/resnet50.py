@@ -30,10 +30,6 @@ WORKLOAD = pipeline_bench.Workload(
     dataset_kind="imagenet",
     pipeline="ResNet50",
     default_batch_size=256,
-    # --size -> the generated ImageNet-like set (real JPEGs, ~115 KB a record): tiny 32 records,
-    # small ~300 MB, default ~1 GB, 3gb ~3 GB.
-    sizes={"tiny": "tiny", "small": "small", "default": "default", "3gb": "3gb"},
-    default_size="default",
     pipeline_kwargs=_pipeline_kwargs,
     describe=_describe,
 )
