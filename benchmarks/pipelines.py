@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import glob
 import json
 import math
 import os
@@ -57,6 +56,8 @@ for _path in (ROOT, HERE):  # run from a checkout: measure this tree's dlstore; 
 
 from benchmarks import _harness  # noqa: E402
 from dlstore.bench import report, sysinfo  # noqa: E402
+from dlstore.bench.storage import dataset_paths  # noqa: E402
+from dlstore.synthetic import cached_paths  # noqa: E402
 
 RESULT_PREFIX = "PIPELINES_RESULT "
 
@@ -552,31 +553,12 @@ def run_worker(name: str, plan_path: str, timeout: float) -> Dict:
 
 # ---- the run -------------------------------------------------------------------------------------
 
-def cached_preset(kind: str, size: str) -> bool:
-    """Whether a finished synthetic set of this preset is in the cache (nothing is generated)."""
-    from dlstore import settings
-
-    root = os.path.join(settings.get("cache_dir"), "synthetic")
-    return bool(glob.glob(os.path.join(root, f"{kind}-{size}-*", "COMPLETE.json")))
-
-
-def data_paths(kind: str, data: Optional[str], size: str) -> List[str]:
-    """``data`` expanded, or the cached synthetic set of ``size`` (generated the first time)."""
-    from dlstore.reader import expand_paths
-
-    if data:
-        return expand_paths(data)
-    from dlstore.synthetic import cached_dataset
-
-    return expand_paths(cached_dataset(kind, size))
-
-
 def default_sizes(args) -> Dict[str, str]:
     """The generated sets' presets: ``--quick`` tiny; else the cached 3 GB ImageNet-like set, or
     small when it is not cached; BERT small."""
     if args.quick:
         return {"imagenet": args.size or "tiny", "bert": args.bert_size or "tiny"}
-    image = args.size or ("3gb" if cached_preset("imagenet", "3gb") else "small")
+    image = args.size or ("3gb" if cached_paths("imagenet", "3gb") else "small")
     return {"imagenet": image, "bert": args.bert_size or "small"}
 
 
@@ -975,7 +957,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         for task in tasks:
             kind, data = ("imagenet", args.data) if task == "resnet50" else ("bert", args.bert_data)
-            plans[task] = task_plan(task, data_paths(kind, data, sizes[kind]), args)
+            plans[task] = task_plan(task, dataset_paths(data, sizes[kind], kind), args)
             plans[task]["size"] = None if data else sizes[kind]
     except (DlstoreError, ValueError) as e:
         print(f"pipelines: {e}", file=sys.stderr)

@@ -23,7 +23,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
-__all__ = ["generate_imagenet", "generate_bert", "cached_dataset", "PRESETS"]
+__all__ = ["generate_imagenet", "generate_bert", "cached_dataset", "cached_paths", "PRESETS"]
 
 # Bump when what a given seed produces changes, so that cached sets are made again.
 GENERATOR_VERSION = 1
@@ -531,6 +531,34 @@ def _exclusive(lock_path: str):
             fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
+def _cache_entry(kind: str, size: str, cache_dir, overrides: Dict[str, Any]):
+    """``(cache root, the set's directory, its identity, generator parameters)``; nothing is read."""
+    if kind not in PRESETS:
+        raise ValueError(f"kind must be one of {sorted(PRESETS)}, got {kind!r}")
+    if size not in PRESETS[kind]:
+        raise ValueError(f"size must be one of {list(PRESETS[kind])} for {kind}, got {size!r}")
+    params = dict(PRESETS[kind][size], **overrides)
+    for ignored in ("progress", "workers"):  # how it is made, not what is made
+        params.pop(ignored, None)
+    identity = {"kind": kind, "version": GENERATOR_VERSION, "params": params}
+    # Normalise through JSON so the marker compares equal after a round trip (tuples become lists).
+    identity = json.loads(json.dumps(identity, sort_keys=True))
+    digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:12]
+    if cache_dir is None:
+        from dlstore import settings
+
+        cache_dir = os.path.join(settings.get("cache_dir"), "synthetic")
+    root = os.path.expanduser(os.fspath(cache_dir))
+    return root, os.path.join(root, f"{kind}-{size}-{digest}"), identity, params
+
+
+def cached_paths(kind: str, size: str = "default", cache_dir=None, **overrides: Any) -> Optional[List[str]]:
+    """The shard paths of a finished synthetic set of this preset (and these overrides) in the cache,
+    or None; unlike :func:`cached_dataset` it never generates."""
+    _, directory, identity, _ = _cache_entry(kind, size, cache_dir, overrides)
+    return _read_marker(directory, identity)
+
+
 def cached_dataset(kind: str, size: str = "default", cache_dir=None, *, progress: bool = True,
                    **overrides: Any) -> List[str]:
     """The shard paths of a synthetic set, generating it the first time it is asked for.
@@ -566,25 +594,7 @@ def cached_dataset(kind: str, size: str = "default", cache_dir=None, *, progress
     --------
     >>> paths = cached_dataset("bert", "small", seq_len=384)   # doctest: +SKIP
     """
-    if kind not in PRESETS:
-        raise ValueError(f"kind must be one of {sorted(PRESETS)}, got {kind!r}")
-    if size not in PRESETS[kind]:
-        raise ValueError(f"size must be one of {list(PRESETS[kind])} for {kind}, got {size!r}")
-    params = dict(PRESETS[kind][size], **overrides)
-    for ignored in ("progress", "workers"):  # how it is made, not what is made
-        params.pop(ignored, None)
-    identity = {"kind": kind, "version": GENERATOR_VERSION, "params": params}
-    # Normalise through JSON so the marker compares equal after a round trip (tuples become lists).
-    identity = json.loads(json.dumps(identity, sort_keys=True))
-    digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:12]
-
-    if cache_dir is None:
-        from dlstore import settings
-
-        cache_dir = os.path.join(settings.get("cache_dir"), "synthetic")
-    root = os.path.expanduser(os.fspath(cache_dir))
-    directory = os.path.join(root, f"{kind}-{size}-{digest}")
-
+    root, directory, identity, params = _cache_entry(kind, size, cache_dir, overrides)
     found = _read_marker(directory, identity)
     if found is not None:
         return found

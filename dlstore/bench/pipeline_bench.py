@@ -926,14 +926,10 @@ def target_paths(data: str, mounts: Optional[Sequence[str]]) -> List[str]:
 
 
 def _baseline_paths(workload: Workload, args: argparse.Namespace) -> List[str]:
-    from dlstore.reader import expand_paths
+    from dlstore.bench.storage import dataset_paths
 
-    if args.local:
-        return expand_paths(args.local)
-    from dlstore.synthetic import cached_dataset
-
-    return expand_paths(cached_dataset(workload.dataset_kind, args.size, progress=not args.quiet,
-                                       **workload.dataset_overrides(args)))
+    return dataset_paths(args.local, args.size, workload.dataset_kind, progress=not args.quiet,
+                         **workload.dataset_overrides(args))
 
 
 def _count_records(paths: Sequence[str], verify: bool) -> int:

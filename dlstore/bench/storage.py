@@ -20,7 +20,7 @@ import os
 import sys
 import threading
 import time
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from dlstore._progress import Progress
 from dlstore.bench import cache as cache_control
@@ -75,8 +75,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 # ---- data --------------------------------------------------------------------------------------
 
-def dataset_paths(data: Optional[str], size: str = "default") -> List[str]:
-    """The files to read: ``data`` expanded, or the cached generated ImageNet-like set of ``size``.
+def dataset_paths(data: Optional[str], size: str = "default", kind: str = "imagenet", progress: bool = True,
+                  **overrides: Any) -> List[str]:
+    """The files to read: ``data`` expanded, or the cached generated set of ``kind`` and ``size``
+    (made the first time; ``overrides`` go to the generator, see :func:`dlstore.synthetic.cached_dataset`).
 
     Raises
     ------
@@ -89,7 +91,7 @@ def dataset_paths(data: Optional[str], size: str = "default") -> List[str]:
         return expand_paths(data)
     from dlstore.synthetic import cached_dataset
 
-    return expand_paths(cached_dataset("imagenet", size))
+    return expand_paths(cached_dataset(kind, size, progress=progress, **overrides))
 
 
 # ---- one pass ----------------------------------------------------------------------------------
