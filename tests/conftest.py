@@ -82,6 +82,12 @@ def payloads():
     return [rng.bytes(int(n)) for n in sizes]
 
 
+def batch_records(batch) -> list:
+    """The records of one RecordBatch (or anything with the buffer protocol, offsets and lengths) as bytes."""
+    view = memoryview(batch).cast("B")
+    return [bytes(view[o:o + n]) for o, n in zip(batch.offsets.tolist(), batch.lengths.tolist())]
+
+
 def write_tfrecord(path, records) -> str:
     with open(path, "wb") as f:
         f.write(oracle_tfrecord_bytes(records))

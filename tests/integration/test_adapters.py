@@ -19,6 +19,7 @@ from dlstore.adapters.base import ConsumerShard, LastBatch, check_last_batch
 from dlstore.formats.example import encode_example
 from dlstore.placement.world import World
 from dlstore.synthetic import generate_bert, generate_imagenet
+from tests.conftest import batch_records
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CUDA_REASON = "needs a CUDA GPU (torch.cuda.is_available() is False here)"
@@ -84,8 +85,7 @@ def test_consumer_sources_cover_every_record_once(tmp_path, shard, consumers):
         source = ConsumerShard(paths, c, consumers, shard=shard, shuffle=True, seed=3, epoch=1,
                                chunk_size=64 << 10)
         for batch in source.batches():
-            view = memoryview(batch).cast("B")
-            seen += _ids(bytes(view[o:o + n]) for o, n in zip(batch.offsets.tolist(), batch.lengths.tolist()))
+            seen += _ids(batch_records(batch))
     assert sorted(seen) == list(range(total))
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import dlstore
-from tests.conftest import check_engine, oracle_read_tfrecord, oracle_tfrecord_bytes, write_tfrecord
+from tests.conftest import batch_records, check_engine, oracle_read_tfrecord, oracle_tfrecord_bytes, write_tfrecord
 
 CHUNK = 64 << 10  # the smallest chunk_size: boundaries come often
 FRAME = 16  # TFRecord framing: 8-byte length, 4-byte length CRC, data, 4-byte data CRC
@@ -21,8 +21,7 @@ def _read(path, engine):
     reader = dlstore.open_records(path, io=engine, chunk_size=CHUNK)
     records, starts = [], []
     for batch in reader.batches():
-        mv = memoryview(batch)
-        records += [bytes(mv[o:o + n]) for o, n in zip(batch.offsets.tolist(), batch.lengths.tolist())]
+        records += batch_records(batch)
         starts += batch.file_offsets.tolist()
     return records, starts, reader
 

@@ -9,6 +9,7 @@ import pytest
 import dlstore
 from dlstore.dataset import Dataset
 from dlstore.placement.world import World
+from tests.conftest import batch_records
 
 
 def _write_shards(root, shards=6, seed=2):
@@ -42,8 +43,7 @@ def _mounts(tmp_path, layout, n=3):
 def _read(ds):
     out = []
     for b in ds.batches():
-        mv = memoryview(b)
-        out += [bytes(mv[o:o + n]) for o, n in zip(b.offsets.tolist(), b.lengths.tolist())]
+        out += batch_records(b)
     return out
 
 

@@ -10,7 +10,7 @@ import pytest
 import dlstore
 from dlstore.io import resolve_engine
 from dlstore.reader import expand_paths
-from tests.conftest import check_engine, oracle_tfrecord_bytes, write_tfrecord
+from tests.conftest import batch_records, check_engine, oracle_tfrecord_bytes, write_tfrecord
 
 CHUNKS = [64 << 10, 1 << 20, 8 << 20]
 
@@ -36,10 +36,9 @@ def test_batches_are_contiguous_views(engine_dir, payloads, engine):
     got, file_offsets = [], []
     reader = dlstore.open_records(path, io=engine, chunk_size=64 << 10)
     for batch in reader.batches():
-        mv = memoryview(batch)
         assert batch.num_records == len(batch.offsets) == len(batch.lengths)
         assert batch.nbytes == int(np.sum(batch.lengths))
-        got += [bytes(mv[o:o + n]) for o, n in zip(batch.offsets.tolist(), batch.lengths.tolist())]
+        got += batch_records(batch)
         file_offsets += batch.file_offsets.tolist()
     assert got == payloads
     assert file_offsets == np.cumsum([0] + [16 + len(r) for r in payloads])[:-1].tolist()

@@ -12,7 +12,7 @@ import dlstore
 from dlstore import _C
 from dlstore.indexing import ensure_index
 from dlstore.io.failover import PieceReader, Place, ReadPiece
-from tests.conftest import write_tfrecord
+from tests.conftest import batch_records, write_tfrecord
 
 
 def _records(rng, n):
@@ -32,8 +32,7 @@ def _read(core):
         b = core.next_batch()
         if b is None:
             return out
-        mv = memoryview(b)
-        out += [bytes(mv[o:o + n]) for o, n in zip(b.offsets.tolist(), b.lengths.tolist())]
+        out += batch_records(b)
 
 
 @pytest.mark.parametrize("chunk", [64 << 10, 1 << 20])
@@ -102,8 +101,7 @@ def _pieces(data, roots, cuts):
 def _drain(reader, *args):
     out = []
     for b in reader.batches(*args):
-        mv = memoryview(b)
-        out += [bytes(mv[o:o + n]) for o, n in zip(b.offsets.tolist(), b.lengths.tolist())]
+        out += batch_records(b)
     return out
 
 

@@ -11,6 +11,7 @@ import dlstore
 from dlstore.dataset import Dataset
 from dlstore.placement.world import World
 from dlstore.tools.testbed import create_testbed, destroy_testbed, missing_tools, root_refusal
+from tests.conftest import batch_records
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 
@@ -38,11 +39,6 @@ def testbed(tmp_path_factory):
         shutil.rmtree(base, ignore_errors=True)
 
 
-def _digest(batch):
-    mv = memoryview(batch)
-    return [bytes(mv[o:o + n]) for o, n in zip(batch.offsets.tolist(), batch.lengths.tolist())]
-
-
 @pytest.mark.parametrize("how", ["eio", "umount"])
 def test_losing_a_mount_mid_epoch_fails_over_and_loses_nothing(testbed, how):
     tb, records = testbed
@@ -52,7 +48,7 @@ def test_losing_a_mount_mid_epoch_fails_over_and_loses_nothing(testbed, how):
     tb.evict()
     got, broke = [], False
     for batch in ds.batches():
-        got += _digest(batch)
+        got += batch_records(batch)
         if not broke and len(got) > len(records) // 3:
             tb.break_mount(0, how)  # this rank's mount, a third into the epoch
             broke = True
@@ -71,7 +67,7 @@ def test_a_stalled_mount_times_out_and_fails_over(testbed):
     tb.evict()
     tb.break_mount(0, "stall")  # reads from mnt0 crawl at 4 KiB/s
     try:
-        got = [r for batch in ds.batches() for r in _digest(batch)]
+        got = [r for batch in ds.batches() for r in batch_records(batch)]
     finally:
         tb.restore()  # the abandoned read finishes, so the mount can be unmounted
     assert collections.Counter(got) == collections.Counter(records)
