@@ -19,9 +19,8 @@ from dlstore.adapters.base import ConsumerShard, LastBatch, check_last_batch
 from dlstore.formats.example import encode_example
 from dlstore.placement.world import World
 from dlstore.synthetic import generate_bert, generate_imagenet
-from tests.conftest import batch_records
+from tests.conftest import REPO, batch_records
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CUDA_REASON = "needs a CUDA GPU (torch.cuda.is_available() is False here)"
 
 

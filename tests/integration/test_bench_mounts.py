@@ -10,7 +10,7 @@ import pytest
 
 from dlstore.synthetic import cached_dataset
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.conftest import REPO
 
 
 @pytest.mark.parametrize("scenario, kind", [("bert", "bert"), ("resnet50", "imagenet")])

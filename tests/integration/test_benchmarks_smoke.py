@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.conftest import REPO as ROOT
 SCRIPT = os.path.join(ROOT, "benchmarks", "pipelines.py")
 
 

@@ -1,13 +1,11 @@
 """The `dlstore` command line, run as a user would (a subprocess)."""
-import os
 import subprocess
 import sys
 
 import numpy as np
 
-from tests.conftest import oracle_tfrecord_bytes, write_tfrecord
+from tests.conftest import REPO, oracle_tfrecord_bytes, write_tfrecord
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def dlstore(*args):

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.conftest import REPO
 EXAMPLES = os.path.join(REPO, "examples")
 
 

@@ -14,9 +14,8 @@ import pytest
 
 import dlstore
 from dlstore.indexing import build_index, load_index
-from tests.conftest import ENGINES, write_tfrecord
+from tests.conftest import REPO, ENGINES, write_tfrecord
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _has(module):

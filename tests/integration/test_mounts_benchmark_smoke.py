@@ -8,7 +8,7 @@ import pytest
 
 from dlstore.tools.testbed import missing_tools, root_refusal
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.conftest import REPO
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 
 

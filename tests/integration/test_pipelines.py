@@ -18,7 +18,7 @@ from dlstore.pipeline.bert import Bert, bert_loader
 from dlstore.pipeline.loader import Loader
 from dlstore.synthetic import generate_bert, generate_imagenet
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.conftest import REPO
 
 _TF_PARSE = r"""
 import json, sys

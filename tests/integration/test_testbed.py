@@ -36,9 +36,8 @@ from dlstore.tools.testbed import (
     throttle_rule,
     validate_request,
 )
-from tests.conftest import oracle_read_tfrecord, write_tfrecord
+from tests.conftest import REPO, oracle_read_tfrecord, write_tfrecord
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MB = 1_000_000
 
 

@@ -16,7 +16,7 @@ from dlstore.bench import SCENARIOS, cache, report, sysinfo
 from dlstore.bench.fio import FioError, fio_job_file, fio_missing_reason, parse_fio_json, run_fio
 from dlstore.bench.storage import _BatchBarrier, count_records
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.conftest import REPO as ROOT
 
 
 def _load(path) -> dict:

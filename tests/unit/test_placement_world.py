@@ -11,7 +11,7 @@ import dlstore
 from dlstore.errors import PlacementError
 from dlstore.placement.world import _LABELS, LAUNCHERS, World, detect_world, parse_tasks_per_node
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.conftest import REPO
 
 # name, environment, expected (rank, size, local_rank, local_size, source)
 ENVIRONMENTS = [
@@ -177,7 +177,7 @@ class _Workers:
 
 
 def test_torch_dataloader_workers_are_consumers():
-    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch", reason="needs torch (pip install torch==2.13.0) for real DataLoader workers")
     from torch.utils.data import DataLoader, IterableDataset
 
     class Dataset(_Workers, IterableDataset):
@@ -186,4 +186,3 @@ def test_torch_dataloader_workers_are_consumers():
     assert dlstore.world(rank=1, size=2, local_rank=1, local_size=2).num_workers == 1  # main process
     got = sorted(tuple(int(x) for x in t) for t in DataLoader(Dataset(), num_workers=2, batch_size=None))
     assert got == [(0, 2, 2, 4), (1, 2, 3, 4)]
-    assert torch is not None
