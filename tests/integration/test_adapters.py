@@ -56,7 +56,6 @@ def bert(tmp_path_factory):
 
 
 def _pipeline():
-    pytest.importorskip("dlstore.pipeline.loader", reason="dlstore.pipeline.loader is not there yet")
     import dlstore.pipeline
 
     return dlstore.pipeline

@@ -100,7 +100,6 @@ def test_targets_pass_fail_and_skip(pipelines):
 # ---- end to end ------------------------------------------------------------------------------------
 
 def test_pipelines_quick(tmp_path):
-    pytest.importorskip("dlstore._C", reason="the C++ core is not built")
     pytest.importorskip("PIL", reason="the synthetic ImageNet-like set needs pillow")
     out, md = tmp_path / "p.json", tmp_path / "p.md"
     env = dict(os.environ, DLSTORE_CACHE=os.fspath(tmp_path / "cache"))

@@ -112,9 +112,7 @@ def imagenet(tmp_path_factory):
 
 
 def _resnet():
-    decode = pytest.importorskip("dlstore.pipeline.decode", reason="the JPEG decoder (dlstore.pipeline.decode) "
-                                 "is not in this tree yet")
-    from dlstore.pipeline import resnet50
+    from dlstore.pipeline import decode, resnet50
 
     return resnet50, decode
 

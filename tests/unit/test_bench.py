@@ -294,7 +294,6 @@ def test_count_records_reraises_a_reader_error():
 
 @pytest.fixture
 def tiny_set(tmp_path):
-    pytest.importorskip("dlstore._C", reason="the C++ core is not built")
     import dlstore
 
     rng = np.random.default_rng(3)
@@ -346,7 +345,6 @@ def test_bench_storage_bad_data_exits_2(tmp_path):
 
 
 def test_read_throughput_quick(tmp_path):
-    pytest.importorskip("dlstore._C", reason="the C++ core is not built")
     pytest.importorskip("PIL", reason="the synthetic ImageNet-like set needs pillow")
     out = tmp_path / "rt.json"
     md = tmp_path / "rt.md"

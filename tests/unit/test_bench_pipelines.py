@@ -366,7 +366,6 @@ class FakeSpec(LoaderSpec):
 
 @pytest.fixture
 def shards(tmp_path):
-    pytest.importorskip("dlstore._C", reason="the C++ core is not built")
     import dlstore
 
     paths = []
@@ -457,20 +456,12 @@ def _bench(*args, tmp_path, timeout=120):
                           env=env, timeout=timeout)
 
 
-def _needs_pipeline():
-    pytest.importorskip("dlstore._C", reason="the C++ core is not built")
-    pipeline = pytest.importorskip("dlstore.pipeline", reason="dlstore.pipeline (the loader) is not built yet")
-    if not hasattr(pipeline, "Loader"):
-        pytest.skip("dlstore.pipeline has no Loader yet")
-
-
 def _load(path):
     with open(path) as f:
         return json.load(f)
 
 
 def test_bench_resnet50_tiny_writes_the_json_keys(tmp_path):
-    _needs_pipeline()
     pytest.importorskip("PIL", reason="the synthetic ImageNet-like set needs pillow")
     out, md = tmp_path / "r.json", tmp_path / "r.md"
     r = _bench("resnet50", "--size", "tiny", "--json", os.fspath(out), "--markdown", os.fspath(md),
@@ -491,7 +482,6 @@ def test_bench_resnet50_tiny_writes_the_json_keys(tmp_path):
 
 
 def test_bench_bert_tiny_with_jobs_and_compute(tmp_path):
-    _needs_pipeline()
     out = tmp_path / "b.json"
     r = _bench("bert", "--size", "tiny", "--jobs", "2", "--compute", "5", "--json", os.fspath(out),
                tmp_path=tmp_path)
@@ -506,7 +496,6 @@ def test_bench_bert_tiny_with_jobs_and_compute(tmp_path):
 
 
 def test_bench_resnet50_target_tier_from_data(tmp_path):
-    _needs_pipeline()
     pytest.importorskip("PIL", reason="the synthetic ImageNet-like set needs pillow")
     from dlstore.synthetic import generate_imagenet
 
