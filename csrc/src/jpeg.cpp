@@ -237,12 +237,12 @@ class JpegWorker {
 
 #endif
 
-JpegBatchDecoder::JpegBatchDecoder(size_t threads, JpegTuning tuning) : tuning_(tuning) {
+JpegBatchDecoder::JpegBatchDecoder(size_t threads, JpegTuning tuning) {
   if (!jpeg_available()) throw Error(ErrorKind::Generic, jpeg_build_info());
   if (threads == 0) threads = 1;
   workers_.reserve(threads);
 #ifdef DLSTORE_HAVE_JPEG
-  for (size_t t = 0; t < threads; ++t) workers_.push_back(std::make_unique<JpegWorker>(tuning_));
+  for (size_t t = 0; t < threads; ++t) workers_.push_back(std::make_unique<JpegWorker>(tuning));
 #endif
 }
 

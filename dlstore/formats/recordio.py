@@ -12,11 +12,12 @@ from typing import List, NamedTuple, Tuple, Union
 
 import numpy as np
 
-__all__ = ["MAGIC", "IRHeader", "pack", "unpack", "frame_parts", "looks_like_recordio"]
+__all__ = ["MAGIC", "IRHeader", "IRHEADER_BYTES", "pack", "unpack", "frame_parts", "looks_like_recordio"]
 
 MAGIC = 0xCED7230A
 _MAGIC_BYTES = struct.pack("<I", MAGIC)
 _HEADER = struct.Struct("<IfQQ")
+IRHEADER_BYTES = _HEADER.size  # 24: flag, label, id, id2
 _U32x2 = struct.Struct("<II")
 _MAX_PART = (1 << 29) - 1
 

@@ -19,12 +19,11 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 import numpy as np
 
 from dlstore.errors import CorruptRecordError
+from dlstore.formats.recordio import IRHEADER_BYTES
 from dlstore.pipeline.decode import IMAGENET_MEAN, IMAGENET_STD
 from dlstore.pipeline.stages import Field, Pipeline, PipelineRun, available_cores, sample_seeds
 
 __all__ = ["ResNet50", "resnet50_loader", "recordio_labels"]
-
-_IRHEADER_BYTES = 24  # flag:uint32, label:float32, id:uint64, id2:uint64 (dlstore.formats.recordio)
 
 
 class ResNet50(Pipeline):
@@ -150,21 +149,21 @@ def recordio_labels(buffer: Any, offsets: np.ndarray, lengths: np.ndarray
     """
     data = np.frombuffer(buffer, dtype=np.uint8)
     n = len(offsets)
-    if n and int(lengths.min()) < _IRHEADER_BYTES:
-        k = int(np.argmax(lengths < _IRHEADER_BYTES))
+    if n and int(lengths.min()) < IRHEADER_BYTES:
+        k = int(np.argmax(lengths < IRHEADER_BYTES))
         raise CorruptRecordError(f"record {k}: RecordIO image record of {int(lengths[k])} bytes is shorter than "
-                                 f"an IRHeader ({_IRHEADER_BYTES} bytes)")
+                                 f"an IRHeader ({IRHEADER_BYTES} bytes)")
     head = data[offsets[:, None] + np.arange(8, dtype=np.uint64)].view("<u4")  # (n, 2): flag, label bits
     flags = head[:, 0].astype(np.uint64)
     labels = head[:, 1].view("<f4").astype(np.int64)
-    header = _IRHEADER_BYTES + 4 * flags
+    header = IRHEADER_BYTES + 4 * flags
     if n and (header > lengths).any():
         k = int(np.argmax(header > lengths))
         raise CorruptRecordError(f"record {k}: IRHeader says {int(flags[k])} extra labels, which do not fit in "
                                  f"the record of {int(lengths[k])} bytes")
     extra = np.flatnonzero(flags)
     if extra.size:
-        first = offsets[extra] + np.uint64(_IRHEADER_BYTES)
+        first = offsets[extra] + np.uint64(IRHEADER_BYTES)
         labels[extra] = data[first[:, None] + np.arange(4, dtype=np.uint64)].view("<f4")[:, 0].astype(np.int64)
     return labels, offsets + header, lengths - header
 

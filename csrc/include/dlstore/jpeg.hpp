@@ -69,7 +69,6 @@ class JpegBatchDecoder {
               uint8_t* status, std::vector<ImageError>* errors);
 
  private:
-  JpegTuning tuning_;
   std::vector<std::unique_ptr<JpegWorker>> workers_;  // worker 0 runs on the calling thread, the rest
                                                       // on helpers of the process pool
   std::mutex mu_;
