@@ -96,19 +96,18 @@ def write_tfrecord(path, records) -> str:
 
 # ---- where the direct engine really runs -----------------------------------------------------------
 
-def _accepts_o_direct(directory) -> bool:
-    """Whether a file in ``directory`` can be opened with O_DIRECT (tmpfs and some FUSE mounts refuse)."""
-    flag = getattr(os, "O_DIRECT", None)
-    if flag is None:
-        return False
-    probe = os.path.join(directory, f".o_direct-probe-{os.getpid()}")
+def direct_refused(directory):
+    """None when files in ``directory`` can be opened with O_DIRECT (tmpfs and some FUSE mounts refuse),
+    else why not."""
+    from dlstore.io.select import probe_direct
+
+    probe = os.path.join(os.fspath(directory), f".o_direct-probe-{os.getpid()}")
     try:
         with open(probe, "wb") as f:
             f.write(b"\0" * 4096)
-        os.close(os.open(probe, os.O_RDONLY | flag))
-        return True
-    except OSError:
-        return False
+        return probe_direct(probe)
+    except OSError as e:
+        return f"cannot write a probe file in {directory}: {e.strerror}"
     finally:
         if os.path.exists(probe):
             os.unlink(probe)
@@ -121,7 +120,7 @@ def direct_dir(tmp_path):
     ``tmp_path`` when it accepts O_DIRECT (not tmpfs); else a directory under the repository's
     ``build/`` or /var/tmp, removed afterwards; the test is skipped, saying why, when none does.
     """
-    if _accepts_o_direct(tmp_path):
+    if not direct_refused(tmp_path):
         yield tmp_path
         return
     for base in (os.path.join(REPO, "build"), "/var/tmp"):
@@ -131,7 +130,7 @@ def direct_dir(tmp_path):
         except OSError:
             continue
         try:
-            if _accepts_o_direct(d):
+            if not direct_refused(d):
                 yield Path(d)
                 return
         finally:

@@ -17,6 +17,7 @@ from dlstore.bench.fio import FioError, fio_job_file, fio_missing_reason, parse_
 from dlstore.bench.storage import _BatchBarrier, count_records
 
 from tests.conftest import REPO as ROOT
+from tests.conftest import direct_refused
 
 
 def _load(path) -> dict:
@@ -26,19 +27,6 @@ def _load(path) -> dict:
 
 def _on_memory_fs(path) -> bool:
     return sysinfo.filesystem_of(os.fspath(path))["fstype"] in ("tmpfs", "ramfs")
-
-
-def _direct_refused(directory):
-    """None when files in ``directory`` can be opened with O_DIRECT, else why not."""
-    from dlstore.io.select import probe_direct
-
-    probe = os.path.join(os.fspath(directory), ".direct-probe")
-    with open(probe, "wb") as f:
-        f.write(b"x")
-    try:
-        return probe_direct(probe)
-    finally:
-        os.unlink(probe)
 
 
 # ---- cache control -------------------------------------------------------------------------------
@@ -159,8 +147,8 @@ def test_fio_job_file_deals_files_to_jobs():
 def test_run_fio_on_a_real_file(tmp_path):
     if fio_missing_reason():
         pytest.skip(fio_missing_reason())
-    if _direct_refused(tmp_path):
-        pytest.skip(_direct_refused(tmp_path))
+    if direct_refused(tmp_path):
+        pytest.skip(direct_refused(tmp_path))
     paths = []
     for i in range(2):
         p = tmp_path / f"f{i}"
@@ -321,7 +309,7 @@ def test_bench_storage_writes_the_json_keys(tiny_set):
     assert doc["cache_method"] == "one untimed pass first"
     assert len(doc["repeats"]) == 2 and doc["gb_per_s"] > 0 and doc["cpu_seconds_per_gb"] >= 0
     assert doc["repeats"][0]["cached_before"] in (None, pytest.approx(1.0, abs=0.05))
-    if fio_missing_reason() or _direct_refused(tiny_set):
+    if fio_missing_reason() or direct_refused(tiny_set):
         assert doc["fio_gb_per_s"] is None and doc["fio_skipped"]
     else:
         assert doc["fio_gb_per_s"] > 0 and doc["ratio_vs_fio"] > 0 and "fio ceiling" in r.stdout
