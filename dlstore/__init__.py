@@ -7,6 +7,7 @@ from dlstore.errors import (AlignmentError, CorruptRecordError, DlstoreError, Dl
 from dlstore.dataset import Dataset
 from dlstore.formats import recordio
 from dlstore.reader import RecordReader, open_records
+from dlstore.source import ReadOptions, Source
 from dlstore.writers import RecordIOWriter, TFRecordWriter
 
 __version__ = "0.1.0"
@@ -15,6 +16,8 @@ __all__ = [
     "open_records",
     "Dataset",
     "RecordReader",
+    "ReadOptions",
+    "Source",
     "TFRecordWriter",
     "RecordIOWriter",
     "parse_example",

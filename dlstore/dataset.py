@@ -1,42 +1,61 @@
 """``Dataset``: shards on one or more mount points, read by this rank (and DataLoader worker) for an epoch.
 
-It composes the pure placement functions with the reader:
+It composes the pure placement functions with the C++ reader:
 
 - :mod:`dlstore.placement.world` says who this process is (rank, world size, worker);
-- :mod:`dlstore.placement.sharding` says which records it reads this epoch, in which order, so that
-  every record is read once across all consumers (:class:`~dlstore.placement.sharding.EpochPlan`);
-- :mod:`dlstore.placement.mounts` and :mod:`dlstore.placement.blocks` say through which mount each
-  block of a shard is read (the same every epoch) and interleave blocks so several mounts stream at once;
-- :class:`dlstore.io.failover.PieceReader` reads the records with the C++ reader, failing over to a
-  replica mount when a read fails.
+- :mod:`dlstore.placement.sharding` says which records it reads this epoch, in which order it reads
+  them and in which it hands them out, so that every record is read once across all consumers
+  (:class:`~dlstore.placement.sharding.EpochPlan`);
+- :mod:`dlstore.placement.mounts` says through which mount each block of a shard is read (the same
+  every epoch), and interleaves the mounts of a rank that has several so that all of them stream;
+- ``dlstore._C.PlanReader`` takes that plan as arrays, once per epoch, reads it with large reads and
+  several in flight, checks every frame, and hands out batches of exactly ``batch_size`` records in
+  the planned order; :class:`dlstore.io.failover.MountHealth` picks a replica when a read fails, and
+  the plan restarts there at the first record not yet handed out.
 
 Its state (``epoch``, ``sample_in_epoch``) resumes a run exactly, mid-epoch.
 """
 from __future__ import annotations
 
+import copy
 import os
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+import time
+from typing import Any, Dict, Iterator, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from dlstore import settings
-from dlstore.errors import DlstoreError, PlacementError
+from dlstore.errors import DlstoreError, DlstoreIOError, PlacementError
 from dlstore.indexing import ensure_index
-from dlstore.io.failover import PieceReader, Place, ReadPiece
+from dlstore.io.failover import MountHealth
 from dlstore.io.select import EngineChoice, resolve_engine
-from dlstore.placement.blocks import cut_blocks, interleave_by_mount
-from dlstore.placement.mounts import assign_mounts, mount_for, mounts_for
-from dlstore.placement.sharding import EpochPlan, SamplerState, merge_runs
+from dlstore.placement.mounts import assign_mounts, interleave_by_mount, mount_for, mounts_for
+from dlstore.placement.sharding import SHUFFLES, EpochPlan, ReadOrder, SamplerState
 from dlstore.placement.world import World, detect_world
-from dlstore.reader import core_options, detect_files, expand_paths
+from dlstore.reader import CorruptionWarnings, detect_files, expand_paths
+from dlstore.source import ReadOptions
 
 __all__ = ["Dataset"]
 
 PathSpec = Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]]
 
 
+class _ReaderPlan(NamedTuple):
+    """One C++ reader's plan: its files and, per record to read, the file, frame offset and size."""
+
+    paths: List[str]
+    file: np.ndarray        # index into paths, per record
+    offset: np.ndarray
+    size: np.ndarray
+    emit: Optional[np.ndarray]
+    shards: np.ndarray      # per record, for messages
+    records: np.ndarray
+    places: List[Tuple[int, int]]  # per file: (shard, mount)
+
+
 class Dataset:
-    """TFRecord or RecordIO shards, possibly on several mount points, read by this consumer.
+    """TFRecord or RecordIO shards, possibly on several mount points, read by this consumer: a
+    :class:`~dlstore.source.Source`.
 
     Parameters
     ----------
@@ -53,41 +72,61 @@ class Dataset:
         Seeds every shuffle, with the epoch.
     shuffle_shards : bool
         A seeded shard order per epoch, the same on every rank.
-    shuffle : {"none", "buffer", "global"}
-        Record shuffle: none; the order a shuffle buffer of ``buffer_size`` records would give;
-        or a seeded permutation of all records through the index.
-    remainder : {"drop", "pad", "uneven"}
+    shuffle : {"block", "none", "buffer", "global"}
+        Record shuffle (``docs/placement.md``):
+
+        - ``block`` (default): the consumer's share cut into blocks of about ``block_size`` bytes,
+          read whole in a seeded order, the records emitted through a shuffle buffer of
+          ``buffer_size`` records. Reads stay large and sequential, so a cold epoch streams at the
+          engine's speed, and consecutive records rarely come from one place of one file.
+        - ``none``: records in order, shards in the epoch's order.
+        - ``buffer``: the share read in order, emitted through the shuffle buffer.
+        - ``global``: a seeded permutation of all the epoch's records, each read where the index
+          says: fast from the page cache; from cold storage, as fast as its random reads.
+    buffer_size : int, optional
+        Records the shuffle buffer of ``block`` and ``buffer`` holds; by default as many as fit in
+        the ``shuffle_buffer`` setting (bytes) at this dataset's mean record size. The records held
+        stay in the chunks they were read into, up to twice that many bytes, then are copied out.
+    remainder : {"pad", "drop", "uneven"}
         When the records do not divide evenly among consumers (see ``docs/placement.md``).
-    batch_size : int
-        Records per batch of one consumer (remainder policies count in batches).
+    batch_size : int, optional
+        Records per batch of one consumer: :meth:`batches` yields batches of exactly this many
+        (only an epoch's last may be shorter), and the remainder policies count in them. Left
+        unset, the loader that reads this dataset sets it to its own; read directly, a batch is
+        then about one read (``chunk_size`` bytes) of records.
     mount_policy : {"rank", "local_rank", "weighted"}
         How ranks are given mounts; ``mounts_per_rank`` mounts each, read at once.
     throughput : sequence of float, optional
         Measured MB/s per mount, for ``mount_policy="weighted"``.
-    io, verify, on_error, chunk_size, depth, io_threads, verify_threads
-        As for :func:`dlstore.open_records`.
-    read_timeout, max_retries, block_size : optional
-        Failover and interleaving settings (:mod:`dlstore.settings`).
+    block_size : int, optional
+        Bytes of a shard per block (the ``block_size`` setting): a block is read in one go, always
+        through the same mount, and is the unit the ``block`` shuffle reorders.
+    progress : bool
+        A progress bar while the shards are indexed.
+    options : ReadOptions, optional
+        How to read: engine, CRC checks, ``on_error``, read sizes, threads, ``read_timeout`` and
+        ``max_retries``. Or pass those as keyword arguments (``io="direct"``, ...); see
+        :class:`~dlstore.ReadOptions`.
     """
 
     def __init__(self, shards: PathSpec, *, mounts: Optional[Sequence[str]] = None, world: Optional[World] = None,
-                 format: str = "auto", seed: int = 0, shuffle_shards: bool = True, shuffle: str = "none",
-                 buffer_size: int = 1024, remainder: str = "pad", batch_size: int = 1,
+                 format: str = "auto", seed: int = 0, shuffle_shards: bool = True, shuffle: str = "block",
+                 buffer_size: Optional[int] = None, remainder: str = "pad", batch_size: Optional[int] = None,
                  mount_policy: str = "rank", mounts_per_rank: int = 1, throughput: Optional[Sequence[float]] = None,
-                 io: Optional[str] = None, verify: bool = True, on_error: str = "raise",
-                 chunk_size: Optional[int] = None, depth: Optional[int] = None, io_threads: Optional[int] = None,
-                 verify_threads: Optional[int] = None, read_timeout: Optional[float] = None,
-                 max_retries: Optional[int] = None, block_size: Optional[int] = None, progress: bool = False):
-        if on_error not in ("raise", "skip"):
-            raise ValueError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
+                 block_size: Optional[int] = None, progress: bool = False, options: Optional[ReadOptions] = None,
+                 **read_options: Any):
+        self.options = ReadOptions.take(options, read_options)
+        if read_options:
+            raise TypeError(f"Dataset() got unexpected keyword arguments {', '.join(sorted(read_options))}")
+        if shuffle not in SHUFFLES:
+            raise PlacementError(f"unknown shuffle {shuffle!r}; choose one of {sorted(SHUFFLES)}")
+        if batch_size is not None and (isinstance(batch_size, bool) or int(batch_size) < 1):
+            raise ValueError(f"batch_size must be at least 1 (or None: the loader's), not {batch_size!r}")
         self.world = world if world is not None else detect_world()
         self._layout, self.shards = self._find_layout(shards, mounts)
         self.mounts = list(self._layout.mounts) if self._layout is not None else []
-        self._plan_args = dict(seed=seed, shuffle_shards=shuffle_shards, shuffle=shuffle, buffer_size=buffer_size,
-                               remainder=remainder, batch_size=batch_size)
-        self.verify, self.on_error = verify, on_error
-        self.read_timeout = settings.get("read_timeout", read_timeout)
-        self.max_retries = settings.get("max_retries", max_retries)
+        self.seed, self.shuffle_shards, self.shuffle, self.remainder = seed, shuffle_shards, shuffle, remainder
+        self.batch_size = None if batch_size is None else int(batch_size)
         self.block_size = settings.get("block_size", block_size)
         # Indexes and the format come from each shard's first copy (replicas are the same bytes).
         first = (self.shards if self._layout is None else
@@ -97,24 +136,27 @@ class Dataset:
         if compressed:
             raise DlstoreError(f"{compressed[0]}: compressed shards cannot be split by record between ranks; "
                                f"read them with dlstore.open_records, or store them uncompressed")
-        self._frames: List[np.ndarray] = []
         self.counts = self._index(first, progress)
-        total = int(sum(int(f[-1]) for f in self._frames))
-        self.choice: EngineChoice = resolve_engine(settings.get("io", io), first, total)
-        self._core_args = core_options(self.choice.engine, chunk_size, depth, io_threads, verify_threads)
+        total_bytes = int(self._frames[self._frame_base[-1]]) if len(self.shards) else 0
+        total = int(self.counts.sum())
+        #: Mean bytes of a record's frame: blocks and the shuffle buffer are sized in records from it.
+        self.mean_record_bytes = total_bytes / total if total else 0.0
+        self.block_records = max(1, int(round(self.block_size / self.mean_record_bytes))) if total else 1
+        if buffer_size is None:
+            budget = settings.get("shuffle_buffer")
+            buffer_size = max(1, int(budget // self.mean_record_bytes)) if total else 1
+        elif isinstance(buffer_size, bool) or int(buffer_size) < 1:
+            raise ValueError(f"buffer_size must be at least 1 record, not {buffer_size!r}")
+        self.buffer_size = int(buffer_size)
+        self.choice: EngineChoice = resolve_engine(self.options.get("io"), first, total_bytes,
+                                                   random_reads=shuffle == "global")
         self._rank_mounts = self._assign(mount_policy, mounts_per_rank, throughput)
-        if len(self._rank_mounts) > 1:
-            # Every mount of this rank streams at once only with reads in flight on each. Chunks are
-            # consumed in order, so one mount running late holds the window: two threads and four
-            # chunks per mount keep the others busy meanwhile (explicit arguments still win).
-            k = len(self._rank_mounts)
-            if settings.is_default("io_threads", io_threads):
-                self._core_args["io_threads"] = max(self._core_args["io_threads"], 2 * k)
-            if settings.is_default("depth", depth):
-                self._core_args["depth"] = max(self._core_args["depth"], 4 * k)
+        self._core_options = self.options.core(self.engine, in_order=False, mounts=len(self._rank_mounts))
+        self.plan(0)  # checks the placement options now rather than at the first read
         self.epoch = 0
         self.sample_in_epoch = 0
         self._last: Dict[str, Any] = {}
+        self._corruptions: List[Tuple[str, int, str]] = []
 
     # ---- layout -----------------------------------------------------------------------------------
 
@@ -159,6 +201,7 @@ class Dataset:
         from dlstore._progress import Progress
 
         counts = np.zeros(len(paths), dtype=np.int64)
+        frames = []
         bar = Progress(len(paths), "indexing shards", unit="shards") if progress else None
         for i, path in enumerate(paths):
             try:
@@ -168,12 +211,19 @@ class Dataset:
             except (OSError, ValueError) as e:
                 raise DlstoreError(f"{path}: cannot index the shard: {e}", path=path) from e
             # Frame starts and, last, the end of the file: record r is bytes [f[r], f[r + 1]).
-            self._frames.append(np.append(np.asarray(offsets, dtype=np.int64), os.path.getsize(path)))
+            frames.append(np.append(np.asarray(offsets, dtype=np.int64), os.path.getsize(path)))
             counts[i] = len(offsets)
             if bar:
                 bar.update(1)
         if bar:
             bar.close()
+        # All shards' frame tables end to end; shard s's starts at _frame_base[s]. The last entry of
+        # _frame_base is past the end and _frames there holds the total bytes of all shards.
+        self._frame_base = np.zeros(len(paths) + 1, dtype=np.int64)
+        self._frame_base[1:] = np.cumsum(counts + 1)
+        self._frames = np.concatenate(frames + [np.zeros(1, np.int64)]) if frames else np.zeros(1, np.int64)
+        sizes = np.array([f[-1] for f in frames], dtype=np.int64)
+        self._frames[-1] = int(sizes.sum())
         return counts
 
     # ---- the epoch --------------------------------------------------------------------------------
@@ -181,7 +231,9 @@ class Dataset:
     def plan(self, epoch: Optional[int] = None) -> EpochPlan:
         """The epoch's plan for every consumer (pure: the same on every rank)."""
         return EpochPlan(self.counts, self.world.num_consumers, epoch=self.epoch if epoch is None else epoch,
-                         **self._plan_args)
+                         seed=self.seed, shuffle_shards=self.shuffle_shards, shuffle=self.shuffle,
+                         buffer_size=self.buffer_size, block_records=self.block_records,
+                         remainder=self.remainder, batch_size=self.batch_size or 1)
 
     def __len__(self) -> int:
         """Samples this consumer emits per epoch."""
@@ -192,30 +244,76 @@ class Dataset:
         """Batches every consumer yields per epoch (agreed without communication)."""
         return self.plan().num_batches
 
-    def _reading_order(self, epoch: int) -> List[ReadPiece]:
-        """The consumer's records this epoch, as pieces in the order they are emitted."""
+    def use_batch_size(self, batch_size: int) -> None:
+        """Adopts the consumer's batch size when this dataset's was left unset (a loader calls it)."""
+        if self.batch_size is None:
+            self.batch_size = int(batch_size)
+
+    def _read_batch_size(self) -> int:
+        if self.batch_size is not None:
+            return self.batch_size
+        chunk = self._core_options["chunk_size"]
+        return max(1, int(chunk // self.mean_record_bytes)) if self.mean_record_bytes else 1
+
+    def read_order(self, epoch: int, emitted: int = 0) -> ReadOrder:
+        """This consumer's records of ``epoch`` after ``emitted`` samples: ``(shards, records, emit)``
+        in the order they are read, and the order they are handed out (None: as read)."""
         plan = self.plan(epoch)
         c = self.world.consumer
-        # Emitted as read, the plan's pieces are the runs; a shuffle buffer's emission order is
-        # merged into runs again.
-        arrays = plan.piece_arrays(c) if plan.order(c) is None else merge_runs(*plan.samples(c))
-        runs = list(zip(*(a.tolist() for a in arrays)))
-        if self._layout is None:
-            return [ReadPiece(s, a, b, self._frames[s][a:b + 1], (Place("", self.shards[s]),)) for s, a, b in runs]
-        frames = {s: self._frames[s] for s in {r[0] for r in runs}}
-        blocks = cut_blocks(runs, frames, self.block_size)
-        chosen = mounts_for(self._layout, [b.shard for b in blocks], self._rank_mounts,
-                            [b.number for b in blocks]).tolist()
-        # The failover order and the places depend on the shard and its chosen mount only.
-        places: Dict[Tuple[int, int], Tuple[Place, ...]] = {}
-        for b, m in zip(blocks, chosen):
-            if (b.shard, m) not in places:
-                first, fallbacks = mount_for(self._layout, b.shard, self._rank_mounts, block=b.number)
-                places[(b.shard, m)] = tuple(Place(self.mounts[k], self._layout.path(b.shard, k))
-                                             for k in (first, *fallbacks))
-        return [ReadPiece(b.shard, b.start, b.stop, self._frames[b.shard][b.start:b.stop + 1],
-                          places[(b.shard, chosen[i])])
-                for i in interleave_by_mount(blocks, chosen) for b in [blocks[i]]]
+        if self._layout is None or len(self._rank_mounts) < 2 or plan.order(c) is not None:
+            return plan.read_plan(c, emitted)
+        # Records handed out as read, from several mounts: the blocks of each mount take turns, so
+        # that every mount streams at once (the plan's order, interleaved; resumed in that order).
+        shards, records, _ = plan.read_plan(c, 0)
+        if len(shards) == 0:
+            return ReadOrder(shards, records, None)
+        blocks = records // self.block_records
+        mounts = mounts_for(self._layout, shards, self._rank_mounts, blocks)
+        new_run = np.ones(len(shards), dtype=bool)
+        new_run[1:] = (shards[1:] != shards[:-1]) | (blocks[1:] != blocks[:-1]) | (records[1:] != records[:-1] + 1)
+        starts = np.flatnonzero(new_run)
+        lengths = np.diff(np.append(starts, len(shards)))
+        turns = interleave_by_mount(mounts[starts])
+        first = np.repeat(starts[turns], lengths[turns])
+        step = np.arange(len(shards)) - np.repeat(np.cumsum(lengths[turns]) - lengths[turns], lengths[turns])
+        order = first + step
+        return ReadOrder(shards[order][emitted:], records[order][emitted:], None)
+
+    def _mounts(self, shards: np.ndarray, records: np.ndarray, health: MountHealth) -> np.ndarray:
+        """The mount each record is read through: its block's, unless that mount failed this pass."""
+        blocks = records // self.block_records
+        chosen = mounts_for(self._layout, shards, self._rank_mounts, blocks)
+        if not health.failed:
+            return chosen
+        moved = np.isin(chosen, np.array(health.failed, dtype=np.int64))
+        if moved.any():
+            keys = np.unique(np.stack([shards[moved], blocks[moved]], axis=1), axis=0)
+            table = {}
+            for shard, block in keys.tolist():
+                first, fallbacks = mount_for(self._layout, shard, self._rank_mounts, block=block)
+                place = health.choose(shard, (first, *fallbacks))
+                if place is None:
+                    raise _NoPlace(shard, block)
+                table[(shard, block)] = place
+            chosen = chosen.copy()
+            idx = np.flatnonzero(moved)
+            chosen[idx] = [table[(s, b)] for s, b in zip(shards[idx].tolist(), blocks[idx].tolist())]
+        return chosen
+
+    def _reader_plan(self, epoch: int, emitted: int, health: MountHealth) -> _ReaderPlan:
+        shards, records, emit = self.read_order(epoch, emitted)
+        frame = self._frame_base[shards] + records
+        offset = self._frames[frame]
+        size = self._frames[frame + 1] - offset
+        if self._layout is None:  # one place per shard: a failed read is retried there (_fail_over)
+            return _ReaderPlan(self.shards, shards, offset, size, emit, shards, records,
+                               [(s, 0) for s in range(len(self.shards))])
+        mounts = self._mounts(shards, records, health)
+        per = len(self.mounts)
+        keys, file = np.unique(shards * per + mounts, return_inverse=True)
+        places = [(int(k) // per, int(k) % per) for k in keys.tolist()]
+        paths = [self._layout.path(s, m) for s, m in places]
+        return _ReaderPlan(paths, file.reshape(-1), offset, size, emit, shards, records, places)
 
     def set_epoch(self, epoch: int) -> None:
         """Starts ``epoch`` from its first sample."""
@@ -223,41 +321,116 @@ class Dataset:
             raise ValueError(f"epoch must be non-negative, not {epoch}")
         self.epoch, self.sample_in_epoch = int(epoch), 0
 
-    def _make_core(self, paths: List[str], ranges: List[Tuple[int, int]]):
+    def _core(self, plan: _ReaderPlan, start: int = 0):
         from dlstore import _C
 
-        a = self._core_args
-        return _C.Reader(paths, self.format, self.choice.engine, ["none"] * len(paths), self.verify, self.on_error,
-                         a["chunk_size"], a["headroom"], a["depth"], a["io_threads"], 0, a["verify_threads"],
-                         ranges=ranges, timeout_s=float(self.read_timeout))
+        # Under a shuffle buffer the records held stay in the chunks read, up to twice the buffer's
+        # bytes (then the oldest chunks' remaining records are copied out and the chunks let go).
+        hold = 0
+        if plan.emit is not None:
+            hold = max(int(2 * self.buffer_size * self.mean_record_bytes), 2 * self._core_options["chunk_size"])
+        # Restarted mid-batch (a resume, a failover), the first batch completes the one under way, so
+        # that batches keep the epoch's boundaries.
+        batch = self._read_batch_size()
+        return _C.PlanReader(plan.paths, plan.file, plan.offset, plan.size, plan.emit, self.format, batch,
+                             self._core_options, hold_bytes=hold, sequential=self.shuffle != "global",
+                             first_batch=batch - start % batch)
 
     def batches(self) -> Iterator:
         """Yields RecordBatches of this consumer's records for the current epoch, from the current position.
 
-        The position (:attr:`sample_in_epoch`) advances as batches are handed out; at the end of
-        the epoch it moves to the start of the next one. A loader that prefetches sets the position
-        it has really consumed with :meth:`load_state_dict` before it saves one.
+        Every batch holds ``batch_size`` records (an epoch's last may hold fewer). The position
+        (:attr:`sample_in_epoch`) advances as batches are handed out; at the end of the epoch it
+        moves to the start of the next one. A loader that prefetches sets the position it has
+        really consumed with :meth:`load_state_dict` before it saves one.
+
+        A batch is a view into the chunk its records were read into when they lie in one, else a
+        buffer they were copied into; either stays valid while the batch (or a view of it) is held.
         """
-        pieces = self._reading_order(self.epoch)
-        ends = np.cumsum([p.num_records for p in pieces]) if pieces else np.zeros(0, np.int64)
-        k = self.sample_in_epoch
-        first = int(np.searchsorted(ends, k, "right"))
-        offset = k - (int(ends[first - 1]) if first else 0)
-        reader = PieceReader(pieces, self._make_core, max_retries=self.max_retries)
+        epoch = self.epoch
+        names = self.mounts if self._layout is not None else [""]
+        health = MountHealth(names, self.options.get("max_retries"))
+        totals: Dict[str, int] = {}
+        warner = CorruptionWarnings(self.options.on_error == "warn", stacklevel=2)
+        self._corruptions = []
+        core = None
         try:
-            for batch in reader.batches(first, offset):
-                self.sample_in_epoch += batch.num_records
-                yield batch
-            self.epoch, self.sample_in_epoch = self.epoch + 1, 0
+            while True:
+                start = self.sample_in_epoch
+                try:
+                    plan = self._reader_plan(epoch, start, health)
+                except _NoPlace as gone:
+                    raise self._gave_up(gone.shard, gone.block, health, None) from None
+                core = self._core(plan, start)
+                try:
+                    while True:
+                        batch = core.next_batch()
+                        warner.check(core)
+                        if batch is None:
+                            break
+                        self.sample_in_epoch = start + core.position
+                        yield batch
+                    break
+                except DlstoreIOError as e:
+                    self._fail_over(e, plan, core, health)
+                finally:
+                    _add_counts(totals, core.stats())
+                    self._corruptions += core.corruptions()
+            self.epoch, self.sample_in_epoch = epoch + 1, 0
         finally:
-            self._last = {**reader.core_stats, **reader.stats.as_dict()}
+            notes = list(core.notes()) if core is not None else []
+            core = None  # its files, mappings and buffers go now
+            self._last = {**totals, **health.stats.as_dict(), "notes": notes}
+
+    def _fail_over(self, error: DlstoreIOError, plan: _ReaderPlan, core, health: MountHealth) -> None:
+        """Records a failed read and waits before the plan restarts; raises when no place is left."""
+        # The failing file is the one the error names, else the first record not handed out.
+        pending = core.position if plan.emit is None else int(plan.emit[min(core.position, len(plan.emit) - 1)])
+        index = plan.paths.index(error.path) if error.path in plan.paths else int(plan.file[min(pending,
+                                                                                                len(plan.file) - 1)])
+        shard, mount = plan.places[index]
+        mine = np.flatnonzero(plan.file == index)
+        if error.offset is not None and len(mine):  # the record holding that byte
+            k = mine[max(0, int(np.searchsorted(plan.offset[mine], error.offset, "right")) - 1)]
+        else:
+            k = mine[0] if len(mine) else pending
+        record = int(plan.records[k])
+        health.fail(shard, mount)
+        block = record // self.block_records
+        if self._layout is None:
+            candidates: Tuple[int, ...] = (0,)
+        else:
+            first, fallbacks = mount_for(self._layout, shard, self._rank_mounts, block=block)
+            candidates = (first, *fallbacks)
+        chosen = health.choose(shard, candidates)
+        if chosen is None:
+            raise self._gave_up(shard, block, health, error, record=record, offset=int(plan.offset[k])) from error
+        time.sleep(health.record(shard, mount, chosen, f"record {record} of shard {shard}", error))
+
+    def _gave_up(self, shard: int, block: int, health: MountHealth, cause: Optional[BaseException], *,
+                 record: Optional[int] = None, offset: Optional[int] = None) -> DlstoreIOError:
+        if record is None:
+            record = block * self.block_records
+        if offset is None:
+            offset = int(self._frames[self._frame_base[shard] + record])
+        if self._layout is None:
+            places = [("", self.shards[shard])]
+        else:
+            first, fallbacks = mount_for(self._layout, shard, self._rank_mounts, block=block)
+            places = [(self.mounts[m], self._layout.path(shard, m)) for m in (first, *fallbacks)]
+        last = places[-1][1]
+        where = ", ".join(f"{m} ({p})" if m else p for m, p in places)
+        why = f": {cause}" if cause is not None else ""
+        return DlstoreIOError(
+            f"{last}: at byte {offset}: cannot read record {record} of shard {shard} from any of its "
+            f"{len(places)} mount(s) [{where}] after {health.max_retries} retries each{why}",
+            path=last, offset=offset)
 
     def state_dict(self) -> Dict[str, int]:
         """``epoch``, ``sample_in_epoch``, ``seed`` and ``num_consumers``: enough to resume exactly."""
-        return SamplerState(self.epoch, self.sample_in_epoch, self._plan_args["seed"],
-                            self.world.num_consumers).to_dict()
+        return SamplerState(self.epoch, self.sample_in_epoch, self.seed, self.world.num_consumers).to_dict()
 
-    def load_state_dict(self, state: Dict[str, int]) -> None:
+    def load_state_dict(self, state: Mapping[str, int]) -> None:
         """Resumes at ``state``. A different number of consumers is accepted at an epoch boundary only.
 
         Raises
@@ -266,10 +439,9 @@ class Dataset:
             When the seed differs, or the world changed size mid-epoch (the records already read
             were split for the old world; finish that epoch with it, or resume from its end).
         """
-        if int(state.get("seed", self._plan_args["seed"])) != self._plan_args["seed"]:
-            raise PlacementError(f"the state was saved with seed {state['seed']}, this dataset has seed "
-                                 f"{self._plan_args['seed']}")
-        saved = SamplerState(int(state["epoch"]), int(state["sample_in_epoch"]), self._plan_args["seed"],
+        if int(state.get("seed", self.seed)) != self.seed:
+            raise PlacementError(f"the state was saved with seed {state['seed']}, this dataset has seed {self.seed}")
+        saved = SamplerState(int(state["epoch"]), int(state["sample_in_epoch"]), self.seed,
                              int(state.get("num_consumers", self.world.num_consumers)))
         epoch, k = saved.epoch, saved.for_consumers(self.world.num_consumers).sample_in_epoch
         n = self.plan(epoch).num_samples(self.world.consumer)
@@ -278,22 +450,71 @@ class Dataset:
         self.epoch, self.sample_in_epoch = epoch, k
 
     def stats(self) -> Dict[str, Any]:
-        """Counters of the last pass (records, bytes, failovers, retries), engine and why, this rank's mounts."""
+        """Counters of the last pass (records, bytes, chunks, batches gathered by copy, records the
+        shuffle buffer copied out, failovers, retries), the engine and why, the shuffle and this
+        rank's mounts."""
         out = dict(self._last)
-        out.update(engine=self.choice.engine, engine_reason=self.choice.reason, mounts=self.rank_mounts,
-                   layout=self._layout.kind if self._layout is not None else "files", world=repr(self.world))
+        out.update(engine=self.choice.engine, engine_reason=self.choice.reason, shuffle=self.describe_shuffle(),
+                   mounts=self.rank_mounts, layout=self._layout.kind if self._layout is not None else "files",
+                   world=repr(self.world))
         return out
+
+    def corruptions(self) -> List[Tuple[str, int, str]]:
+        """``(path, offset, what)`` for each corrupt record skipped in the last pass (``on_error`` skip/warn)."""
+        return list(self._corruptions)
+
+    def describe(self) -> str:
+        """What this consumer reads, in a line: e.g. ``consumer 1 of 4: 2,300 of 9,200 records, shuffle block ...``."""
+        w = self.world
+        start, stop = self.plan().span(w.consumer)
+        where = f"positions {start:,}..{stop - 1:,} of each epoch's sequence" if stop > start else "no positions"
+        return (f"consumer {w.consumer} of {w.num_consumers}: {len(self):,} of {int(self.counts.sum()):,} records "
+                f"({where}) in {len(self.shards)} shards, remainder {self.remainder}, "
+                f"shuffle {self.describe_shuffle()}")
+
+    def describe_shuffle(self) -> str:
+        """The shuffle in words, with its block and buffer sizes in records and bytes."""
+        mean, share = self.mean_record_bytes, len(self)
+        if self.shuffle in ("block", "buffer"):
+            # What is in effect for this consumer's share (a buffer larger than it holds all of it).
+            buffer, block = min(self.buffer_size, share), min(self.block_records, share)
+            held = f"a shuffle buffer of {buffer:,} records (~{_mib(buffer * mean)})"
+            if self.shuffle == "block":
+                return f"block: blocks of {block:,} records (~{_mib(block * mean)}) in a seeded order, {held}"
+            return f"buffer: read in order, {held}"
+        return {"none": "none: records in order, shards in the epoch's order" if self.shuffle_shards
+                else "none: records and shards in order",
+                "global": "global: a seeded permutation of all records, read through the index"}[self.shuffle]
 
     def for_worker(self, worker: int, num_workers: int) -> "Dataset":
         """A copy of this dataset for DataLoader worker ``worker`` of ``num_workers`` (same rank)."""
-        import copy
-
         clone = copy.copy(self)
         clone.world = self.world.with_worker(worker, num_workers)
         clone._last = {}
+        clone._corruptions = []
         return clone
 
     def __repr__(self) -> str:
         where = f"{len(self.mounts)} mounts ({self._layout.kind})" if self._layout is not None else "local files"
         return (f"Dataset({len(self.shards)} {self.format} shards, {int(self.counts.sum())} records on {where}, "
-                f"{self.world}, io={self.choice.engine!r}: {self.choice.reason})")
+                f"{self.world}, shuffle={self.shuffle!r}, io={self.choice.engine!r}: {self.choice.reason})")
+
+
+class _NoPlace(Exception):
+    """No mount is left to read a block of a shard from."""
+
+    def __init__(self, shard: int, block: int):
+        super().__init__(shard, block)
+        self.shard, self.block = shard, block
+
+
+def _add_counts(totals: Dict[str, int], stats: Mapping[str, int]) -> None:
+    for key, value in stats.items():
+        if key == "peak_held_bytes":
+            totals[key] = max(totals.get(key, 0), int(value))
+        else:
+            totals[key] = totals.get(key, 0) + int(value)
+
+
+def _mib(n: float) -> str:
+    return f"{n / (1 << 20):,.0f} MiB" if n >= 1 << 20 else f"{n / 1024:,.0f} KiB"

@@ -1,21 +1,23 @@
 """``open_records``: records from TFRecord or RecordIO files, through one of the I/O engines.
 
 The C++ core reads big chunks, splits them into records and checks CRCs; Python only sees batches
-(one per chunk). Iterating a reader record by record is a convenience built on those batches.
+(one per chunk). Iterating a reader record by record is a convenience built on those batches. A
+:class:`RecordReader` is the no-placement :class:`~dlstore.source.Source`: files read in order, for
+one consumer; :class:`dlstore.Dataset` places records over ranks, workers and mounts, and shuffles.
 """
 from __future__ import annotations
 
 import glob
 import os
 import warnings
-from typing import Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
-from dlstore import settings
 from dlstore.errors import DlstoreError, DlstoreIOError
 from dlstore.formats.detect import detect
 from dlstore.io.select import EngineChoice, resolve_engine
+from dlstore.source import ReadOptions
 
-__all__ = ["open_records", "RecordReader", "expand_paths"]
+__all__ = ["open_records", "RecordReader", "expand_paths", "detect_files", "CorruptionWarnings"]
 
 PathSpec = Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]]
 # Files that sit beside record files and are not records: indexes (ours, DALI's, MXNet's .idx),
@@ -90,11 +92,50 @@ def _head(path: str, n: int = 16) -> bytes:
         raise DlstoreIOError(f"{path}: cannot read: {e.strerror} (errno {e.errno})", path=path) from e
 
 
-class RecordReader:
-    """Records of a list of files. Iterate it for records, or call :meth:`batches` for the fast path.
+class CorruptionWarnings:
+    """``on_error="warn"``: a ``RuntimeWarning`` for each corrupt record a C++ reader skipped, as it goes.
 
-    Each iteration (``for r in reader`` or ``reader.batches()``) reads the files again from the
-    start, so one reader serves several epochs.
+    Parameters
+    ----------
+    enabled : bool
+    stacklevel : int
+        Frames from :meth:`check` to the code a warning should name.
+    """
+
+    def __init__(self, enabled: bool, stacklevel: int):
+        self.enabled, self.stacklevel = enabled, stacklevel
+        self.seen = self.reported = 0
+        self.noted_unreported = False
+
+    def check(self, core) -> None:
+        """Warns of what ``core`` skipped since the last call (its ``stats()`` and ``corruptions()``)."""
+        if not self.enabled:
+            return
+        skipped = core.stats()["skipped"]
+        if skipped <= self.seen:  # corruptions() copies the whole list: only when something is new
+            return
+        self.seen = skipped
+        found = core.corruptions()
+        for path, offset, what in found[self.reported:]:
+            warnings.warn(f"{path}: at byte {offset}: {what} (skipped)", RuntimeWarning, stacklevel=self.stacklevel)
+        self.reported = len(found)
+        if skipped > self.reported and not self.noted_unreported:
+            self.noted_unreported = True
+            warnings.warn(f"{skipped - self.reported} more corrupt records were skipped than reported: the reader "
+                          f"reports the first {self.reported}; further ones are counted in stats()['skipped'] "
+                          f"without a warning each", RuntimeWarning, stacklevel=self.stacklevel)
+
+
+class RecordReader:
+    """Records of a list of files, read front to back: a :class:`~dlstore.source.Source`.
+
+    Iterate it for records, or call :meth:`batches` for the fast path.
+
+    It keeps a position (``epoch``, ``sample_in_epoch``) as a :class:`~dlstore.Dataset` does: each
+    pass of :meth:`batches` starts at it and moves it on, and a finished pass starts the next epoch
+    from the first record, so one reader serves several epochs; :meth:`load_state_dict` resumes
+    mid-pass. The files are read in the same order every epoch (use :class:`~dlstore.Dataset` for
+    shuffles and ranks).
 
     Attributes
     ----------
@@ -103,23 +144,25 @@ class RecordReader:
         ``tfrecord`` or ``recordio``.
     compression : list of str
         Per file: ``none``, ``gzip`` or ``zlib``.
+    options : ReadOptions
     engine : str
         The engine that runs (``io="auto"`` resolved).
     engine_reason : str
         Why that engine, e.g. "dataset 3.1 GB fits in the 20.2 GB available to the page cache".
     """
 
+    #: Batches need no agreement between consumers: a reader has one.
+    num_batches = None
+
     def __init__(self, paths: List[str], *, format: str, compression: List[str], choice: EngineChoice,
-                 verify: bool, on_error: str, chunk_size: int, headroom: int, depth: int, io_threads: int,
-                 verify_threads: int, max_records: int = 0):
+                 options: ReadOptions):
         self.paths = paths
         self.format = format
         self.compression = compression
         self.choice = choice
-        self.verify = verify
-        self.on_error = on_error
-        self._args = dict(chunk_size=chunk_size, headroom=headroom, depth=depth, threads=io_threads,
-                          max_records=max_records, verify_threads=verify_threads)
+        self.options = options
+        self.epoch = 0
+        self.sample_in_epoch = 0
         self._core = None
         self._last = {"stats": {}, "notes": [], "corruptions": []}
 
@@ -131,21 +174,50 @@ class RecordReader:
     def engine_reason(self) -> str:
         return self.choice.reason
 
+    @property
+    def verify(self) -> bool:
+        return self.options.verify
+
+    @property
+    def on_error(self) -> str:
+        return self.options.on_error
+
     def _new_core(self):
         from dlstore import _C
 
-        policy = "skip" if self.on_error == "warn" else self.on_error
-        self._core = _C.Reader(self.paths, self.format, self.choice.engine, self.compression, self.verify,
-                               policy, **self._args)
+        self._core = _C.Reader(self.paths, self.format, self.compression, self.options.core(self.engine))
         return self._core
 
+    # ---- the Source protocol ----
+
+    def set_epoch(self, epoch: int) -> None:
+        """Starts ``epoch`` from its first record (the files are read in the same order every epoch)."""
+        if int(epoch) < 0:
+            raise ValueError(f"epoch must be non-negative, not {epoch}")
+        self.epoch, self.sample_in_epoch = int(epoch), 0
+
+    def use_batch_size(self, batch_size: int) -> None:
+        """A reader's batches are its chunks whatever the consumer's batch size: nothing to do."""
+
+    def state_dict(self) -> Dict[str, int]:
+        """``epoch`` and ``sample_in_epoch`` (records of the epoch already handed out)."""
+        return {"epoch": self.epoch, "sample_in_epoch": self.sample_in_epoch}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resumes at ``state``: the next :meth:`batches` skips the records already handed out
+        (read again, not handed out)."""
+        epoch, k = int(state["epoch"]), int(state["sample_in_epoch"])
+        if epoch < 0 or k < 0:
+            raise ValueError(f"epoch and sample_in_epoch must be non-negative, got {epoch} and {k}")
+        self.epoch, self.sample_in_epoch = epoch, k
+
     def batches(self) -> Iterator:
-        """Yields ``RecordBatch`` objects, one per chunk read.
+        """Yields ``RecordBatch`` objects, about one per chunk read, from the current position.
 
         A batch exposes the buffer protocol over one contiguous region; record ``i`` is
         ``memoryview(batch)[offsets[i]:offsets[i] + lengths[i]]``. Also ``file_offsets`` (where each
-        record's frame starts in its file), ``file_index`` (into :attr:`paths`), ``num_records`` and
-        ``nbytes`` (payload bytes).
+        record's frame starts in its file), ``file_index`` (into :attr:`paths`), ``path(i)``,
+        ``num_records`` and ``nbytes`` (payload bytes).
 
         A batch, and every view into it, keeps its whole chunk buffer (about ``chunk_size`` bytes)
         alive for as long as it is referenced. Copy what you keep for long (``bytes(record)``), or a
@@ -154,36 +226,31 @@ class RecordReader:
         The reader's files and buffers are released when the pass ends, also when the consumer
         stops early (``break``, or ``close()`` on the generator); :meth:`stats` then reports that pass.
         """
-        return self._batches(warn_stacklevel=2)
+        return self._batches(warn_stacklevel=2, positioned=True)
 
-    def _batches(self, warn_stacklevel: int) -> Iterator:
+    def _batches(self, warn_stacklevel: int, positioned: bool) -> Iterator:
         # warn_stacklevel: frames from this generator to the caller a warning should name (2: the
         # one iterating batches(); 3: the one iterating the reader, through __iter__).
+        # positioned: start at, and move, the Source position (batches()); records start at 0.
         core = self._new_core()
-        warn = self.on_error == "warn"
-        seen_skipped = reported = 0
-        noted_unreported = False
+        warner = CorruptionWarnings(self.on_error == "warn", warn_stacklevel + 1)
+        skip = self.sample_in_epoch if positioned else 0
         try:
             while True:
                 batch = core.next_batch()
-                if warn:
-                    skipped = core.stats()["skipped"]
-                    # corruptions() copies the whole list: fetch it only when something new was skipped.
-                    if skipped > seen_skipped:
-                        seen_skipped = skipped
-                        found = core.corruptions()
-                        for path, offset, what in found[reported:]:
-                            warnings.warn(f"{path}: at byte {offset}: {what} (skipped)", RuntimeWarning,
-                                          stacklevel=warn_stacklevel)
-                        reported = len(found)
-                        if skipped > reported and not noted_unreported:
-                            noted_unreported = True
-                            warnings.warn(f"{skipped - reported} more corrupt records were skipped than reported: "
-                                          f"the reader reports the first {reported}; further ones are counted "
-                                          f"in stats()['skipped'] without a warning each", RuntimeWarning,
-                                          stacklevel=warn_stacklevel)
+                warner.check(core)
                 if batch is None:
+                    if positioned:
+                        self.epoch, self.sample_in_epoch = self.epoch + 1, 0
                     return
+                if skip:
+                    n = batch.num_records
+                    if skip >= n:
+                        skip -= n
+                        continue
+                    batch, skip = batch.slice(skip, n), 0
+                if positioned:
+                    self.sample_in_epoch += batch.num_records
                 yield batch
         finally:
             self._finish(core)
@@ -197,13 +264,13 @@ class RecordReader:
             self._core = None
 
     def __iter__(self) -> Iterator[memoryview]:
-        """Yields each record as a read-only ``memoryview``.
+        """Yields each record of the files as a read-only ``memoryview``, from the first.
 
         A record is a view into the chunk buffer it was read into and keeps that whole buffer
         (about ``chunk_size`` bytes) alive while it is referenced: copy records kept beyond the
         loop with ``bytes(record)``. Stopping early releases the reader's files and buffers.
         """
-        batches = self._batches(warn_stacklevel=3)
+        batches = self._batches(warn_stacklevel=3, positioned=False)
         try:
             for batch in batches:
                 mv = memoryview(batch)
@@ -247,29 +314,9 @@ class RecordReader:
                 f"verify={self.verify})")
 
 
-def _chunk_size(engine: str, requested: Optional[int]) -> int:
-    # mmap chunks are views into the mapping, not buffers: a larger one costs no memory and cuts
-    # the per-batch hand-offs between the consumer and the CRC thread, which on these VMs cost
-    # more than the bytes (warm 3 GB set, interleaved: 32 MiB 9.8 GB/s, 64 MiB 12.2 GB/s).
-    if settings.is_default("chunk_size", requested) and engine == "mmap":
-        return 8 * settings.get("chunk_size")
-    return settings.get("chunk_size", requested)
-
-
-def _verify_threads(engine: str, requested: Optional[int]) -> int:
-    # Direct reads are bound by the device and land in RAM, not in cache: a second CRC thread only
-    # adds memory-bandwidth contention (more CPU per GB for the same speed). From the page cache
-    # (buffered, mmap) CRC is the bottleneck and a second core nearly doubles the rate.
-    if settings.is_default("verify_threads", requested) and engine == "direct":
-        return 0
-    return settings.get("verify_threads", requested)
-
-
-def open_records(paths: PathSpec, *, format: str = "auto", io: Optional[str] = None, compression: str = "auto",
-                 verify: bool = True, on_error: str = "raise", chunk_size: Optional[int] = None,
-                 depth: Optional[int] = None, io_threads: Optional[int] = None,
-                 verify_threads: Optional[int] = None) -> RecordReader:
-    """Opens TFRecord or RecordIO files for reading.
+def open_records(paths: PathSpec, *, format: str = "auto", compression: str = "auto",
+                 options: Optional[ReadOptions] = None, **read_options: Any) -> RecordReader:
+    """Opens TFRecord or RecordIO files for reading, front to back.
 
     Parameters
     ----------
@@ -277,22 +324,13 @@ def open_records(paths: PathSpec, *, format: str = "auto", io: Optional[str] = N
         Files, globs or directories.
     format : {"auto", "tfrecord", "recordio"}
         ``auto`` tells by the first bytes (and the extension).
-    io : {"auto", "buffered", "mmap", "direct", "gds"}, optional
-        The I/O engine; by default the ``io`` setting (``DLSTORE_IO``, else ``auto``). ``auto``
-        resolves once and the reader says why (``reader.engine_reason``).
-        ``gds`` raises :class:`~dlstore.GdsUnavailableError` saying why it cannot run here.
     compression : {"auto", "none", "gzip", "zlib"}
         TFRecord compression; ``auto`` tells per file by name and magic bytes.
-    verify : bool
-        Check TFRecord CRCs (on by default; hardware CRC-32C where the CPU has it).
-    on_error : {"raise", "skip", "warn"}
-        ``raise``: the good records before a corrupt one are delivered, then
-        :class:`~dlstore.CorruptRecordError` names the file, the offset and what was wrong.
-        ``skip``: it is skipped, counted in ``stats()["skipped"]`` and listed by ``corruptions()``.
-        ``warn``: as ``skip``, with a ``RuntimeWarning`` per corruption.
-    chunk_size, depth, io_threads, verify_threads : int, optional
-        Read size, reads in flight, reading threads and CRC-checking threads; defaults from
-        :mod:`dlstore.settings`.
+    options : ReadOptions, optional
+        How to read (engine, CRC checks, error policy, read sizes, threads, timeouts).
+    **read_options
+        Or the same as keyword arguments: ``io``, ``verify``, ``on_error``, ``chunk_size``, ``depth``,
+        ``io_threads``, ``verify_threads``, ``read_timeout``; see :class:`~dlstore.ReadOptions`.
 
     Returns
     -------
@@ -307,6 +345,8 @@ def open_records(paths: PathSpec, *, format: str = "auto", io: Optional[str] = N
         For ``io="gds"``, saying why it cannot run here.
     ValueError
         For an unknown format, setting or ``on_error``.
+    TypeError
+        For an unknown keyword argument.
 
     Examples
     --------
@@ -314,13 +354,13 @@ def open_records(paths: PathSpec, *, format: str = "auto", io: Optional[str] = N
     >>> for record in reader:                                        # doctest: +SKIP
     ...     example = dlstore.parse_example(record)
     """
-    if on_error not in ("raise", "skip", "warn"):
-        raise ValueError(f"on_error must be 'raise', 'skip' or 'warn', not {on_error!r}")
+    options = ReadOptions.take(options, read_options)
+    if read_options:
+        raise TypeError(f"open_records() got unexpected keyword arguments {', '.join(sorted(read_options))}")
     files = expand_paths(paths)
     fmt, comps = detect_files(files, format, compression)
-    choice = resolve_engine(settings.get("io", io), files, sum(os.path.getsize(f) for f in files))
-    return RecordReader(files, format=fmt, compression=comps, choice=choice, verify=verify, on_error=on_error,
-                        **core_options(choice.engine, chunk_size, depth, io_threads, verify_threads))
+    choice = resolve_engine(options.get("io"), files, sum(os.path.getsize(f) for f in files))
+    return RecordReader(files, format=fmt, compression=comps, choice=choice, options=options)
 
 
 def detect_files(files: Sequence[str], format: str = "auto", compression: str = "auto") -> Tuple[str, List[str]]:
@@ -339,12 +379,3 @@ def detect_files(files: Sequence[str], format: str = "auto", compression: str = 
     if len(formats) > 1:
         raise DlstoreError(f"the files mix formats {sorted(formats)}; read each format apart")
     return formats.pop(), comps
-
-
-def core_options(engine: str, chunk_size: Optional[int] = None, depth: Optional[int] = None,
-                 io_threads: Optional[int] = None, verify_threads: Optional[int] = None) -> dict:
-    """The C++ reader's options for ``engine``: explicit values, else the settings (with the
-    engine-specific defaults of :func:`_chunk_size` and :func:`_verify_threads`)."""
-    return dict(chunk_size=_chunk_size(engine, chunk_size), headroom=settings.get("headroom"),
-                depth=settings.get("depth", depth), io_threads=settings.get("io_threads", io_threads),
-                verify_threads=_verify_threads(engine, verify_threads))

@@ -55,11 +55,13 @@ SETTINGS: Dict[str, Setting] = {
                 _size, lambda v: v >= 64 << 10, "at least 64 KiB"),
         Setting("depth", 4, "DLSTORE_DEPTH", "Chunks in flight per reader (read-ahead).", int, _positive,
                 "a positive integer"),
-        Setting("io_threads", 2, "DLSTORE_IO_THREADS", "Threads issuing reads for one reader.", int, _positive,
-                "a positive integer"),
+        Setting("io_threads", 2, "DLSTORE_IO_THREADS",
+                "Threads issuing reads for one reader; a Dataset checks each record's frame and CRCs on them "
+                "too.", int, _positive, "a positive integer"),
         Setting("verify_threads", max(1, min(4, (os.cpu_count() or 2) - 1)), "DLSTORE_VERIFY_THREADS",
-                "Threads besides the consumer that check TFRecord data CRCs of each batch (0: the "
-                "consumer alone). One core reads memory at about CRC speed, so a second one helps.",
+                "Threads besides the consumer that check TFRecord data CRCs of each batch of files read "
+                "in order (open_records; 0: the consumer alone). One core reads memory at about CRC "
+                "speed, so a second one helps.",
                 int, lambda v: v >= 0, "a non-negative integer"),
         Setting("read_timeout", 120.0, "DLSTORE_READ_TIMEOUT",
                 "Seconds an open or a read may take before it counts as failed (a hung mount) and is "
@@ -68,8 +70,13 @@ SETTINGS: Dict[str, Setting] = {
                 "Retries of a failed read at the same place, once no replica mount is left to fail over to.",
                 int, lambda v: v >= 0, "a non-negative integer"),
         Setting("block_size", 8 * MiB, "DLSTORE_BLOCK_SIZE",
-                "Bytes of a shard read in one go through one mount. A rank reading several mounts "
-                "alternates between them block by block, so all of them stream at once.",
+                "Bytes of a shard read in one go through one mount, and the unit the block shuffle "
+                "reorders. A rank reading several mounts alternates between them block by block, so "
+                "all of them stream at once.",
+                _size, lambda v: v >= 64 << 10, "at least 64 KiB"),
+        Setting("shuffle_buffer", 64 * MiB, "DLSTORE_SHUFFLE_BUFFER",
+                "Bytes of records the shuffle buffer of Dataset's block and buffer shuffles holds (in "
+                "records: this over the dataset's mean record size, unless buffer_size is given).",
                 _size, lambda v: v >= 64 << 10, "at least 64 KiB"),
         Setting("cache_dir", "~/.cache/dlstore", "DLSTORE_CACHE",
                 "Where generated datasets and indexes of read-only data are kept.", os.path.expanduser),

@@ -21,11 +21,10 @@ from torch import nn
 
 from data_parallel import add_training_args, data_parallel, log, threads_per_rank
 
+import dlstore
 import dlstore.synthetic
-from dlstore.adapters.base import ConsumerShard
 from dlstore.adapters.torch import TorchLoader
 from dlstore.pipeline import Bert, Loader
-from dlstore.reader import expand_paths
 
 VOCAB_SIZE = 30522  # bert-base-uncased, as the synthetic set and create_pretraining_data.py use
 
@@ -86,10 +85,12 @@ def main(argv=None) -> None:
     shape = {} if args.seq_len == 128 else {"seq_len": 384, "max_predictions": Bert(384).max_predictions}
     paths = args.data or dlstore.synthetic.cached_dataset("bert", "tiny", progress=world.rank == 0, **shape)
 
-    # This rank's share of the records, then the native loader (C++ parsing in a background thread).
-    # The loader calls the source's set_epoch before each epoch: a new file order every epoch.
-    loader = Loader(ConsumerShard(expand_paths(paths), world.rank, world.size, shuffle=True, seed=args.seed),
-                    Bert(seq_len=args.seq_len), args.batch_size, last_batch="DROP", seed=args.seed, epochs=None)
+    # This rank's share of the records (a shuffled dlstore.Dataset), then the native loader (C++ parsing
+    # in a background thread). The loader calls the dataset's set_epoch before each epoch: a new order
+    # every epoch; remainder="drop" gives every rank the same number of full batches.
+    dataset = dlstore.Dataset(paths, world=world, shuffle="block", seed=args.seed, remainder="drop")
+    loader = Loader(dataset, Bert(seq_len=args.seq_len), args.batch_size, last_batch="DROP", seed=args.seed,
+                    epochs=None)
     batches = TorchLoader(loader)
     model = BertPretraining(hidden=args.hidden, layers=args.layers, heads=max(1, args.hidden // 64),
                             seq_len=args.seq_len).to(batches.device)

@@ -105,8 +105,10 @@ def main(argv=None) -> None:
     torch.set_num_threads(threads_per_rank(world))
     paths = args.data or dlstore.synthetic.cached_dataset("imagenet", "tiny", progress=world.rank == 0)
 
+    # Shuffled (the Dataset's block shuffle); remainder="drop" gives every rank and worker the same
+    # number of full batches, so no rank waits for another in the gradient all-reduce.
     dataset = DlstoreIterableDataset(paths, ResNet50(train=True, layout="NCHW", dtype="float32", size=args.image_size),
-                                     batch_size=args.batch_size, last_batch="DROP", shuffle=True, seed=args.seed)
+                                     batch_size=args.batch_size, last_batch="DROP", remainder="drop", seed=args.seed)
     log(world, f"reads {dataset.share().describe()}" + (f", split among {args.workers} DataLoader workers"
                                                         if args.workers else ""))
     model = ResNet50Model()

@@ -5,6 +5,7 @@
 
 #include "buffer_view.hpp"
 #include "dlstore/crc32c.hpp"
+#include "dlstore/plan_reader.hpp"
 #include "dlstore/reader.hpp"
 #include "registry.hpp"
 
@@ -12,6 +13,36 @@ namespace py = pybind11;
 using dlstore::RecordBatch;
 
 namespace {
+
+// The reader options, as dlstore.source.ReadOptions.core() resolves them: one dict for both readers.
+// Python checks the values (dlstore/settings.py); here they are only converted.
+template <class T>
+T option(const py::dict& d, const char* key) {
+  if (!d.contains(key)) throw py::key_error(std::string("reader option '") + key + "' is missing");
+  return d[key].cast<T>();
+}
+
+dlstore::EngineOptions engine_options(const py::dict& d) {
+  dlstore::EngineOptions o;
+  o.kind = dlstore::parse_engine(option<std::string>(d, "engine"));
+  o.chunk_size = option<size_t>(d, "chunk_size");
+  o.headroom = option<size_t>(d, "headroom");
+  o.depth = option<size_t>(d, "depth");
+  o.threads = option<size_t>(d, "io_threads");
+  o.timeout_s = option<double>(d, "read_timeout");
+  return o;
+}
+
+dlstore::OnError on_error_of(const py::dict& d) {
+  return option<std::string>(d, "on_error") == "raise" ? dlstore::OnError::Raise : dlstore::OnError::Skip;
+}
+
+template <class T>
+std::vector<T> vector_of(py::handle array) {
+  auto a = py::array_t<T, py::array::c_style | py::array::forcecast>::ensure(array);
+  if (!a || a.ndim() != 1) throw py::value_error("expected a one-dimensional array of integers");
+  return std::vector<T>(a.data(), a.data() + a.shape(0));
+}
 
 py::array_t<uint64_t> view_of(const std::vector<uint64_t>& v, py::handle owner) {
   // A read-only numpy view whose base is the batch: no copy, and the batch outlives the view.
@@ -35,36 +66,62 @@ void register_reader(py::module_& m) {
       .def_property_readonly("file_offsets",
                              [](py::object self) { return view_of(self.cast<RecordBatch&>().file_offsets, self); })
       .def_readonly("file_index", &RecordBatch::file_index)
+      .def_property_readonly("file_indices",
+                             [](py::object self) {
+                               RecordBatch& b = self.cast<RecordBatch&>();
+                               if (b.file_indices.empty() && b.size() > 0)
+                                 b.file_indices.assign(b.size(), b.file_index);  // one file for all
+                               return view_of(b.file_indices, self);
+                             })
+      .def("path",
+           [](const RecordBatch& b, size_t i) -> py::object {
+             if (i >= b.size()) throw py::index_error("record " + std::to_string(i) + " of a batch of " +
+                                                      std::to_string(b.size()));
+             if (!b.paths || b.file_of(i) >= b.paths->size()) return py::none();
+             return py::str((*b.paths)[b.file_of(i)]);
+           },
+           py::arg("i"))
+      .def("slice",
+           [](const RecordBatch& b, size_t start, size_t stop) {
+             // Records [start, stop) of this batch, sharing its buffer (no copy).
+             stop = std::min(stop, b.size());
+             start = std::min(start, stop);
+             auto out = std::make_shared<RecordBatch>();
+             out->owner = b.owner;
+             out->base = b.base;
+             out->region_len = b.region_len;
+             out->paths = b.paths;
+             out->offsets.assign(b.offsets.begin() + start, b.offsets.begin() + stop);
+             out->lengths.assign(b.lengths.begin() + start, b.lengths.begin() + stop);
+             out->file_offsets.assign(b.file_offsets.begin() + start, b.file_offsets.begin() + stop);
+             if (!b.file_indices.empty())
+               out->file_indices.assign(b.file_indices.begin() + start, b.file_indices.begin() + stop);
+             out->file_index = start < stop ? b.file_of(start) : b.file_index;
+             for (uint64_t n : out->lengths) out->payload_bytes += n;
+             return out;
+           },
+           py::arg("start"), py::arg("stop"))
       .def_readonly("nbytes", &RecordBatch::payload_bytes)
       .def_property_readonly("num_records", &RecordBatch::size)
       .def("__len__", &RecordBatch::size);
 
   py::class_<dlstore::Reader>(m, "Reader")
-      .def(py::init([](std::vector<std::string> paths, const std::string& format, const std::string& engine,
-                       std::vector<std::string> compression, bool verify, const std::string& on_error,
-                       size_t chunk_size, size_t headroom, size_t depth, size_t threads, size_t max_records,
-                       size_t verify_threads, std::vector<std::pair<uint64_t, uint64_t>> ranges,
-                       double timeout_s) {
+      .def(py::init([](std::vector<std::string> paths, const std::string& format,
+                       std::vector<std::string> compression, const py::dict& options,
+                       std::vector<std::pair<uint64_t, uint64_t>> ranges) {
              dlstore::ReaderOptions o;
-             o.engine.timeout_s = timeout_s;
+             o.engine = engine_options(options);
              for (const auto& r : ranges) o.ranges.push_back({r.first, r.second});
-             o.engine.kind = dlstore::parse_engine(engine);
-             o.engine.chunk_size = chunk_size;
-             o.engine.headroom = headroom;
-             o.engine.depth = depth;
-             o.engine.threads = threads;
              o.scan.format = dlstore::parse_format(format);
-             o.scan.verify = verify;
-             o.scan.on_error = on_error == "skip" ? dlstore::OnError::Skip : dlstore::OnError::Raise;
-             o.scan.max_records = max_records;
-             o.scan.verify_threads = verify_threads;
+             o.scan.verify = option<bool>(options, "verify");
+             o.scan.on_error = on_error_of(options);
+             o.scan.max_records = options.contains("max_records") ? option<size_t>(options, "max_records") : 0;
+             o.scan.verify_threads = option<size_t>(options, "verify_threads");
              for (const auto& c : compression) o.compression.push_back(dlstore::parse_compression(c));
              return new dlstore::Reader(std::move(paths), o);
            }),
-           py::arg("paths"), py::arg("format"), py::arg("engine"), py::arg("compression"), py::arg("verify"),
-           py::arg("on_error"), py::arg("chunk_size"), py::arg("headroom"), py::arg("depth"), py::arg("threads"),
-           py::arg("max_records"), py::arg("verify_threads"),
-           py::arg("ranges") = std::vector<std::pair<uint64_t, uint64_t>>{}, py::arg("timeout_s") = 0.0)
+           py::arg("paths"), py::arg("format"), py::arg("compression"), py::arg("options"),
+           py::arg("ranges") = std::vector<std::pair<uint64_t, uint64_t>>{})
       .def("next_batch",
            [](dlstore::Reader& r) -> py::object {
              auto b = std::make_shared<RecordBatch>();
@@ -100,6 +157,70 @@ void register_reader(py::module_& m) {
            })
       .def("notes", &dlstore::Reader::notes)
       .def("corruptions", [](const dlstore::Reader& r) {
+        py::list out;
+        for (const auto& c : r.corruptions())
+          out.append(py::make_tuple(r.paths()[c.file_index], c.offset, c.what));
+        return out;
+      });
+
+  py::class_<dlstore::PlanReader>(m, "PlanReader")
+      .def(py::init([](std::vector<std::string> paths, py::handle file, py::handle offset, py::handle size,
+                       py::handle emit, const std::string& format, size_t batch_size, const py::dict& options,
+                       uint64_t hold_bytes, bool sequential, size_t first_batch) {
+             dlstore::ReadPlan plan;
+             plan.paths = std::move(paths);
+             plan.file = vector_of<uint32_t>(file);
+             plan.offset = vector_of<uint64_t>(offset);
+             plan.size = vector_of<uint64_t>(size);
+             if (!emit.is_none()) plan.emit = vector_of<int64_t>(emit);
+             dlstore::PlanOptions o;
+             o.engine = engine_options(options);
+             o.format = dlstore::parse_format(format);
+             o.verify = option<bool>(options, "verify");
+             o.on_error = on_error_of(options);
+             o.batch_size = batch_size;
+             o.first_batch = first_batch;
+             o.hold_bytes = hold_bytes;
+             o.sequential = sequential;
+             if (options.contains("max_open_files")) o.max_open_files = option<size_t>(options, "max_open_files");
+             py::gil_scoped_release nogil;
+             return new dlstore::PlanReader(std::move(plan), o);
+           }),
+           py::arg("paths"), py::arg("file"), py::arg("offset"), py::arg("size"), py::arg("emit"),
+           py::arg("format"), py::arg("batch_size"), py::arg("options"), py::arg("hold_bytes") = 0,
+           py::arg("sequential") = true, py::arg("first_batch") = 0)
+      .def("next_batch",
+           [](dlstore::PlanReader& r) -> py::object {
+             auto b = std::make_shared<RecordBatch>();
+             bool more;
+             {
+               py::gil_scoped_release nogil;
+               more = r.next_batch(*b);
+             }
+             if (!more) return py::none();
+             return py::cast(b);
+           })
+      .def_property_readonly("position", &dlstore::PlanReader::position)
+      .def("__len__", &dlstore::PlanReader::size)
+      .def("stats",
+           [](const dlstore::PlanReader& r) {
+             dlstore::PlanStats s = r.stats();
+             py::dict d;
+             d["records"] = s.records;
+             d["payload_bytes"] = s.payload_bytes;
+             d["file_bytes_read"] = s.file_bytes_read;
+             d["skipped"] = s.skipped;
+             d["chunks"] = s.chunks;
+             d["gathered_batches"] = s.gathered_batches;
+             d["gathered_bytes"] = s.gathered_bytes;
+             d["spilled_records"] = s.spilled_records;
+             d["spilled_bytes"] = s.spilled_bytes;
+             d["peak_held_bytes"] = s.peak_held_bytes;
+             d["buffers_allocated"] = s.buffers_allocated;
+             return d;
+           })
+      .def("notes", &dlstore::PlanReader::notes)
+      .def("corruptions", [](const dlstore::PlanReader& r) {
         py::list out;
         for (const auto& c : r.corruptions())
           out.append(py::make_tuple(r.paths()[c.file_index], c.offset, c.what));

@@ -47,19 +47,29 @@ std::shared_ptr<BufferPool> BufferPool::shared(size_t buffer_size, size_t alignm
   return pool;
 }
 
-std::shared_ptr<AlignedBuffer> BufferPool::acquire() {
+std::shared_ptr<AlignedBuffer> BufferPool::acquire(size_t at_least) {
+  const size_t want = std::max(buffer_size_, at_least);
   std::unique_ptr<AlignedBuffer> b;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!free_.empty()) {
-      b = std::move(free_.back());
-      free_.pop_back();
+      // A free buffer that is large enough, else the last one (grown below).
+      size_t pick = free_.size() - 1;
+      for (size_t i = 0; i < free_.size(); ++i)
+        if (free_[i]->size() >= want) {
+          pick = i;
+          break;
+        }
+      b = std::move(free_[pick]);
+      free_.erase(free_.begin() + static_cast<std::ptrdiff_t>(pick));
     }
   }
   if (!b) {
-    b.reset(new AlignedBuffer(buffer_size_, alignment_));
+    b.reset(new AlignedBuffer(want, alignment_));
     std::lock_guard<std::mutex> lock(mu_);
     ++allocated_;
+  } else if (b->size() < want) {
+    b->reserve(want);
   }
   std::shared_ptr<BufferPool> self = shared_from_this();
   return std::shared_ptr<AlignedBuffer>(b.release(), [self](AlignedBuffer* p) { self->release(p); });

@@ -20,17 +20,14 @@ const char* engine_name(EngineKind kind) {
   return "?";
 }
 
+// One (path, range) entry being read: the opened file (shared by consecutive entries of one path)
+// and how far its reads have been queued.
 struct ChunkReader::OpenFile {
   size_t index = 0;
-  std::string path;
-  EngineKind kind = EngineKind::Buffered;
-  std::shared_ptr<FileHandle> fh;  // buffered and direct
-  std::shared_ptr<Mapping> map;    // mmap
-  uint64_t size = 0;               // the file's size
+  std::shared_ptr<OpenedFile> file;
   uint64_t start = 0;              // the range being read: [start, end)
   uint64_t end = 0;
   uint64_t scheduled = 0;          // the offset up to which reads have been queued
-  uint32_t offset_align = 1;
 };
 
 static uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
@@ -69,13 +66,13 @@ ChunkReader::~ChunkReader() {
   }
 }
 
-std::shared_ptr<ChunkReader::OpenFile> ChunkReader::open_file(const std::string& path, EngineKind kind,
-                                                              size_t chunk_size, std::string* note) {
-  auto of = std::make_shared<OpenFile>();
+std::shared_ptr<OpenedFile> open_for_engine(const std::string& path, EngineKind kind, size_t chunk_size,
+                                            std::string* note, bool sequential) {
+  auto of = std::make_shared<OpenedFile>();
   of->path = path;
   of->kind = kind;
   if (kind == EngineKind::Mmap) {
-    of->map = std::make_shared<Mapping>(path);
+    of->map = std::make_shared<Mapping>(path, sequential);
     of->size = of->map->size();
     return of;
   }
@@ -93,6 +90,7 @@ std::shared_ptr<ChunkReader::OpenFile> ChunkReader::open_file(const std::string&
         of->fh.reset();
       } else {
         of->offset_align = a.offset;
+        of->memory_align = a.memory;
       }
     } catch (const Error& e) {
       if (e.kind != ErrorKind::Alignment) throw;
@@ -109,11 +107,11 @@ void ChunkReader::open_next_file() {
   const size_t index = next_file_;
   const std::string& path = paths_[index];
   const ByteRange range = ranges_[next_file_++];
-  std::shared_ptr<OpenFile> of;
-  if (current_ && current_->path == path) {
+  auto of = std::make_shared<OpenFile>();
+  if (current_ && current_->file->path == path) {
     // The next range of the same file (records of one shard split into pieces): share the open
     // file or mapping instead of opening and mapping it again.
-    of = std::make_shared<OpenFile>(*current_);
+    of->file = current_->file;
   } else if (opts_.timeout_s > 0) {
     // A hung mount blocks open() and fstat() as well as reads: open on a thread of its own and wait
     // at most the timeout. The task owns copies of what it uses, so an abandoned one touches nothing
@@ -122,26 +120,27 @@ void ChunkReader::open_next_file() {
     const EngineKind kind = opts_.kind;
     const size_t chunk_size = opts_.chunk_size;
     if (!opener_) opener_.reset(new ThreadPool(1));
-    std::future<std::shared_ptr<OpenFile>> opened =
-        opener_->submit([path, kind, chunk_size, note]() { return open_file(path, kind, chunk_size, note.get()); });
+    std::future<std::shared_ptr<OpenedFile>> opened = opener_->submit(
+        [path, kind, chunk_size, note]() { return open_for_engine(path, kind, chunk_size, note.get()); });
     if (opened.wait_for(std::chrono::duration<double>(opts_.timeout_s)) != std::future_status::ready) {
       abandoned_ = true;
       throw_error(ErrorKind::Io, path, -1,
                   "open timed out: the file did not open within " + std::to_string(opts_.timeout_s) +
                       " s (a hung or very slow mount?)");
     }
-    of = opened.get();
+    of->file = opened.get();
     if (!note->empty()) notes_.push_back(*note);
   } else {
     std::string note;
-    of = open_file(path, opts_.kind, opts_.chunk_size, &note);
+    of->file = open_for_engine(path, opts_.kind, opts_.chunk_size, &note);
     if (!note.empty()) notes_.push_back(note);
   }
   of->index = index;
   of->start = range.start;
-  of->end = range.end == kUnknownSize ? of->size : range.end;
-  DLSTORE_EXPECT(of->start <= of->end && of->end <= of->size, Io, path, static_cast<int64_t>(of->start),
-                 "byte range [" << range.start << ", " << of->end << ") is outside the file of " << of->size
+  const uint64_t size = of->file->size;
+  of->end = range.end == kUnknownSize ? size : range.end;
+  DLSTORE_EXPECT(of->start <= of->end && of->end <= size, Io, path, static_cast<int64_t>(of->start),
+                 "byte range [" << range.start << ", " << of->end << ") is outside the file of " << size
                                 << " bytes (did the file change since its index was made?)");
   of->scheduled = of->start;
   current_ = of;
@@ -165,41 +164,46 @@ void ChunkReader::fill() {
       if (current_->start == current_->end) continue;  // an empty file or range has no records
     }
     std::shared_ptr<OpenFile> of = current_;
+    const std::shared_ptr<OpenedFile> file = of->file;
     uint64_t offset = of->scheduled;
     // Direct reads start at aligned offsets, so a range starting mid-block makes its first chunk
     // shorter by the part of the block before it: every later chunk then starts aligned and the
     // whole-block read of any chunk fits in chunk_size.
-    uint64_t chunk_end = of->kind == EngineKind::Direct ? align_down(offset, of->offset_align) + opts_.chunk_size
-                                                        : offset + opts_.chunk_size;
+    uint64_t chunk_end = file->kind == EngineKind::Direct ? align_down(offset, file->offset_align) + opts_.chunk_size
+                                                          : offset + opts_.chunk_size;
     size_t len = static_cast<size_t>(std::min<uint64_t>(chunk_end, of->end) - offset);
     of->scheduled += len;
     bool last = of->scheduled >= of->end;
     size_t headroom = opts_.headroom;
     std::shared_ptr<BufferPool> pool = pool_;
-    inflight_.push_back({threads_->submit([of, offset, len, last, headroom, pool]() -> Chunk {
+    const uint64_t range_start = of->start, range_end = of->end;
+    const size_t index = of->index;
+    inflight_.push_back({threads_->submit([file, range_start, range_end, index, offset, len, last, headroom,
+                                           pool]() -> Chunk {
       Chunk c;
       c.offset = offset;
       c.len = len;
-      c.file_size = of->end;  // the scanner treats the range's end as the end of the file
-      c.file_index = of->index;
+      c.file_size = range_end;  // the scanner treats the range's end as the end of the file
+      c.file_index = index;
       c.last = last;
-      if (of->kind == EngineKind::Mmap) {
-        of->map->populate(offset, len);
-        c.owner = of->map;
-        c.data = const_cast<uint8_t*>(of->map->data()) + offset;  // read-only: headroom stays 0
-        c.contiguous = offset > of->start;
+      if (file->kind == EngineKind::Mmap) {
+        file->map->populate(offset, len);
+        c.owner = file->map;
+        c.data = const_cast<uint8_t*>(file->map->data()) + offset;  // read-only: headroom stays 0
+        c.contiguous = offset > range_start;
         return c;
       }
       std::shared_ptr<AlignedBuffer> buf = pool->acquire();
       // O_DIRECT reads whole aligned blocks into an aligned address: the read starts at the block
       // holding `offset`, and the bytes before `offset` widen the headroom. The file's unaligned
       // tail comes back as a short read.
-      const uint64_t read_at = of->kind == EngineKind::Direct ? align_down(offset, of->offset_align) : offset;
+      const bool direct = file->kind == EngineKind::Direct;
+      const uint64_t read_at = direct ? align_down(offset, file->offset_align) : offset;
       const size_t lead = static_cast<size_t>(offset - read_at);
       uint8_t* dst = buf->data() + headroom;
-      size_t want = of->kind == EngineKind::Direct ? align_up(lead + len, of->offset_align) : len;
-      size_t got = of->fh->pread_full(dst, want, read_at);
-      DLSTORE_EXPECT(got >= lead + len, Io, of->fh->path(), static_cast<int64_t>(read_at + got),
+      size_t want = direct ? align_up(lead + len, file->offset_align) : len;
+      size_t got = file->fh->pread_full(dst, want, read_at);
+      DLSTORE_EXPECT(got >= lead + len, Io, file->fh->path(), static_cast<int64_t>(read_at + got),
                      "short read: expected " << len << " bytes at offset " << offset << ", got "
                                              << (got > lead ? got - lead : 0)
                                              << " (was the file truncated while being read?)");
@@ -207,7 +211,7 @@ void ChunkReader::fill() {
       c.headroom = headroom + lead;
       c.owner = buf;
       return c;
-    }), of->path, offset});
+    }), file->path, offset});
   }
 }
 

@@ -106,14 +106,14 @@ DirectAlignment FileHandle::direct_alignment() const {
   return a;
 }
 
-Mapping::Mapping(const std::string& path) : path_(path) {
+Mapping::Mapping(const std::string& path, bool sequential) : path_(path) {
   FileHandle fh(path, false);
   size_ = fh.size();
   if (size_ == 0) return;  // mmap of length 0 fails; an empty file is simply empty
   void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fh.fd(), 0);
   if (p == MAP_FAILED) throw_errno(path, 0, "mmap", errno);
   data_ = static_cast<uint8_t*>(p);
-  ::madvise(data_, size_, MADV_SEQUENTIAL);
+  if (sequential) ::madvise(data_, size_, MADV_SEQUENTIAL);
 }
 
 Mapping::~Mapping() {

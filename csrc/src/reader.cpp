@@ -6,8 +6,9 @@
 
 namespace dlstore {
 
-Reader::Reader(std::vector<std::string> paths, ReaderOptions opts) : paths_(std::move(paths)) {
-  chunks_.reset(new ChunkReader(paths_, opts.engine, opts.ranges));
+Reader::Reader(std::vector<std::string> paths, ReaderOptions opts)
+    : paths_(std::make_shared<const std::vector<std::string>>(std::move(paths))) {
+  chunks_.reset(new ChunkReader(*paths_, opts.engine, opts.ranges));
   ChunkStream* stream = chunks_.get();
   bool any_compressed = std::any_of(opts.compression.begin(), opts.compression.end(),
                                     [](Compression c) { return c != Compression::None; });
@@ -16,8 +17,8 @@ Reader::Reader(std::vector<std::string> paths, ReaderOptions opts) : paths_(std:
     for (const ByteRange& r : opts.ranges)
       DLSTORE_EXPECT(r.start == 0 && r.end == kUnknownSize, Generic, "", -1,
                      "byte ranges cannot be read from compressed files; read them whole");
-    opts.compression.resize(paths_.size(), Compression::None);
-    inflate_.reset(new InflateStream(*chunks_, opts.compression, paths_, chunks_->pool(),
+    opts.compression.resize(paths_->size(), Compression::None);
+    inflate_.reset(new InflateStream(*chunks_, opts.compression, *paths_, chunks_->pool(),
                                      chunks_->options().headroom));
     stream = inflate_.get();
   }

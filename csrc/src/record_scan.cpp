@@ -47,10 +47,13 @@ void RecordBatch::clear() {
   offsets.clear();
   lengths.clear();
   file_offsets.clear();
+  file_indices.clear();
+  paths.reset();
   payload_bytes = 0;
 }
 
-RecordScanner::RecordScanner(ChunkStream& src, std::vector<std::string> paths, ScanOptions opts)
+RecordScanner::RecordScanner(ChunkStream& src, std::shared_ptr<const std::vector<std::string>> paths,
+                             ScanOptions opts)
     : src_(src), paths_(std::move(paths)), opts_(opts) {
   if (opts_.verify && opts_.format == Format::TFRecord && opts_.verify_threads > 0)
     verifiers_.reset(new ThreadPool(opts_.verify_threads));
@@ -415,6 +418,7 @@ bool RecordScanner::next_batch(RecordBatch& out) {
 
 bool RecordScanner::next_batch_impl(RecordBatch& out) {
   out.clear();
+  out.paths = paths_;
   stored_crcs_.clear();
   auto done = [&]() {
     finish_batch(out);
@@ -424,7 +428,7 @@ bool RecordScanner::next_batch_impl(RecordBatch& out) {
     if (!region_.valid && !pull_region()) {
       if (assembling_) {  // unreachable in practice: the last region of a file ends assembly
         assembling_ = false;
-        skip_or_raise(paths_.size() - 1, static_cast<int64_t>(assembly_offset_),
+        skip_or_raise(paths_->size() - 1, static_cast<int64_t>(assembly_offset_),
                       "truncated multi-part RecordIO record at the end of the data");
       }
       return false;

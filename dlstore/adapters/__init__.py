@@ -12,6 +12,6 @@ Importing this package or any adapter module imports no framework; each adapter 
 framework when first used. Last-batch policies are named as DALI names them: ``FILL``, ``DROP``,
 ``PARTIAL`` (:class:`~dlstore.adapters.base.LastBatch`). See docs/adapters.md.
 """
-from dlstore.adapters.base import ConsumerShard, LastBatch
+from dlstore.adapters.base import LastBatch, rank_source
 
-__all__ = ["ConsumerShard", "LastBatch"]
+__all__ = ["LastBatch", "rank_source"]

@@ -28,7 +28,7 @@ from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from dlstore.adapters.base import ConsumerShard, LastBatch, check_last_batch, current_world, import_framework
+from dlstore.adapters.base import LastBatch, check_last_batch, current_world, import_framework, rank_source
 from dlstore.errors import DlstoreError
 from dlstore.pipeline.decode import IMAGENET_MEAN, IMAGENET_STD
 from dlstore.pipeline.stages import available_cores
@@ -38,13 +38,12 @@ __all__ = ["dali_pipeline", "EncodedSamples"]
 _INSTALL = "pip install nvidia-dali-cuda120 (or the build for your CUDA), see https://docs.nvidia.com/deeplearning/dali"
 
 
-def _record_error(error: DlstoreError, batch: Any, paths: List[str]) -> DlstoreError:
+def _record_error(error: DlstoreError, batch: Any) -> DlstoreError:
     """``error`` about "record k" of ``batch`` again, naming the file and the record's byte offset in it."""
     match = re.match(r"record (\d+)", str(error))
     k = int(match.group(1)) if match else 0
-    index = int(getattr(batch, "file_index", -1))
-    path = paths[index] if 0 <= index < len(paths) else None
-    offset = int(batch.file_offsets[k]) if k < len(batch.file_offsets) else None
+    path = batch.path(k) if k < batch.num_records else None
+    offset = int(batch.file_offsets[k]) if k < batch.num_records else None
     return type(error)(f"{path}: record at byte {offset}: {error}", path=path, offset=offset)
 
 
@@ -56,15 +55,20 @@ class EncodedSamples:
 
     Iterating it gives one epoch: lists of uint8 arrays (each a view of one record's image bytes
     in the reader's chunk, no copy) and an int64 label array of the same length. A new iteration
-    is the next epoch (the source's ``set_epoch`` is called first when it has one, as the Loader
-    does: a new file order with ``shuffle``), which is what ``cycle="raise"`` asks of a source.
-    The last ``keep`` batches handed out are referenced here, so DALI may use them without a copy
-    (``no_copy=True``) until its prefetch queue has moved past them.
+    is the next epoch (the source is set to it first, as the Loader does: a new order under a
+    shuffle), which is what ``cycle="raise"`` asks of a source. The last ``keep`` batches handed out
+    are referenced here, so DALI may use them without a copy (``no_copy=True``) until its prefetch
+    queue has moved past them.
+
+    :meth:`state_dict` says what it has handed out (``epoch``, ``sample_in_epoch``); DALI runs
+    ``prefetch_queue_depth`` batches ahead of what ``pipe.run()`` returned, so a checkpoint taken
+    between runs is that many batches ahead of the training step.
 
     Parameters
     ----------
-    source : ConsumerShard, RecordReader or similar
-        This consumer's records (``.batches()``; ``paths`` with ``file_index`` to name a bad record).
+    source : Source
+        This consumer's records: a :class:`~dlstore.Dataset` (batches of ``batch_size`` records) or
+        :func:`~dlstore.open_records`.
     batch_size : int
     last_batch : {"PARTIAL", "DROP", "FILL"}
         ``FILL`` completes the last batch by repeating the epoch's last sample.
@@ -88,7 +92,19 @@ class EncodedSamples:
         self.label_spec = {label_key: (np.int64, 1)}
         self.label_offset = int(label_offset)
         self.epoch = 0
+        self.sample_in_epoch = 0  # samples of `epoch` handed out (padding not counted)
         self._handed_out = collections.deque(maxlen=max(1, int(keep)))
+
+    def state_dict(self) -> dict:
+        """``epoch``, ``sample_in_epoch`` and the source's state: where the next iteration starts."""
+        return {"epoch": self.epoch, "sample_in_epoch": self.sample_in_epoch,
+                "source": dict(self.source.state_dict(), epoch=self.epoch, sample_in_epoch=self.sample_in_epoch)}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resumes at a :meth:`state_dict`: the next iteration goes on from there."""
+        self.epoch, self.sample_in_epoch = int(state["epoch"]), int(state["sample_in_epoch"])
+        self.source.load_state_dict(state.get("source") or dict(self.source.state_dict(), epoch=self.epoch,
+                                                                 sample_in_epoch=self.sample_in_epoch))
 
     def _samples(self, source) -> Iterator[Tuple[List[np.ndarray], np.ndarray]]:
         """Per chunk of records: image views and labels."""
@@ -99,15 +115,16 @@ class EncodedSamples:
                 labels = parse_batch(batch, self.label_spec)[self.label_key][:, 0] + self.label_offset
                 offsets, lengths = bytes_feature_spans(batch, self.image_key)
             except DlstoreError as e:
-                raise _record_error(e, batch, list(getattr(source, "paths", []))) from e
+                raise _record_error(e, batch) from e
             chunk = np.frombuffer(batch, dtype=np.uint8)
             yield [chunk[o:o + n] for o, n in zip(offsets.tolist(), lengths.tolist())], labels
 
     def __iter__(self) -> Iterator[Tuple[List[np.ndarray], np.ndarray]]:
         source = self.source
-        if hasattr(source, "set_epoch"):
+        if self.sample_in_epoch:  # resumed mid-epoch
+            source.load_state_dict(dict(source.state_dict(), epoch=self.epoch, sample_in_epoch=self.sample_in_epoch))
+        else:
             source.set_epoch(self.epoch)
-        self.epoch += 1
         size = self.batch_size
         images: List[np.ndarray] = []
         labels: List[np.ndarray] = []
@@ -118,23 +135,23 @@ class EncodedSamples:
                 continue
             all_labels = np.concatenate(labels)
             while len(images) >= size:
-                yield self._hand_out(images[:size], all_labels[:size])
+                yield self._hand_out(images[:size], all_labels[:size], size)
                 images, all_labels = images[size:], all_labels[size:]
             labels = [all_labels]
-        if not images:
-            return
-        tail = np.concatenate(labels)
-        if self.last_batch == LastBatch.DROP:
-            return
-        if self.last_batch == LastBatch.FILL:  # repeat the epoch's last sample, as dlstore's Loader does
-            need = size - len(images)
-            images = images + [images[-1]] * need
-            tail = np.concatenate([tail, np.repeat(tail[-1:], need)])
-        yield self._hand_out(images, tail)
+        if images and self.last_batch != LastBatch.DROP:
+            tail, real = np.concatenate(labels), len(images)
+            if self.last_batch == LastBatch.FILL:  # repeat the epoch's last sample, as dlstore's Loader does
+                need = size - len(images)
+                images = images + [images[-1]] * need
+                tail = np.concatenate([tail, np.repeat(tail[-1:], need)])
+            yield self._hand_out(images, tail, real)
+        self.epoch, self.sample_in_epoch = self.epoch + 1, 0
 
-    def _hand_out(self, images: List[np.ndarray], labels: np.ndarray) -> Tuple[List[np.ndarray], np.ndarray]:
+    def _hand_out(self, images: List[np.ndarray], labels: np.ndarray,
+                  real: int) -> Tuple[List[np.ndarray], np.ndarray]:
         out = (list(images), np.ascontiguousarray(labels, dtype=np.int64))
         self._handed_out.append(out)
+        self.sample_in_epoch += real
         return out
 
 
@@ -153,9 +170,9 @@ def dali_pipeline(source, batch_size: int, *, device: str = "auto", train: bool 
                   std: Sequence[float] = IMAGENET_STD, eval_resize: Optional[int] = None,
                   num_threads: Optional[int] = None, device_id: Optional[int] = None, seed: int = 0,
                   prefetch_queue_depth: int = 2,
-                  last_batch: str = LastBatch.PARTIAL, world: Any = None, shard: str = "auto", shuffle: bool = False,
-                  image_key: str = "image/encoded", label_key: str = "image/class/label", label_offset: int = 0,
-                  **open_kwargs: Any):
+                  last_batch: str = LastBatch.PARTIAL, world: Any = None, shuffle: Optional[str] = None,
+                  remainder: str = "uneven", image_key: str = "image/encoded", label_key: str = "image/class/label",
+                  label_offset: int = 0, **dataset_kwargs: Any):
     """A built DALI pipeline: dlstore's reader feeding encoded JPEGs and labels to a ResNet-50 graph.
 
     Outputs ``(images, labels)``: images ``size x size`` in ``layout`` (``NCHW``/``NHWC`` per
@@ -165,9 +182,10 @@ def dali_pipeline(source, batch_size: int, *, device: str = "auto", train: bool 
 
     Parameters
     ----------
-    source : str, path-like, list of them, or an object with ``.batches()``
-        Record files (globs, directories), sharded among ranks by :class:`~dlstore.adapters.base.ConsumerShard`, or a
-        ready source of this rank's records (e.g. ``dlstore.open_records(...)``).
+    source : str, path-like, list of them, or a Source
+        Record files (globs, directories), read through a :class:`dlstore.Dataset` of this rank's
+        share (:func:`~dlstore.adapters.base.rank_source`), or a ready source of this rank's records
+        (a ``dlstore.Dataset``, ``dlstore.open_records(...)``).
     batch_size : int
     device : {"auto", "cpu", "gpu"}
         ``gpu`` decodes with nvJPEG (``mixed``) and resizes on the GPU; ``cpu`` runs everything on
@@ -191,12 +209,15 @@ def dali_pipeline(source, batch_size: int, *, device: str = "auto", train: bool 
         DALI's seed (crops, flips); combined with the rank so ranks differ.
     prefetch_queue_depth : int
     last_batch : {"PARTIAL", "DROP", "FILL"}
-    world, shard, shuffle
-        Which records this rank reads (only when ``source`` names files).
+    world, shuffle, remainder
+        The Dataset's (only when ``source`` names files): who this rank is, its record shuffle drawn
+        from ``(seed, epoch)`` (by default ``block`` to train, ``none`` to evaluate), and its remainder
+        policy (``uneven``: every record once).
     image_key, label_key, label_offset
         See :class:`EncodedSamples`.
-    **open_kwargs
-        For :func:`dlstore.open_records` (``io``, ``verify``, ``on_error``...).
+    **dataset_kwargs
+        For the :class:`dlstore.Dataset` made from files: ``mounts``, ``buffer_size``, reader options
+        (``io``, ``verify``, ``on_error``...).
 
     Returns
     -------
@@ -218,11 +239,10 @@ def dali_pipeline(source, batch_size: int, *, device: str = "auto", train: bool 
         raise RuntimeError("device='gpu' but DALI sees no CUDA device; use device='cpu' or 'auto'")
 
     world = current_world(world)
-    if not hasattr(source, "batches"):
-        from dlstore.reader import expand_paths
-
-        source = ConsumerShard(expand_paths(source), world.rank, world.size, shard=shard, shuffle=shuffle, seed=seed,
-                               **open_kwargs)
+    if shuffle is None:
+        shuffle = "block" if train else "none"
+    source = rank_source(source, world, dict(shuffle=shuffle, seed=seed, remainder=remainder,
+                                             batch_size=int(batch_size)), **dataset_kwargs)
     samples = EncodedSamples(source, batch_size, last_batch=last_batch, image_key=image_key,
                              label_key=label_key, label_offset=label_offset, keep=prefetch_queue_depth + 2)
     if device == "gpu":

@@ -5,7 +5,7 @@ and :class:`DlstoreIterableDataset` (a ``torch.utils.data.IterableDataset``) whe
 
 Examples
 --------
-Ranks and DataLoader workers, each sample once per epoch::
+Ranks and DataLoader workers, each sample once per epoch, shuffled::
 
     from dlstore.adapters.torch import DlstoreIterableDataset
     from dlstore.pipeline import ResNet50
@@ -30,8 +30,7 @@ from typing import Any, Dict, Iterator, Optional, Tuple
 
 import numpy as np
 
-from dlstore.adapters.base import BatchAdapter, ConsumerShard, LastBatch, check_last_batch, current_world, \
-    import_framework
+from dlstore.adapters.base import BatchAdapter, LastBatch, check_last_batch, import_framework, rank_source
 
 __all__ = ["DlstoreIterableDataset", "TorchLoader", "pinned_allocator"]  # noqa: F822 (DlstoreIterableDataset: module __getattr__)
 
@@ -56,79 +55,68 @@ class _IterableRecords:
     without torch: the dataset class is made (with ``torch.utils.data.IterableDataset`` as its second
     base) the first time it is named."""
 
-    def __init__(self, paths, pipeline=None, batch_size: Optional[int] = None, *, world: Any = None,
-                 shard: str = "auto", shuffle: bool = False, seed: int = 0, last_batch: str = LastBatch.PARTIAL,
-                 prefetch: int = 2, threads: Optional[int] = None, **open_kwargs: Any):
-        from dlstore.reader import expand_paths
-
+    def __init__(self, source, pipeline=None, batch_size: Optional[int] = None, *, world: Any = None,
+                 shuffle: str = "block", seed: int = 0, remainder: str = "uneven",
+                 last_batch: str = LastBatch.PARTIAL, prefetch: int = 2, threads: Optional[int] = None,
+                 **dataset_kwargs: Any):
         if pipeline is not None and (batch_size is None or int(batch_size) < 1):
             raise ValueError(f"a pipeline needs batch_size >= 1, got {batch_size!r}")
         if pipeline is None and batch_size is not None:
             raise ValueError("batch_size goes with a pipeline; without one the dataset yields records "
                              "and the DataLoader batches them")
-        if shard not in ("auto", "files", "records"):
-            raise ValueError(f"shard must be 'auto', 'files' or 'records', got {shard!r}")
-        # A dlstore.Dataset brings its own placement (mounts, rank, shuffle, remainder, failover):
-        # each DataLoader worker reads its part of this rank's share.
-        self.dataset = paths if hasattr(paths, "for_worker") else None
-        self.paths = list(paths.shards) if self.dataset is not None else expand_paths(paths)
+        # This rank's Dataset: its placement (mounts, shuffle, remainder, failover) is shared by the
+        # DataLoader workers, each reading its part of the rank's share.
+        if hasattr(source, "for_worker"):
+            if dataset_kwargs or world is not None:
+                raise ValueError("a dlstore.Dataset brings its world and options: set them on it")
+            self.dataset = source
+        else:
+            self.dataset = rank_source(source, world, dict(shuffle=shuffle, seed=seed, remainder=remainder,
+                                                           batch_size=batch_size), **dataset_kwargs)
         self.pipeline = pipeline
         self.batch_size = None if batch_size is None else int(batch_size)
-        self.world = world
-        self.shard = shard
-        self.shuffle = shuffle
         self.seed = int(seed)
         self.last_batch = check_last_batch(last_batch)
         self.prefetch = int(prefetch)
         self.threads = threads
-        self.open_kwargs = open_kwargs
         self.epoch = 0
 
+    @property
+    def paths(self):
+        return list(self.dataset.shards)
+
     def set_epoch(self, epoch: int) -> None:
-        """Chooses the epoch whose file order (with ``shuffle``) and augmentation seeds the next pass uses.
+        """Chooses the epoch whose order and augmentation seeds the next pass uses.
 
         Call it before creating the epoch's DataLoader iterator: workers take a copy of the dataset then.
         """
         self.epoch = int(epoch)
 
-    def consumer(self) -> Tuple[Any, bool]:
-        """This process's world narrowed to the current DataLoader worker, and whether in a worker."""
-        torch = _torch()
-        world = self.dataset.world if self.dataset is not None else current_world(self.world)
-        info = torch.utils.data.get_worker_info()
-        if info is None:
-            return world, False
-        return world.with_worker(info.id, info.num_workers), True
-
     def share(self) -> Any:
         """The records this process (or, in a DataLoader worker, this worker) reads this epoch."""
-        if self.dataset is not None:
-            torch = _torch()
-            info = torch.utils.data.get_worker_info()
-            ds = self.dataset.for_worker(info.id, info.num_workers) if info is not None else self.dataset
-            ds.set_epoch(self.epoch)
-            return ds
-        world, _ = self.consumer()
-        return ConsumerShard(self.paths, world.consumer, world.num_consumers, shard=self.shard,
-                             shuffle=self.shuffle, seed=self.seed, epoch=self.epoch, **self.open_kwargs)
+        info = _torch().utils.data.get_worker_info()
+        ds = self.dataset.for_worker(info.id, info.num_workers) if info is not None else self.dataset
+        ds.set_epoch(self.epoch)
+        return ds
 
     def __iter__(self) -> Iterator[Any]:
         torch = _torch()
-        world, in_worker = self.consumer()
         source = self.share()
         if self.pipeline is None:
             yield from _records(source)
             return
         from dlstore.pipeline import Loader
 
+        in_worker = torch.utils.data.get_worker_info() is not None
         # Each consumer draws its own augmentations, the same on every run with the same seed and world.
-        seed = int(np.random.SeedSequence([self.seed, self.epoch, world.consumer]).generate_state(1)[0])
+        seed = int(np.random.SeedSequence([self.seed, self.epoch, source.world.consumer]).generate_state(1)[0])
         # Owned batches (copy=True): the DataLoader holds several batches in its queues, more than the
         # loader's ring of reused buffers would keep valid. In a worker one decode thread each by
         # default: the workers are the parallelism.
         threads = self.threads if self.threads is not None or not in_worker else 1
         loader = Loader(source, self.pipeline, self.batch_size, prefetch=self.prefetch,
                         last_batch=self.last_batch, threads=threads, seed=seed, epochs=1, copy=True)
+        loader.load_state_dict({"epoch": self.epoch, "sample_in_epoch": 0, "seed": seed})
         for batch in loader:
             yield {name: _as_tensor(torch, array) for name, array in batch.items()}
 
@@ -155,8 +143,9 @@ def _dataset_class():
 
         Parameters
         ----------
-        paths : str, path-like or list of them
-            Files, directories or globs (:func:`dlstore.reader.expand_paths`).
+        source : dlstore.Dataset, or str, path-like or list of them
+            A :class:`dlstore.Dataset` (its world, mounts and shuffle), or files, directories or
+            globs (:func:`dlstore.reader.expand_paths`) read through a Dataset made here.
         pipeline : ResNet50, Bert or None
             A :mod:`dlstore.pipeline` preset. With one, each item is a whole batch, a dict of
             tensors (use ``DataLoader(ds, batch_size=None)``); without one, each item is one record
@@ -165,27 +154,26 @@ def _dataset_class():
             Samples per batch; required with a pipeline, not allowed without.
         world : World, optional
             Overrides the detected one (anything with ``with_worker``, ``consumer``, ``num_consumers``).
-        shard : {"auto", "files", "records"}
-            How records are dealt to consumers: whole files (``c, c + n, ...``), or records
-            ``c, c + n, ...`` of every file (even shares, every consumer reads every file);
-            ``auto`` takes files when they divide evenly among the consumers.
-        shuffle : bool
-            Draw the file order from ``(seed, epoch)`` each epoch, identically on every consumer.
+        shuffle : {"block", "none", "buffer", "global"}
+            The Dataset's record shuffle (files given), drawn from ``(seed, epoch)``.
         seed : int
-            Seeds the file order and, with ``(epoch, consumer)``, the pipeline's augmentations.
+            Seeds the shuffle and, with ``(epoch, consumer)``, the pipeline's augmentations.
+        remainder : {"uneven", "pad", "drop"}
+            The Dataset's remainder policy (files given): ``uneven`` reads every record exactly once.
         last_batch : {"PARTIAL", "DROP", "FILL"}
             Each consumer's last batch, as in DALI. ``PARTIAL`` (default) keeps every sample
             exactly once.
         prefetch, threads
             The :class:`dlstore.pipeline.Loader`'s. ``threads=None`` in a DataLoader worker means one.
-        **open_kwargs
-            For :func:`dlstore.open_records`: ``io``, ``format``, ``verify``, ``on_error``...
+        **dataset_kwargs
+            For the :class:`dlstore.Dataset` made from files: ``mounts``, ``buffer_size``, and reader
+            options (``io``, ``verify``, ``on_error``...).
 
         Notes
         -----
-        Batch counts can differ between ranks by one or more (files of unequal size, or
-        ``PARTIAL``); with DistributedDataParallel, agree on a step count or use ``DROP`` over
-        even shards.
+        Every consumer yields the same number of batches per epoch (the Dataset agrees on it): with
+        ``PARTIAL`` under ``uneven``, a consumer whose share ran out yields empty batches up to that
+        count, so no rank waits for another in a collective.
         """
 
     DlstoreIterableDataset.__module__ = __name__

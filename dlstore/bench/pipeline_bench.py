@@ -45,6 +45,7 @@ before each tier, and rank 0 prints one table per rank and the aggregate.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import importlib
 import os
@@ -358,47 +359,50 @@ class Workload:
 
 @dataclass(frozen=True)
 class LoaderSpec:
-    """Everything needed to build one loader, in this process or in a job's (picklable)."""
+    """Everything needed to build one loader, in this process or in a job's (picklable).
+
+    The loader reads a :class:`dlstore.Dataset`: this rank's share of the records (rank and size from
+    the launcher, so under mpirun each rank reads its own), in ``shuffle`` order, as training reads.
+    """
 
     pipeline: str
     pipeline_kwargs: Dict[str, Any]
-    paths: Tuple[str, ...]
+    paths: Tuple[str, ...]  # the files (what the cache is dropped or warmed for)
     batch_size: int
     io: str = "auto"
     verify: bool = True
     prefetch: int = 2
     threads: Optional[int] = None
     epochs: int = 1
-    mounts: Tuple[str, ...] = ()  # with mounts: shard paths relative to them, read through dlstore.Dataset
+    mounts: Tuple[str, ...] = ()  # with mounts: the Dataset reads `shards`, relative to them
     shards: Tuple[str, ...] = ()
+    shuffle: str = "block"
+    seed: int = 0
+
+    def dataset(self):
+        """This rank's :class:`dlstore.Dataset` of the spec's data."""
+        from dlstore.dataset import Dataset
+
+        if self.mounts:
+            where: Dict[str, Any] = dict(shards=list(self.shards), mounts=list(self.mounts))
+        else:
+            where = dict(shards=list(self.paths))
+        return Dataset(**where, io=self.io, verify=self.verify, shuffle=self.shuffle, seed=self.seed,
+                       remainder="uneven", batch_size=self.batch_size)
 
     def open(self) -> Tuple[Any, CountingSource]:
-        """``(loader, source)``: a :class:`dlstore.pipeline.Loader` over a counting record reader.
-
-        With ``mounts`` the source is a :class:`dlstore.Dataset` over them: this rank's share of
-        the shards (rank from the launcher), each block through its mount, with failover.
-        """
+        """``(loader, source)``: a :class:`dlstore.pipeline.Loader` over a counting :meth:`dataset`."""
         from dlstore.pipeline import Loader
-        from dlstore.reader import open_records
 
         pipeline_cls = getattr(importlib.import_module("dlstore.pipeline"), self.pipeline)
-        if self.mounts:
-            from dlstore.dataset import Dataset
-
-            reader: Any = Dataset(list(self.shards), mounts=list(self.mounts), io=self.io, verify=self.verify,
-                                  remainder="uneven", shuffle_shards=False)
-        else:
-            reader = open_records(list(self.paths), io=self.io, verify=self.verify)
-        source = CountingSource(reader)
+        source = CountingSource(self.dataset())
         loader = Loader(source, pipeline_cls(**self.pipeline_kwargs), self.batch_size, prefetch=self.prefetch,
-                        last_batch="DROP", threads=self.threads, epochs=self.epochs)
+                        last_batch="DROP", threads=self.threads, epochs=self.epochs, seed=self.seed)
         return loader, source
 
-    def rotated(self, job: int, jobs: int) -> "LoaderSpec":
-        """The same spec, its shard list starting at shard ``job * shards // jobs``."""
-        k = job * len(self.paths) // max(jobs, 1)
-        return LoaderSpec(self.pipeline, self.pipeline_kwargs, self.paths[k:] + self.paths[:k], self.batch_size,
-                          self.io, self.verify, self.prefetch, self.threads, self.epochs, self.mounts, self.shards)
+    def for_job(self, job: int) -> "LoaderSpec":
+        """The spec of concurrent job ``job``: its own seed, so jobs read the shared files in different orders."""
+        return dataclasses.replace(self, seed=self.seed + job)
 
 
 def _close(loader: Any) -> None:
@@ -542,7 +546,7 @@ def run_jobs(spec: LoaderSpec, max_jobs: int, plan: Sequence[int], *, prepare: C
         for n in range(1, max_jobs + 1):
             ready, results, start = ctx.Queue(), ctx.Queue(), ctx.Event()
             compute_s = compute.seconds_per_batch if compute else 0.0
-            procs = [ctx.Process(target=_job_main, args=(spec.rotated(j, n), list(plan), compute_s, j, ready, start,
+            procs = [ctx.Process(target=_job_main, args=(spec.for_job(j), list(plan), compute_s, j, ready, start,
                                                          results), name=f"dlstore-bench-job{j}", daemon=True)
                      for j in range(n)]
             for p in procs:
@@ -847,6 +851,7 @@ def add_common_arguments(p: argparse.ArgumentParser, workload: Workload) -> None
     """Options both pipeline scenarios take."""
     from dlstore import settings
     from dlstore.io.select import ENGINES
+    from dlstore.placement.sharding import SHUFFLES
 
     unit = workload.unit
     p.add_argument("--data", metavar="GLOB",
@@ -865,6 +870,11 @@ def add_common_arguments(p: argparse.ArgumentParser, workload: Workload) -> None
     p.add_argument("--io", choices=("auto",) + ENGINES, default="auto",
                    help=settings.SETTINGS["io"].help + " The page-cache tier reads with buffered (or mmap) I/O.")
     p.add_argument("--no-verify", dest="verify", action="store_false", help="do not check TFRecord CRCs")
+    p.add_argument("--shuffle", choices=tuple(SHUFFLES), default="block",
+                   help="the record shuffle of the Dataset each tier reads, as training reads (default: "
+                        "%(default)s: blocks read whole in a seeded order through a shuffle buffer; none, buffer, "
+                        "or global: a full permutation)")
+    p.add_argument("--seed", type=int, default=0, metavar="S", help="seed of the shuffle and the augmentation")
     p.add_argument("--batch-size", type=int, default=workload.default_batch_size, metavar="N",
                    help=f"{unit} per batch (default: %(default)s; lowered, saying so, when the data is too small "
                         "for the steps)")
@@ -932,12 +942,6 @@ def _baseline_paths(workload: Workload, args: argparse.Namespace) -> List[str]:
                          **workload.dataset_overrides(args))
 
 
-def _count_records(paths: Sequence[str], verify: bool) -> int:
-    from dlstore.reader import open_records
-
-    return int(open_records(list(paths), verify=verify).count()["records"])
-
-
 def run_workload(workload: Workload, args: argparse.Namespace) -> int:
     """Entry point shared by ``python -m dlstore.bench resnet50`` and ``... bert``."""
     for name in ("batch_size", "steps", "jobs_steps", "prefetch", "epochs"):
@@ -960,17 +964,26 @@ def run_workload(workload: Workload, args: argparse.Namespace) -> int:
 
     baseline = _baseline_paths(workload, args) if {"page-cache", "local-cold"} & set(wanted) else []
     target = target_paths(args.data, args.mounts) if "target" in wanted else []
-    if comm is not None:
-        def share(paths: List[str]) -> List[str]:
-            return paths[rank::world] if len(paths) >= world else paths
-        if (baseline and len(baseline) < world) or (target and len(target) < world):
-            notes.append(f"fewer shards than the {world} ranks: every rank reads all of them")
-        # With --mounts the target's Dataset takes this rank's share itself.
-        baseline, target = share(baseline), (target if args.mounts else share(target))
+    # Every tier reads a dlstore.Dataset, which gives each rank (from the launcher) its share of the
+    # records, in the --shuffle order.
+    spec_common = dict(pipeline=workload.pipeline, pipeline_kwargs=workload.pipeline_kwargs(args),
+                       verify=args.verify, prefetch=args.prefetch, threads=args.threads, epochs=args.epochs,
+                       shuffle=args.shuffle, seed=args.seed)
+    page_io = "mmap" if args.io == "mmap" else "buffered"
 
-    # The step plan comes from the baseline set (counted: a read the cold tiers undo), and every tier
-    # follows it, so the tiers' steps hold the same samples.
-    records = _count_records(baseline, args.verify) if baseline and args.step_batches is None else None
+    def specs_for(batch: int) -> Dict[str, LoaderSpec]:
+        return {"page-cache": LoaderSpec(paths=tuple(baseline), io=page_io, batch_size=batch, **spec_common),
+                "local-cold": LoaderSpec(paths=tuple(baseline), io=args.io, batch_size=batch, **spec_common),
+                "target": LoaderSpec(paths=tuple(target), io=args.io, mounts=tuple(args.mounts or ()),
+                                     shards=(args.data,) if args.mounts else (), batch_size=batch, **spec_common)}
+
+    # The step plan comes from the baseline set (this rank's records), and every tier follows it, so
+    # the tiers' steps hold the same samples.
+    first = specs_for(args.batch_size)
+    probe = first["target" if target else "local-cold"].dataset()  # what the header says is read, and how
+    records = None
+    if baseline and args.step_batches is None:
+        records = len(probe if not target else first["local-cold"].dataset())
     if comm is not None:  # one plan for every rank: the smallest share decides
         counts = [c for c in comm.allgather(records) if c is not None]
         records = min(counts) if counts else None
@@ -985,11 +998,7 @@ def run_workload(workload: Workload, args: argparse.Namespace) -> int:
                  f"{min(plan)}-{max(plan)} batches of {batch_size} {workload.unit}")
 
     probe_paths = target or baseline
-    from dlstore.reader import open_records
-
-    probe = open_records(list(probe_paths), io=args.io, verify=args.verify)
     info = sysinfo.collect(probe_paths, probe.engine, probe.engine_reason)
-    del probe
     data_lines = []
     if baseline:
         data_lines.append(("baseline", f"{len(baseline)} files, {report.fmt_bytes(sum(map(os.path.getsize, baseline)))}"
@@ -1003,6 +1012,8 @@ def run_workload(workload: Workload, args: argparse.Namespace) -> int:
     extra = [("workload", f"{workload.name} ({workload.describe(args)}), batch {batch_size}, prefetch "
                           f"{args.prefetch}, CRC {'checked' if args.verify else 'not checked'}")]
     extra += data_lines
+    extra.append(("shuffle", f"{probe.describe_shuffle()}; seed {args.seed}"))
+    del probe
     epochs = f"{args.epochs} epochs" if args.epochs > 1 else "1 epoch"
     extra.append(("step", f"{step_text}; {len(plan)} steps per tier over {epochs}; the rate of a step is its "
                           f"{workload.unit} "
@@ -1010,20 +1021,11 @@ def run_workload(workload: Workload, args: argparse.Namespace) -> int:
     if compute is not None:
         extra.append(("compute", f"{compute.label}, slept per batch while the loader prefetches ({compute.source})"))
     if comm is not None:
-        extra.append(("MPI", f"{world} ranks, each reading its share of the shards"))
+        extra.append(("MPI", f"{world} ranks, each reading its share of the records (dlstore.Dataset)"))
     if rank == 0:
         print(sysinfo.format_header(info, extra=extra) + "\n", flush=True)
 
-    spec_common = dict(pipeline=workload.pipeline, pipeline_kwargs=workload.pipeline_kwargs(args),
-                       batch_size=batch_size, verify=args.verify, prefetch=args.prefetch, threads=args.threads,
-                       epochs=args.epochs)
-    page_io = "mmap" if args.io == "mmap" else "buffered"
-    specs = {
-        "page-cache": LoaderSpec(paths=tuple(baseline), io=page_io, **spec_common),
-        "local-cold": LoaderSpec(paths=tuple(baseline), io=args.io, **spec_common),
-        "target": LoaderSpec(paths=tuple(target), io=args.io, mounts=tuple(args.mounts or ()),
-                             shards=(args.data,) if args.mounts else (), **spec_common),
-    }
+    specs = specs_for(batch_size)
     compute_s = compute.seconds_per_batch if compute else 0.0
     warm_up(specs[wanted[0]])  # before any cache is prepared: the cold tiers undo what it read
     results = []
@@ -1056,7 +1058,8 @@ def run_workload(workload: Workload, args: argparse.Namespace) -> int:
         ranks = gathered
         results = aggregate_ranks(gathered)
 
-    config = {"tiers": wanted, "io": args.io, "verify": args.verify, "steps": len(plan), "plan": plan,
+    config = {"tiers": wanted, "io": args.io, "verify": args.verify, "shuffle": args.shuffle, "seed": args.seed,
+              "steps": len(plan), "plan": plan,
               "epochs": args.epochs,
               "step_batches_text": step_text, "prefetch": args.prefetch, "threads": args.threads,
               "size": None if args.local else args.size, "baseline": baseline, "target": target,

@@ -1,64 +1,19 @@
-"""Reading record ranges of shards from mount points, failing over to a replica mount on an I/O error.
+"""Failing over between replica mounts: what failed in a pass, and where to read a block from next.
 
-A :class:`ReadPiece` is a run of records of one shard (``start`` .. ``stop``, from the shard's
-index) with the places it can be read from, best first. :class:`PieceReader` streams the pieces
-through one C++ reader; when a read fails (EIO, ESTALE, a vanished file, a read past the timeout),
-it restarts at the first record not yet handed out, on the piece's next replica, so no record is
-lost or repeated. Without a replica it retries the same place a bounded number of times, then
-raises an error naming the mount, the file and the offset.
+A :class:`dlstore.Dataset` reads an epoch's plan with one C++ reader. When a read fails (EIO, ESTALE,
+a vanished file, an open or read past ``read_timeout``), it records the failure here and restarts the
+plan at the first record not yet handed out (:meth:`dlstore.placement.sharding.EpochPlan.read_plan`),
+each block of a shard read from the place :meth:`MountHealth.choose` gives: a mount that has not
+failed; else one where this shard has not failed; else, a bounded number of times, the same place
+again after a growing delay. So no record is lost or repeated, and a dead mount costs a bounded number
+of attempts; without any place left the error names the mount, the file and the offset.
 """
 from __future__ import annotations
 
-import os
-import time
 from dataclasses import dataclass, field
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
-import numpy as np
-
-from dlstore.errors import DlstoreIOError
-
-__all__ = ["Place", "ReadPiece", "PieceReader", "FailoverStats"]
-
-
-@dataclass(frozen=True)
-class Place:
-    """Where a shard can be read: the mount point and the file's full path under it."""
-
-    mount: str
-    path: str
-
-
-@dataclass(frozen=True)
-class ReadPiece:
-    """Records ``start`` .. ``stop`` (exclusive) of a shard, and where to read them.
-
-    Attributes
-    ----------
-    shard : int
-        The shard's number in the dataset (for reports).
-    start, stop : int
-        Record numbers within the shard.
-    frame_offsets : numpy.ndarray
-        Byte offset of each record's frame from ``start`` to ``stop`` inclusive: the last entry is
-        where the piece ends (the next frame, or the file's size).
-    places : tuple of Place
-        The primary place first, then replicas in the order to fail over to.
-    """
-
-    shard: int
-    start: int
-    stop: int
-    frame_offsets: np.ndarray = field(repr=False, compare=False)
-    places: Tuple[Place, ...]
-
-    @property
-    def num_records(self) -> int:
-        return self.stop - self.start
-
-    def byte_range(self, first: int = 0) -> Tuple[int, int]:
-        """The bytes of the piece's records from its ``first``-th record to its end."""
-        return int(self.frame_offsets[first]), int(self.frame_offsets[self.num_records])
+__all__ = ["FailoverStats", "MountHealth"]
 
 
 @dataclass
@@ -75,118 +30,74 @@ class FailoverStats:
                 "failed_mounts": list(self.failed_mounts)}
 
 
-class PieceReader:
-    """Streams the records of ``pieces`` in order, through one C++ reader at a time.
+class MountHealth:
+    """The failures of one pass over an epoch, and the place each block is read from after them.
+
+    Places are mount indices (a dataset without mounts has one place, 0, per shard).
 
     Parameters
     ----------
-    pieces : sequence of ReadPiece
-    make_core : callable
-        ``make_core(paths, ranges)`` returns a started ``_C.Reader`` over those (path, byte range)
-        entries; the caller fixes the format, engine and its options.
+    names : sequence of str
+        Each mount's name, for the stats and messages.
     max_retries : int
-        Attempts at one place, after the first, before giving up on it when no replica is left.
+        Failures a mount may have, and a shard on it, before it is not tried again.
     retry_delay : float
-        Seconds before the first retry; doubled for each further one.
+        Seconds before a retry in place; doubled for each further one.
     """
 
-    def __init__(self, pieces: Sequence[ReadPiece], make_core, *, max_retries: int = 2, retry_delay: float = 0.2):
-        self.pieces = list(pieces)
-        self._make_core = make_core
-        self.max_retries = max_retries
-        self.retry_delay = retry_delay
+    def __init__(self, names: Sequence[str], max_retries: int, retry_delay: float = 0.2):
+        self.names = list(names)
+        self.max_retries = int(max_retries)
+        self.retry_delay = float(retry_delay)
         self.stats = FailoverStats()
-        self.core_stats: Dict[str, int] = {}
+        self._failed: List[int] = []  # mounts, in the order of their first failure
+        self._mount_failures: Dict[int, int] = {}
+        self._shard_failures: Dict[Tuple[int, int], int] = {}
 
-    def _place_for(self, piece: ReadPiece, tried: Dict[int, int]) -> Optional[Place]:
-        # The first place not yet failed in this pass; a place that failed may be retried up to
-        # max_retries times, but only when every replica has failed too.
-        for place in piece.places:
-            if place.mount not in self.stats.failed_mounts:  # later pieces avoid a mount that failed
-                return place
-        for i, place in enumerate(piece.places):
-            if tried.get(i, 0) <= self.max_retries:
-                return place
+    @property
+    def failed(self) -> List[int]:
+        """Mounts that failed at least once in this pass, first failure first."""
+        return list(self._failed)
+
+    def usable(self, mount: int) -> bool:
+        """Whether a block chosen for ``mount`` may stay there (it has not failed)."""
+        return mount not in self._mount_failures
+
+    def fail(self, shard: int, mount: int) -> None:
+        """A read of ``shard`` through ``mount`` failed."""
+        if mount not in self._mount_failures:
+            self._failed.append(mount)
+            self.stats.failed_mounts.append(self.names[mount])
+        self._mount_failures[mount] = self._mount_failures.get(mount, 0) + 1
+        self._shard_failures[(shard, mount)] = self._shard_failures.get((shard, mount), 0) + 1
+
+    def choose(self, shard: int, candidates: Sequence[int]) -> Optional[int]:
+        """Where to read ``shard`` from, among ``candidates`` (best first): None when nowhere is left.
+
+        A mount that has not failed; else one that failed for other shards but not for this one (a
+        file missing on one mount says nothing of the others); else one already tried, at most
+        ``max_retries`` more times for the mount and for the shard on it.
+        """
+        for m in candidates:
+            if m not in self._mount_failures:
+                return m
+        limit = self.max_retries
+        for m in candidates:
+            if self._shard_failures.get((shard, m), 0) == 0 and self._mount_failures[m] <= limit:
+                return m
+        for m in candidates:
+            if self._shard_failures.get((shard, m), 0) <= limit and self._mount_failures[m] <= limit:
+                return m
         return None
 
-    def batches(self, first_piece: int = 0, first_record: int = 0) -> Iterator:
-        """Yields RecordBatches of the pieces from record ``first_record`` of piece ``first_piece`` on."""
-        pos_piece, pos_record = first_piece, first_record
-        tries: Dict[int, Dict[int, int]] = {}  # piece -> place index -> failed attempts
-        while True:
-            while pos_piece < len(self.pieces) and pos_record >= self.pieces[pos_piece].num_records:
-                pos_piece, pos_record = pos_piece + 1, 0
-            if pos_piece >= len(self.pieces):
-                return
-            chosen: List[Place] = []
-            for k in range(pos_piece, len(self.pieces)):
-                place = self._place_for(self.pieces[k], tries.get(k, {}))
-                if place is None:
-                    raise self._gave_up(k, pos_record if k == pos_piece else 0)
-                chosen.append(place)
-            ranges = [self.pieces[pos_piece].byte_range(pos_record)]
-            ranges += [p.byte_range() for p in self.pieces[pos_piece + 1:]]
-            base = pos_piece
-            core = None
-            try:
-                core = self._make_core([p.path for p in chosen], ranges)
-                while True:
-                    batch = core.next_batch()
-                    if batch is None:
-                        break
-                    k = base + batch.file_index
-                    if k != pos_piece:  # the reader moved on to a later piece
-                        pos_piece, pos_record = k, 0
-                    pos_record += batch.num_records
-                    yield batch
-                self._add_core_stats(core)
-                return
-            except DlstoreIOError as e:
-                if core is not None:
-                    self._add_core_stats(core)
-                core = None  # its files and buffers go before the next attempt
-                while pos_piece < len(self.pieces) and pos_record >= self.pieces[pos_piece].num_records:
-                    pos_piece, pos_record = pos_piece + 1, 0
-                k = self._piece_of(e, base, chosen, pos_piece)
-                place = chosen[k - base]
-                piece = self.pieces[k]
-                index = piece.places.index(place)
-                attempts = tries.setdefault(k, {})
-                attempts[index] = attempts.get(index, 0) + 1
-                if place.mount not in self.stats.failed_mounts:
-                    self.stats.failed_mounts.append(place.mount)
-                nxt = self._place_for(piece, attempts)
-                at = f"record {pos_record + piece.start if k == pos_piece else piece.start} of shard {piece.shard}"
-                if nxt is None:
-                    raise self._gave_up(k, pos_record if k == pos_piece else 0, e) from e
-                if nxt.mount != place.mount:
-                    self.stats.failovers += 1
-                    self.stats.events.append(f"{place.mount} -> {nxt.mount} at {at}: {e}")
-                else:
-                    self.stats.retries += 1
-                    self.stats.events.append(f"retry {attempts[index]} on {place.mount} at {at}: {e}")
-                    time.sleep(self.retry_delay * (2 ** (attempts[index] - 1)))
-
-    def _piece_of(self, err: DlstoreIOError, base: int, chosen: List[Place], pos_piece: int) -> int:
-        # Errors arrive in file order after every record before them, so the failing read belongs
-        # to the first piece not fully delivered; the error's path confirms it when it names one.
-        if err.path:
-            for k in range(pos_piece, base + len(chosen)):
-                if os.path.abspath(chosen[k - base].path) == os.path.abspath(err.path):
-                    return k
-        return min(pos_piece, base + len(chosen) - 1)
-
-    def _gave_up(self, k: int, record: int, cause: Optional[BaseException] = None) -> DlstoreIOError:
-        piece = self.pieces[k]
-        offset = int(piece.frame_offsets[min(record, piece.num_records)])
-        last = piece.places[-1]
-        places = ", ".join(f"{p.mount} ({p.path})" for p in piece.places)
-        why = f": {cause}" if cause is not None else ""
-        return DlstoreIOError(
-            f"{last.path}: at byte {offset}: cannot read record {piece.start + record} of shard {piece.shard} "
-            f"from any of its {len(piece.places)} mount(s) [{places}] after {self.max_retries} retries "
-            f"each{why}", path=last.path, offset=offset)
-
-    def _add_core_stats(self, core) -> None:
-        for key, value in core.stats().items():
-            self.core_stats[key] = self.core_stats.get(key, 0) + int(value)
+    def record(self, shard: int, failed: int, chosen: int, where: str, error: BaseException) -> float:
+        """Counts what follows the failure of ``shard`` on ``failed``: a failover to ``chosen``, or a
+        retry on the same mount; returns the seconds to wait before it."""
+        if chosen != failed:
+            self.stats.failovers += 1
+            self.stats.events.append(f"{self.names[failed]} -> {self.names[chosen]} at {where}: {error}")
+            return 0.0
+        self.stats.retries += 1
+        attempt = self._shard_failures[(shard, failed)]
+        self.stats.events.append(f"retry {attempt} on {self.names[failed]} at {where}: {error}")
+        return self.retry_delay * (2 ** (attempt - 1))

@@ -2,7 +2,9 @@
 
 - The dataset is larger than the memory the page cache can have: ``direct`` (O_DIRECT), so the
   read neither thrashes the cache nor pays a copy out of it.
-- It fits: ``buffered``, so every epoch after the first is served from RAM.
+- It fits: ``buffered``, so every epoch after the first is served from RAM; or ``mmap`` when the
+  records are read one by one in random order (a global shuffle): each is copied out of the page
+  cache without a system call.
 - O_DIRECT refused by the filesystem (tmpfs, some FUSE mounts): ``buffered``, saying so.
 """
 from __future__ import annotations
@@ -46,7 +48,7 @@ def probe_direct(path: str) -> Optional[str]:
 
 
 def resolve_engine(requested: str, paths: Sequence[str], total_bytes: int,
-                   available: Optional[int] = None) -> EngineChoice:
+                   available: Optional[int] = None, random_reads: bool = False) -> EngineChoice:
     """Resolves ``requested`` (``auto`` or an engine name) for these files, once.
 
     Parameters
@@ -59,6 +61,8 @@ def resolve_engine(requested: str, paths: Sequence[str], total_bytes: int,
         Their total size.
     available : int, optional
         Memory available to the page cache; read from /proc/meminfo when omitted.
+    random_reads : bool
+        Records are read one by one in random order (a global shuffle) rather than in large runs.
 
     Returns
     -------
@@ -93,6 +97,9 @@ def resolve_engine(requested: str, paths: Sequence[str], total_bytes: int,
             return EngineChoice("buffered", requested, f"{exceeds}, but {refused}")
         return EngineChoice("direct", requested,
                             f"{exceeds}: O_DIRECT avoids thrashing the cache and a copy out of it")
-    return EngineChoice("buffered", requested,
-                        f"dataset {format_gb(total_bytes)} fits in the {format_gb(available)} available to the "
-                        f"page cache: buffered, so later epochs are served from RAM")
+    fits = f"dataset {format_gb(total_bytes)} fits in the {format_gb(available)} available to the page cache"
+    if random_reads:
+        return EngineChoice("mmap", requested,
+                            f"{fits}, and a global shuffle reads record by record: mmap copies each out of the "
+                            f"page cache without a system call")
+    return EngineChoice("buffered", requested, f"{fits}: buffered, so later epochs are served from RAM")

@@ -112,25 +112,27 @@ class Bert(Pipeline):
         return f"Bert(seq_len={self.seq_len}, max_predictions={self.max_predictions}, dtype={self.dtype!r})"
 
 
-def bert_loader(paths: Any, batch_size: int = 64, seq_len: int = 128, io: Optional[str] = None,
+def bert_loader(source: Any, batch_size: int = 64, seq_len: int = 128, io: Optional[str] = None,
                 prefetch: int = 2, *, max_predictions: Optional[int] = None, dtype: str = "int64",
                 **kw: Any):
     """A :class:`~dlstore.pipeline.Loader` of BERT pretraining batches from TFRecord files.
 
     Parameters
     ----------
-    paths : str, path-like or sequence of them
-        Files, globs or directories, as for :func:`dlstore.open_records`.
+    source : Source, or str, path-like or sequence of them
+        A :class:`~dlstore.Dataset` or :func:`~dlstore.open_records` reader; or files, globs or
+        directories, read through a :class:`~dlstore.Dataset` of this rank's share (rank and size
+        from the launcher), shuffled (``shuffle="block"`` unless given).
     batch_size, prefetch : int, optional
     seq_len, max_predictions, dtype : optional
         See :class:`Bert`.
     io : str, optional
         I/O engine (``auto`` by default, resolved and reported in ``loader.stats()``).
     **kw
-        :func:`dlstore.open_records` arguments (``verify``, ``chunk_size``, ``depth``,
-        ``io_threads``, ``verify_threads``, ``compression``) and :class:`Loader` arguments
-        (``last_batch``, ``threads``, ``seed``, ``epochs``, ``copy``, ``allocator``); ``on_error``
-        goes to both.
+        For the Dataset made from paths: ``shuffle``, ``remainder``, ``buffer_size``, ``world``,
+        ``mounts``..., and :class:`~dlstore.ReadOptions` (``verify``, ``chunk_size``...);
+        :class:`Loader` arguments (``last_batch``, ``threads``, ``seed``, ``epochs``, ``copy``,
+        ``allocator``); ``seed`` and ``on_error`` go to both.
 
     Returns
     -------
@@ -144,5 +146,7 @@ def bert_loader(paths: Any, batch_size: int = 64, seq_len: int = 128, io: Option
     """
     from dlstore.pipeline.loader import Loader, open_source
 
-    reader = open_source(paths, io, kw)
-    return Loader(reader, Bert(seq_len, max_predictions, dtype), batch_size, prefetch=prefetch, **kw)
+    if io is not None:
+        kw["io"] = io
+    return Loader(open_source(source, kw, shuffle="block"), Bert(seq_len, max_predictions, dtype), batch_size,
+                  prefetch=prefetch, **kw)

@@ -1,10 +1,11 @@
 """The loader: records from a source -> fixed-size batches in reused buffers, prepared ahead in a thread.
 
-A background thread pulls ``RecordBatch`` chunks from the source (the C++ reader releases the GIL),
-cuts them into runs that fill output batches of exactly ``batch_size`` rows (a batch may take the
-tail of one chunk and the head of the next: two runs, no copy of the records), runs the pipeline's
-C++ batch function once per run, and hands finished batches to the consumer through a bounded
-queue. Output arrays come from a ring of ``prefetch + 2`` buffers allocated once.
+A background thread pulls ``RecordBatch`` objects from a :class:`~dlstore.source.Source` (the C++
+reader releases the GIL), cuts them into runs that fill output batches of exactly ``batch_size`` rows
+(a :class:`~dlstore.Dataset` hands out batches of the loader's size, one run each; a reader's chunks
+may take two runs per batch, with no copy of the records), runs the pipeline's C++ batch function once
+per run, and hands finished batches to the consumer through a bounded queue. Output arrays come from
+a ring of ``prefetch + 2`` buffers allocated once.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import numpy as np
 from dlstore.errors import DlstoreError
 from dlstore.pipeline.prefetch import BatchRing, Prefetcher
 from dlstore.pipeline.stages import Pipeline, check_last_batch
+from dlstore.source import ReadOptions, Source
 
 __all__ = ["Loader"]
 
@@ -49,15 +51,13 @@ class Loader:
 
     Parameters
     ----------
-    source : RecordReader or similar
-        Anything with ``batches()`` yielding ``RecordBatch``-like chunks (buffer protocol over one
-        contiguous region, or a ``buffer`` attribute that has it; numpy ``offsets`` / ``lengths``;
-        ``num_records``), such as
-        :func:`dlstore.open_records`. Optional, used when present: ``format`` (``tfrecord`` or
-        ``recordio``; default ``tfrecord``), ``paths`` with per-chunk ``file_index`` and
-        ``file_offsets`` (to name the file and offset of a bad record), ``set_epoch(epoch)``
-        (called before each epoch), ``state_dict()`` / ``load_state_dict(d)`` (see
-        :meth:`state_dict`), ``engine`` / ``engine_reason`` / ``stats()`` (reported by :meth:`stats`).
+    source : Source
+        This consumer's records: a :class:`~dlstore.Dataset` (placement, shuffle) or
+        :func:`~dlstore.open_records` (files in order), or anything implementing
+        :class:`~dlstore.source.Source`. Its batches are ``RecordBatch``-like: the buffer protocol
+        over one region, numpy ``offsets`` / ``lengths`` / ``file_offsets``, ``num_records`` and
+        ``path(i)`` (to name the file of a bad record). A Dataset without a batch size of its own
+        takes the loader's.
     pipeline : Pipeline
         What a record becomes: :class:`~dlstore.pipeline.Bert`, :class:`~dlstore.pipeline.ResNet50`.
     batch_size : int
@@ -107,9 +107,9 @@ class Loader:
                  last_batch: str = "DROP", threads: Optional[int] = None, seed: int = 0,
                  epochs: Optional[int] = 1, copy: bool = False, on_error: str = "raise",
                  allocator: Optional[Callable[[Tuple[int, ...], Any], np.ndarray]] = None):
-        if not hasattr(source, "batches"):
-            raise TypeError(f"source must have a batches() method (e.g. dlstore.open_records), "
-                            f"got {type(source).__name__}")
+        if not isinstance(source, Source):
+            raise TypeError(f"source must be a dlstore Source (dlstore.Dataset, dlstore.open_records, or "
+                            f"anything with the methods of dlstore.source.Source), got {type(source).__name__}")
         if not isinstance(pipeline, Pipeline):
             raise TypeError(f"pipeline must be a dlstore.pipeline.Pipeline (Bert, ResNet50), "
                             f"got {type(pipeline).__name__}")
@@ -130,6 +130,7 @@ class Loader:
         self.source = source
         self.pipeline = pipeline
         self.batch_size = int(batch_size)
+        source.use_batch_size(self.batch_size)  # a Dataset left without one reads batches of this size
         self.prefetch = int(prefetch)
         self.last_batch = last_batch
         self.threads = int(threads) if threads is not None else pipeline.default_threads()
@@ -137,7 +138,7 @@ class Loader:
         self.epochs = None if epochs is None else int(epochs)
         self.copy = bool(copy)
         self.on_error = on_error
-        self.format = getattr(source, "format", "tfrecord")
+        self.format = source.format
         self._fields = pipeline.fields()
         self._run = pipeline.bind(format=self.format, seed=self.seed, threads=self.threads)
         self._allocator = allocator
@@ -145,7 +146,6 @@ class Loader:
         # The consumer's position: the epoch under way and the samples of it already yielded.
         self._epoch = 0
         self._position = 0
-        self._source_positioned = False  # load_state_dict put the source at _position itself
         self._active: Optional[Prefetcher] = None
         self._iterator: Optional[weakref.ref] = None
         self._producer: Optional[_Producer] = None
@@ -184,8 +184,7 @@ class Loader:
         if self._ring is None:
             self._ring = BatchRing(self._fields, self.batch_size, self.prefetch + 2, self._allocator)
         ring = self._ring
-        producer = _Producer(self, self._epoch, self._position, self._source_positioned)
-        self._source_positioned = False
+        producer = _Producer(self, self._epoch, self._position)
         prefetcher = Prefetcher(len(ring), producer.run, name="dlstore-loader")
         self._active, self._producer = prefetcher, producer
         held: Optional[int] = None
@@ -246,24 +245,24 @@ class Loader:
     def state_dict(self) -> Dict[str, Any]:
         """Where the consumer is: ``epoch``, ``sample_in_epoch`` (samples of it already yielded), ``seed``.
 
-        Batches prepared ahead and not yet drawn do not count. When the source has
-        ``state_dict()``, its state is included under ``"source"`` with its ``epoch`` and
-        ``sample_in_epoch`` set to the consumer's, so the source can be put back there.
+        Batches prepared ahead and not yet drawn do not count. The source's state is included under
+        ``"source"`` with its ``epoch`` and ``sample_in_epoch`` set to the consumer's, so the source
+        can be put back there.
         """
         state: Dict[str, Any] = {"epoch": self._epoch, "sample_in_epoch": self._position, "seed": self.seed}
-        if hasattr(self.source, "state_dict"):
-            source_state = dict(self.source.state_dict())
-            source_state.update(epoch=self._epoch, sample_in_epoch=self._position)
-            state["source"] = source_state
+        state["source"] = self._source_state(self._epoch, self._position)
         return state
+
+    def _source_state(self, epoch: int, position: int) -> Dict[str, Any]:
+        """The source's state at the consumer's ``epoch`` and ``position``."""
+        return dict(self.source.state_dict(), epoch=epoch, sample_in_epoch=position)
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Resumes at a :meth:`state_dict`: the next iteration starts at its epoch and sample.
 
-        With a source that has ``load_state_dict``, the source state is handed to it and the
-        source is expected to start its next ``batches()`` at that ``sample_in_epoch``; otherwise the
-        loader reads and discards the samples of the epoch already yielded (no pipeline work).
-        Random augmentation continues as it would have: sample seeds depend on positions only.
+        The source state is handed to the source, whose next ``batches()`` starts at that
+        ``sample_in_epoch``. Random augmentation continues as it would have: sample seeds depend on
+        positions only.
 
         Raises
         ------
@@ -283,11 +282,8 @@ class Loader:
         if seed != self.seed:
             raise ValueError(f"the state was saved with seed {seed}; this loader has seed {self.seed}: "
                              f"its samples would differ")
+        self.source.load_state_dict(state.get("source") or self._source_state(epoch, position))
         self._epoch, self._position = epoch, position
-        self._source_positioned = False
-        if state.get("source") is not None and hasattr(self.source, "load_state_dict"):
-            self.source.load_state_dict(state["source"])
-            self._source_positioned = True
 
     # ---- what happened ----
 
@@ -315,11 +311,8 @@ class Loader:
         out.update(self.pipeline.describe())
         out.update(batch_size=self.batch_size, prefetch=self.prefetch, last_batch=self.last_batch,
                    threads=self.threads)
-        for key in ("engine", "engine_reason"):
-            if hasattr(self.source, key):
-                out[key] = getattr(self.source, key)
-        if hasattr(self.source, "stats"):
-            out["source"] = self.source.stats()
+        out["engine"], out["engine_reason"] = self.source.engine, self.source.engine_reason
+        out["source"] = self.source.stats()
         return out
 
     def __repr__(self) -> str:
@@ -330,7 +323,7 @@ class Loader:
 class _Producer:
     """The background thread's work for one iteration of a :class:`Loader`."""
 
-    def __init__(self, loader: Loader, epoch: int, position: int, source_positioned: bool):
+    def __init__(self, loader: Loader, epoch: int, position: int):
         self.source = loader.source
         self.run_pipeline = loader._run
         self.ring = loader._ring
@@ -340,7 +333,6 @@ class _Producer:
         self.stage = loader.pipeline.name
         self.first_epoch = epoch
         self.first_position = position
-        self.source_positioned = source_positioned
         self.epochs = loader.epochs
         self.counts = {"skipped": 0, "bytes": 0, "records": 0}
         self.seconds = {"source": 0.0, "pipeline": 0.0}
@@ -349,18 +341,20 @@ class _Producer:
         epoch = self.first_epoch
         while self.epochs is None or epoch < self.first_epoch + self.epochs:
             first = epoch == self.first_epoch
-            if not (first and self.source_positioned) and hasattr(self.source, "set_epoch"):
-                self.source.set_epoch(epoch)
             position = self.first_position if first else 0
-            skip = position if first and not self.source_positioned else 0
-            self._epoch(prefetcher, epoch, position, skip)
+            # The source starts where the consumer is: mid-epoch after a resume or a loop broken off.
+            if position:
+                self.source.load_state_dict(dict(self.source.state_dict(), epoch=epoch, sample_in_epoch=position))
+            else:
+                self.source.set_epoch(epoch)
+            self._epoch(prefetcher, epoch, position)
             if prefetcher.stopping:
                 return
             prefetcher.publish(_EpochEnd(epoch))
             epoch += 1
 
-    def _epoch(self, prefetcher: Prefetcher, epoch: int, position: int, skip: int) -> None:
-        """Fills and publishes the batches of one epoch, starting at ``position`` (``skip`` records unread)."""
+    def _epoch(self, prefetcher: Prefetcher, epoch: int, position: int) -> None:
+        """Fills and publishes the batches of one epoch, starting at ``position``."""
         batch_size = self.batch_size
         slot: Optional[int] = None
         out: Dict[str, np.ndarray] = {}
@@ -376,15 +370,10 @@ class _Producer:
                     break
                 n = chunk.num_records
                 start = 0
-                if skip:
-                    start = min(skip, n)
-                    skip -= start
-                if start == n:
-                    continue
                 offsets, lengths = chunk.offsets, chunk.lengths
                 buffer = getattr(chunk, "buffer", chunk)
-                self.counts["records"] += n - start
-                self.counts["bytes"] += int(lengths[start:].sum())
+                self.counts["records"] += n
+                self.counts["bytes"] += int(chunk.nbytes)
                 while start < n:
                     if slot is None:
                         slot = prefetcher.acquire()
@@ -419,7 +408,7 @@ class _Producer:
         # A source that splits an epoch unevenly between ranks (dlstore.Dataset, remainder "uneven")
         # agrees on a batch count so that no rank waits forever in a collective: a rank whose
         # share ran out early yields empty batches (0 rows) up to that count.
-        agreed = getattr(self.source, "num_batches", None)
+        agreed = self.source.num_batches
         if self.last_batch != "PARTIAL" or not isinstance(agreed, int):
             return
         yielded = -(-position // self.batch_size)  # batches covering the samples of this epoch
@@ -461,16 +450,9 @@ class _Producer:
         return written - row
 
     def _location(self, chunk: Any, k: int) -> Tuple[Optional[str], Optional[int]]:
-        """The file and byte offset of record ``k`` of ``chunk``, when the chunk or the source says."""
-        path = getattr(chunk, "path", None)
-        if path is None:
-            # Looked up now: a source may change its files from one epoch to the next.
-            paths, index = getattr(self.source, "paths", None), getattr(chunk, "file_index", None)
-            if paths is None or index is None:
-                return None, None
-            path = paths[index]
-        offsets = getattr(chunk, "file_offsets", None)
-        return path, (int(offsets[k]) if offsets is not None else None)
+        """The file and byte offset of record ``k`` of ``chunk`` (None when the batch does not say)."""
+        path = chunk.path(k)
+        return path, (int(chunk.file_offsets[k]) if path is not None else None)
 
     def _where(self, chunk: Any, k: int) -> str:
         """``", in <file> at byte N"`` for record ``k`` of ``chunk``, or "" when unknown."""
@@ -491,29 +473,39 @@ class _Producer:
             return DlstoreError(message, path, offset)
 
 
-_READER_KEYS = ("format", "compression", "verify", "chunk_size", "depth", "io_threads", "verify_threads")
+#: The keyword arguments a loader helper (bert_loader, resnet50_loader) passes to the Dataset it makes.
+DATASET_KEYS = ("shuffle", "shuffle_shards", "buffer_size", "remainder", "world", "mounts", "block_size", "format")
 
 
-def open_source(paths: Any, io: Optional[str], kw: Dict[str, Any]) -> Any:
-    """:func:`dlstore.open_records` on ``paths``, taking its arguments out of ``kw``.
+def open_source(source: Any, kw: Dict[str, Any], shuffle: str) -> Source:
+    """The :class:`~dlstore.source.Source` a loader helper reads: ``source`` when it is one, else a
+    :class:`dlstore.Dataset` over those paths, taking its arguments out of ``kw``.
 
-    The reader's arguments (``format``, ``compression``, ``verify``, ``chunk_size``, ``depth``,
-    ``io_threads``, ``verify_threads``) are popped from ``kw``, leaving the loader's; ``on_error``
-    stays in ``kw`` and goes to the reader as well. A source already made (a
-    :class:`dlstore.Dataset`, with its mounts, rank and shuffle, or a reader) is used as it is.
+    The Dataset's arguments (:data:`DATASET_KEYS`, ``seed``) and the reader options
+    (:class:`~dlstore.ReadOptions`' names) are popped from ``kw``, leaving the loader's; ``seed`` and
+    ``on_error`` stay in ``kw`` and go to the Dataset as well. The Dataset's ``shuffle`` defaults to
+    ``shuffle``; its rank and size come from the launcher (:func:`dlstore.world`); its ``remainder``
+    defaults to ``uneven`` for a single consumer (every record once, the loader's ``last_batch`` deciding
+    the short batch) and to ``pad`` for several (equal full batches on every rank, so none waits for
+    another in a collective).
     """
     import dlstore
+    from dlstore.placement.world import detect_world
 
-    if hasattr(paths, "batches"):
-        given = [k for k in _READER_KEYS if k in kw] + (["io"] if io is not None else [])
-        if given:
-            raise ValueError(f"{', '.join(given)} belong to the source: set them on {type(paths).__name__} "
+    mine = [k for k in DATASET_KEYS + ReadOptions.names() if k in kw and k not in ("seed", "on_error")]
+    if isinstance(source, Source):
+        if mine:
+            raise ValueError(f"{', '.join(mine)} belong to the source: set them on {type(source).__name__} "
                              f"when making it, not on the loader")
-        return paths
-    reader_kw = {k: kw.pop(k) for k in _READER_KEYS if k in kw}
-    if "on_error" in kw:
-        reader_kw["on_error"] = kw["on_error"]
-    return dlstore.open_records(paths, io=io, **reader_kw)
+        return source
+    args = {k: kw.pop(k) for k in mine}
+    args.setdefault("shuffle", shuffle)
+    world = args.setdefault("world", detect_world())
+    args.setdefault("remainder", "uneven" if world.num_consumers == 1 else "pad")
+    for shared in ("seed", "on_error"):
+        if shared in kw:
+            args[shared] = kw[shared]
+    return dlstore.Dataset(source, **args)
 
 
 def _add_stats(counts: Dict[str, int], seconds: Dict[str, float], producer: _Producer,

@@ -168,15 +168,18 @@ def recordio_labels(buffer: Any, offsets: np.ndarray, lengths: np.ndarray
     return labels, offsets + header, lengths - header
 
 
-def resnet50_loader(paths: Any, batch_size: int = 256, train: bool = True, layout: str = "NHWC",
+def resnet50_loader(source: Any, batch_size: int = 256, train: bool = True, layout: str = "NHWC",
                     dtype: str = "uint8", io: Optional[str] = None, prefetch: int = 2,
                     threads: Optional[int] = None, **kw: Any):
     """A :class:`~dlstore.pipeline.Loader` of ResNet-50 batches from TFRecord or RecordIO files.
 
     Parameters
     ----------
-    paths : str, path-like or sequence of them
-        Files, globs or directories, as for :func:`dlstore.open_records`.
+    source : Source, or str, path-like or sequence of them
+        A :class:`~dlstore.Dataset` or :func:`~dlstore.open_records` reader; or files, globs or
+        directories, read through a :class:`~dlstore.Dataset` of this rank's share (rank and size
+        from the launcher), shuffled for training (``shuffle="block"``; ``"none"`` for eval, unless
+        given).
     batch_size, prefetch : int, optional
     train, layout, dtype : optional
         See :class:`ResNet50`; its other arguments (``size``, ``mean``, ``std``, ``label_offset``,
@@ -186,9 +189,10 @@ def resnet50_loader(paths: Any, batch_size: int = 256, train: bool = True, layou
     threads : int, optional
         Decoding threads; default: every core this process may use.
     **kw
-        :func:`dlstore.open_records` arguments (``verify``, ``chunk_size``, ``depth``, ...) and
+        For the Dataset made from paths: ``shuffle``, ``remainder``, ``buffer_size``, ``world``,
+        ``mounts``..., and :class:`~dlstore.ReadOptions` (``verify``, ``chunk_size``...);
         :class:`Loader` arguments (``last_batch``, ``seed``, ``epochs``, ``copy``, ``allocator``);
-        ``on_error`` goes to both.
+        ``seed`` and ``on_error`` go to both.
 
     Returns
     -------
@@ -205,5 +209,7 @@ def resnet50_loader(paths: Any, batch_size: int = 256, train: bool = True, layou
 
     pipeline_keys = ("size", "mean", "std", "label_offset", "scale", "ratio", "eval_resize")
     pipeline = ResNet50(train, layout, dtype, **{k: kw.pop(k) for k in pipeline_keys if k in kw})
-    reader = open_source(paths, io, kw)
-    return Loader(reader, pipeline, batch_size, prefetch=prefetch, threads=threads, **kw)
+    if io is not None:
+        kw["io"] = io
+    source = open_source(source, kw, shuffle="block" if train else "none")
+    return Loader(source, pipeline, batch_size, prefetch=prefetch, threads=threads, **kw)

@@ -3,16 +3,16 @@
 Everything here is a pure function of (shard list, world, seed, epoch): no I/O, no global random
 state. :mod:`dlstore.io.layout` scans mounts to build a :class:`Layout`.
 """
-from dlstore.placement.mounts import (ASSIGNMENTS, Layout, MountPlan, assign_all_mounts, assign_mounts, mount_for,
-                                      mounts_for, plan_mounts)
-from dlstore.placement.sharding import (REMAINDERS, SHUFFLES, EpochPlan, IndexSampler, Piece, Restart, SamplerState,
-                                        buffer_order, global_permutation, shard_order)
+from dlstore.placement.mounts import (ASSIGNMENTS, Layout, MountPlan, assign_all_mounts, assign_mounts,
+                                      interleave_by_mount, mount_for, mounts_for, plan_mounts)
+from dlstore.placement.sharding import (REMAINDERS, SHUFFLES, EpochPlan, IndexSampler, Piece, ReadOrder, Restart,
+                                        SamplerState, buffer_order, cut_blocks, global_permutation, shard_order)
 from dlstore.placement.world import LAUNCHERS, World, detect_world
 
 __all__ = [
     "World", "detect_world", "LAUNCHERS",
-    "Piece", "Restart", "EpochPlan", "SamplerState", "IndexSampler", "REMAINDERS", "SHUFFLES",
-    "shard_order", "global_permutation", "buffer_order",
+    "Piece", "Restart", "ReadOrder", "EpochPlan", "SamplerState", "IndexSampler", "REMAINDERS", "SHUFFLES",
+    "shard_order", "global_permutation", "buffer_order", "cut_blocks",
     "Layout", "MountPlan", "ASSIGNMENTS", "assign_mounts", "assign_all_mounts", "mount_for", "mounts_for",
-    "plan_mounts",
+    "interleave_by_mount", "plan_mounts",
 ]

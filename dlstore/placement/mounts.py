@@ -22,7 +22,7 @@ from dlstore.placement.sharding import EpochPlan, Piece
 from dlstore.placement.world import World
 
 __all__ = ["Layout", "LAYOUT_KINDS", "ASSIGNMENTS", "assign_mounts", "assign_all_mounts", "mount_for",
-           "mounts_for", "MountPlan", "plan_mounts"]
+           "mounts_for", "interleave_by_mount", "MountPlan", "plan_mounts"]
 
 LAYOUT_KINDS = ("replicated", "striped", "mixed")
 
@@ -292,6 +292,25 @@ def mount_for(layout: Layout, shard: Union[int, str], rank_mounts: Sequence[int]
     mine = set(int(m) for m in rank_mounts)
     others = sorted((m for m in layout.holders[s] if m != chosen), key=lambda m: (m not in mine, (m - chosen) % num))
     return chosen, tuple(others)
+
+
+def interleave_by_mount(mounts: Sequence[int]) -> np.ndarray:
+    """The order to read runs in so that consecutive reads alternate between mounts.
+
+    ``mounts[i]`` is the mount run ``i`` is read through. Runs keep their order per mount; the mounts
+    take turns in the order each first appears. Returns indices into ``mounts``.
+    """
+    mounts = np.asarray(mounts, dtype=np.int64)
+    if len(mounts) == 0 or np.all(mounts == mounts[0]):
+        return np.arange(len(mounts))
+    _, first, which = np.unique(mounts, return_index=True, return_inverse=True)
+    which = which.reshape(-1)
+    turn = np.argsort(np.argsort(first))[which]  # mounts numbered by first appearance
+    by_mount = np.argsort(which, kind="stable")
+    counts = np.bincount(which)
+    nth = np.empty(len(mounts), dtype=np.int64)  # each run's place in its mount's queue
+    nth[by_mount] = np.arange(len(mounts)) - np.repeat(np.cumsum(counts) - counts, counts)
+    return np.lexsort((turn, nth))
 
 
 # ---- the whole world -------------------------------------------------------------------------------

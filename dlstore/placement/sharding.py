@@ -8,10 +8,15 @@ How an epoch is built (see ``docs/placement.md``):
 2. The remainder policy (:data:`REMAINDERS`) cuts the sequence into one contiguous span per
    consumer (``consumer = rank * num_workers + worker``). ``pad`` spans run past ``N`` and wrap
    around to the start of the sequence.
-3. The record shuffle (:data:`SHUFFLES`) turns a span into :class:`Piece` record ranges and an
-   emission order: ``none`` and ``buffer`` read the span sequentially (whole runs of a shard);
-   ``global`` gives each consumer its part of a seeded permutation of all ``N`` records; ``buffer``
-   emits the sequentially read records in the order a shuffle buffer would (:func:`buffer_order`).
+3. The record shuffle (:data:`SHUFFLES`) turns a span into :class:`Piece` record ranges (the
+   *read sequence*) and an emission order: ``none`` and ``buffer`` read the span sequentially
+   (whole runs of a shard); ``block`` cuts it into blocks of ``block_records`` records of a shard
+   and reads them in a seeded order; ``global`` gives each consumer its part of a seeded
+   permutation of all ``N`` records. ``block`` and ``buffer`` emit the records read in the order a
+   shuffle buffer of ``buffer_size`` records would (:func:`buffer_order`); the others emit them as
+   read.
+4. :meth:`EpochPlan.read_plan` gives a consumer's read sequence and emission order from any
+   resume point as arrays: what the C++ reader takes, once per epoch.
 
 Everything is a pure function of (record counts, number of consumers, seed, epoch, options). Random
 numbers come from raw Philox output keyed by a :class:`numpy.random.SeedSequence` of
@@ -28,14 +33,16 @@ import numpy as np
 
 from dlstore.errors import PlacementError
 
-__all__ = ["Piece", "Restart", "EpochPlan", "SamplerState", "IndexSampler", "REMAINDERS", "SHUFFLES",
-           "shard_order", "global_permutation", "buffer_order", "random_words", "merge_runs"]
+__all__ = ["Piece", "Restart", "ReadOrder", "EpochPlan", "SamplerState", "IndexSampler", "REMAINDERS",
+           "SHUFFLES", "shard_order", "global_permutation", "buffer_order", "random_words", "merge_runs",
+           "cut_blocks"]
 
 # Purposes of the random streams: each has its own key, so that e.g. turning the shard shuffle on
 # does not change the buffer order.
 _STREAM_SHARDS = 1
 _STREAM_GLOBAL = 2
 _STREAM_BUFFER = 3
+_STREAM_BLOCKS = 4
 
 
 @dataclass(frozen=True)
@@ -77,6 +84,24 @@ class Restart:
     skip: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64), compare=False)
 
 
+class ReadOrder(NamedTuple):
+    """What a consumer reads from a point of its epoch on, as arrays: what crosses into C++ once.
+
+    Attributes
+    ----------
+    shards, records : numpy.ndarray
+        ``(shard, record)`` of each record to read, in reading order (int64).
+    emit : numpy.ndarray or None
+        The order records are emitted in, as indices into ``shards``/``records`` (each at most
+        once: records read again only to reach others are not emitted twice); None when they are
+        emitted as read.
+    """
+
+    shards: np.ndarray
+    records: np.ndarray
+    emit: Optional[np.ndarray]
+
+
 # ---- random numbers ---------------------------------------------------------------------------------
 
 def random_words(n: int, seed: int, epoch: int, stream: int, *more: int) -> np.ndarray:
@@ -112,9 +137,13 @@ def buffer_order(n: int, buffer_size: int, seed: int, epoch: int, consumer: int)
     """The order in which a shuffle buffer of ``buffer_size`` emits a sequence of ``n`` records.
 
     The buffer is filled with the first records; then each record read replaces a randomly chosen
-    one, which is emitted; at the end the buffer is emptied in random order. Computed on indices
-    only, so a reader can emit ``order[k]`` once it has read it, holding at most ``buffer_size``
-    records: ``order[k] < k + buffer_size`` for every ``k``.
+    one, which is emitted; at the end what the buffer holds is emitted in random order. Computed on
+    indices only, so a reader can emit ``order[k]`` once it has read it, holding at most
+    ``buffer_size`` records: ``order[k] < k + buffer_size`` for every ``k``.
+
+    Vectorised: at step ``k`` the buffer emits the occupant of slot ``j_k`` (a random word modulo the
+    size), which entered that slot at the slot's previous step (as record ``step + size``) or, at its
+    first, is the slot's initial record. Grouping the steps by slot gives every step's output at once.
 
     Returns
     -------
@@ -125,23 +154,46 @@ def buffer_order(n: int, buffer_size: int, seed: int, epoch: int, consumer: int)
         raise PlacementError(f"buffer_size must be at least 1, not {buffer_size}")
     if n == 0:
         return np.zeros(0, dtype=np.int64)
-    size = min(buffer_size, n)
-    words = random_words(n, seed, epoch, _STREAM_BUFFER, consumer).tolist()
-    buf = list(range(size))
-    out = []
-    emit = out.append
-    for k, incoming in enumerate(range(size, n)):  # steady state: one in, one out
-        j = words[k] % size
-        emit(buf[j])
-        buf[j] = incoming
-    k = n - size
-    while buf:  # drain
-        j = words[k] % len(buf)
-        emit(buf[j])
-        buf[j] = buf[-1]
-        buf.pop()
-        k += 1
-    return np.array(out, dtype=np.int64)
+    size = min(int(buffer_size), int(n))
+    words = random_words(n, seed, epoch, _STREAM_BUFFER, consumer)
+    steps = int(n) - size  # steady state: one in, one out
+    out = np.empty(n, dtype=np.int64)
+    occupant = np.arange(size, dtype=np.int64)
+    if steps:
+        slot = (words[:steps] % np.uint64(size)).astype(np.int64)
+        by_slot = np.argsort(slot, kind="stable")  # each slot's steps, in step order
+        slots = slot[by_slot]
+        first = np.ones(steps, dtype=bool)
+        first[1:] = slots[1:] != slots[:-1]
+        previous = np.empty(steps, dtype=np.int64)
+        previous[1:] = by_slot[:-1]
+        out[by_slot] = np.where(first, slots, previous + size)
+        last = np.append(np.flatnonzero(first)[1:], steps) - 1
+        occupant[slots[last]] = by_slot[last] + size  # what each slot holds at the end
+    # Drain: the last occupants in a random order (raw words, ties broken by index as in _permutation).
+    drain = words[steps:]
+    if size > 1:
+        bits = np.uint64(int(size - 1).bit_length())
+        drain = (drain >> bits << bits) | np.arange(size, dtype=np.uint64)
+    out[steps:] = occupant[np.argsort(drain)]
+    return out
+
+
+def cut_blocks(shards: np.ndarray, starts: np.ndarray, stops: np.ndarray,
+               block_records: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Record runs ``(shard, start, stop)`` cut where they cross a block boundary of their shard.
+
+    Block ``j`` of a shard holds its records ``j * block_records`` to ``(j + 1) * block_records - 1``,
+    whoever reads them and in whichever epoch, so a block can always be read through the same mount.
+    """
+    if len(shards) == 0:
+        return _no_pieces()
+    k = int(block_records)
+    first, last = starts // k, (stops - 1) // k
+    parts = last - first + 1
+    run = np.repeat(np.arange(len(shards)), parts)
+    block = first[run] + (np.arange(int(parts.sum())) - np.repeat(np.cumsum(parts) - parts, parts))
+    return shards[run], np.maximum(starts[run], block * k), np.minimum(stops[run], (block + 1) * k)
 
 
 # ---- remainder policies: who gets which span of the global sequence ---------------------------------
@@ -191,7 +243,8 @@ REMAINDERS: Dict[str, Callable[[int, int, int], Split]] = {
 
 # ---- record shuffles: a span -> pieces and an emission order ------------------------------------------
 
-def _sequential_pieces(plan: "EpochPlan", start: int, stop: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _sequential_pieces(plan: "EpochPlan", start: int, stop: int,
+                       consumer: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Pieces of the global sequence ``[start, stop)``, wrapping around past its end."""
     parts = []
     total = plan.total
@@ -215,7 +268,16 @@ def _sequence_range(plan: "EpochPlan", x: int, y: int) -> Tuple[np.ndarray, np.n
     return plan.shard_order[j][keep], a[keep], b[keep]
 
 
-def _global_pieces(plan: "EpochPlan", start: int, stop: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _block_pieces(plan: "EpochPlan", start: int, stop: int,
+                  consumer: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The span's blocks (:func:`cut_blocks`) in a seeded order of the consumer's, each read front to back."""
+    shards, starts, stops = cut_blocks(*_sequential_pieces(plan, start, stop, consumer), plan.block_records)
+    order = _permutation(len(shards), plan.seed, plan.epoch, _STREAM_BLOCKS, consumer)
+    return shards[order], starts[order], stops[order]
+
+
+def _global_pieces(plan: "EpochPlan", start: int, stop: int,
+                   consumer: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The consumer's part of the epoch's global permutation, consecutive records merged."""
     if stop <= start:
         return _no_pieces()
@@ -245,9 +307,10 @@ def _no_pieces() -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 class RecordShuffle(NamedTuple):
-    """A record shuffle: how a span becomes pieces, and whether a shuffle buffer reorders them."""
+    """A record shuffle: how a consumer's span becomes pieces (``(plan, start, stop, consumer)``),
+    and whether a shuffle buffer reorders the records read."""
 
-    pieces: Callable[["EpochPlan", int, int], Tuple[np.ndarray, np.ndarray, np.ndarray]]
+    pieces: Callable[["EpochPlan", int, int, int], Tuple[np.ndarray, np.ndarray, np.ndarray]]
     buffered: bool
     doc: str
 
@@ -255,6 +318,9 @@ class RecordShuffle(NamedTuple):
 #: Record shuffles by name.
 SHUFFLES: Dict[str, RecordShuffle] = {
     "none": RecordShuffle(_sequential_pieces, False, "records in shard order, shards in the epoch's order"),
+    "block": RecordShuffle(_block_pieces, True,
+                           "blocks of block_records records read whole in a seeded order, emitted through a "
+                           "shuffle buffer of buffer_size records: a shuffle that reads sequentially"),
     "buffer": RecordShuffle(_sequential_pieces, True,
                             "read sequentially, emitted through a shuffle buffer of buffer_size records"),
     "global": RecordShuffle(_global_pieces, False,
@@ -285,10 +351,13 @@ class EpochPlan:
         Every random choice is a function of these (and of the consumer where it is local).
     shuffle_shards : bool
         Put the shards in a seeded per-epoch order (else index order). Ignored by ``global``.
-    shuffle : {"none", "buffer", "global"}
+    shuffle : {"none", "block", "buffer", "global"}
         Record shuffle; see :data:`SHUFFLES`.
     buffer_size : int
-        Records a ``buffer`` shuffle holds.
+        Records the shuffle buffer of ``block`` and ``buffer`` holds.
+    block_records : int
+        Records of a shard per block (``block``): block ``j`` of a shard is its records
+        ``j * block_records`` onwards.
     remainder : {"drop", "pad", "uneven"}
         What happens when the records do not divide evenly; see :data:`REMAINDERS`.
     batch_size : int
@@ -306,7 +375,7 @@ class EpochPlan:
 
     def __init__(self, counts: Sequence[int], num_consumers: int, *, seed: int = 0, epoch: int = 0,
                  shuffle_shards: bool = True, shuffle: str = "none", buffer_size: int = 1024,
-                 remainder: str = "pad", batch_size: int = 1):
+                 block_records: int = 1024, remainder: str = "pad", batch_size: int = 1):
         counts = np.asarray(counts)
         if counts.ndim != 1 or (counts.size and not np.issubdtype(counts.dtype, np.integer)):
             raise PlacementError(f"counts must be a list of record counts per shard, not {counts!r}")
@@ -321,6 +390,7 @@ class EpochPlan:
         self.seed = _check_int("seed", seed, 0)
         self.epoch = _check_int("epoch", epoch, 0)
         self.buffer_size = _check_int("buffer_size", buffer_size, 1)
+        self.block_records = _check_int("block_records", block_records, 1)
         self.batch_size = _check_int("batch_size", batch_size, 1)
         self.shuffle_shards = bool(shuffle_shards)
         self.shuffle = shuffle
@@ -338,8 +408,8 @@ class EpochPlan:
     def options(self) -> Dict[str, object]:
         """The arguments that, with counts and num_consumers, rebuild this plan."""
         return {"seed": self.seed, "epoch": self.epoch, "shuffle_shards": self.shuffle_shards,
-                "shuffle": self.shuffle, "buffer_size": self.buffer_size, "remainder": self.remainder,
-                "batch_size": self.batch_size}
+                "shuffle": self.shuffle, "buffer_size": self.buffer_size, "block_records": self.block_records,
+                "remainder": self.remainder, "batch_size": self.batch_size}
 
     def _check(self, consumer: int) -> int:
         if isinstance(consumer, bool) or not isinstance(consumer, (int, np.integer)) \
@@ -385,7 +455,7 @@ class EpochPlan:
         c = self._check(consumer)
         key = ("pieces", c)
         if key not in self._cache:
-            self._cache[key] = SHUFFLES[self.shuffle].pieces(self, int(self._starts[c]), int(self._stops[c]))
+            self._cache[key] = SHUFFLES[self.shuffle].pieces(self, int(self._starts[c]), int(self._stops[c]), c)
         return self._cache[key]  # type: ignore[return-value]
 
     def pieces(self, consumer: int) -> List[Piece]:
@@ -458,6 +528,19 @@ class EpochPlan:
             skip = np.sort(done[done >= local])
         piece, offset = self.locate(consumer, local)
         return Restart(emitted, local, piece, offset, skip)
+
+    def read_plan(self, consumer: int, emitted: int = 0) -> ReadOrder:
+        """What the consumer reads after emitting ``emitted`` samples, and in which order it emits it.
+
+        The read sequence from :meth:`restart`'s point on and, under a shuffle buffer, the rest of
+        the emission order over it (records already emitted are left out of it: read again, not
+        emitted). Arrays only, for the C++ reader.
+        """
+        r = self.restart(consumer, emitted)
+        shards, records = self.read_sequence(consumer)
+        order = self.order(consumer)
+        emit = None if order is None else order[emitted:] - r.local
+        return ReadOrder(shards[r.local:], records[r.local:], emit)
 
 
 # ---- resumable state -------------------------------------------------------------------------------

@@ -15,11 +15,12 @@ import numpy as np
 import pytest
 
 import dlstore
-from dlstore.adapters.base import ConsumerShard, LastBatch, check_last_batch
+from dlstore.adapters.base import LastBatch, check_last_batch, rank_source
 from dlstore.formats.example import encode_example
 from dlstore.placement.world import World
 from dlstore.synthetic import generate_bert, generate_imagenet
 from tests.conftest import REPO, batch_records
+from tests.resume import assert_resumes_exactly, loader_rows
 
 CUDA_REASON = "needs a CUDA GPU (torch.cuda.is_available() is False here)"
 
@@ -74,17 +75,23 @@ def test_last_batch_policy_names_match_dali():
         check_last_batch("pad")
 
 
-@pytest.mark.parametrize("shard", ["files", "records", "auto"])
+@pytest.mark.parametrize("shuffle", ["none", "block", "global"])
 @pytest.mark.parametrize("consumers", [1, 3, 4])
-def test_consumer_sources_cover_every_record_once(tmp_path, shard, consumers):
+def test_rank_sources_cover_every_record_once(tmp_path, shuffle, consumers):
+    """What every adapter reads through: one rank's share of one epoch plan (a Dataset), or a ready source."""
     paths, total = _numbered_files(tmp_path, [40, 0, 75, 33])
     seen = []
     for c in range(consumers):
-        source = ConsumerShard(paths, c, consumers, shard=shard, shuffle=True, seed=3, epoch=1,
-                               chunk_size=64 << 10)
+        source = rank_source(paths, World(rank=c, size=consumers), dict(shuffle=shuffle, seed=3, remainder="uneven"),
+                             chunk_size=64 << 10)
+        source.set_epoch(1)
         for batch in source.batches():
             seen += _ids(batch_records(batch))
     assert sorted(seen) == list(range(total))
+    reader = dlstore.open_records(paths)
+    assert rank_source(reader) is reader
+    with pytest.raises(ValueError, match="belong to the source"):
+        rank_source(reader, shuffle="global")
 
 
 def test_lazy_imports():
@@ -108,23 +115,26 @@ def _collect(dataset, num_workers):
     return [r for batch in loader for r in batch]
 
 
-@pytest.mark.parametrize("counts", [[30, 50, 20, 41], [30, 50, 41]], ids=["files", "records"])
-def test_torch_dataset_ranks_x_workers_exactly_once(tmp_path, counts):
-    """Two ranks x DataLoader(num_workers=2): every record once per epoch, for two epochs.
-
-    Four files over four consumers are dealt whole; three cannot be, so records are strided."""
+@pytest.mark.parametrize("counts", [[30, 50, 20, 41], [30, 50, 41]])
+@pytest.mark.parametrize("shuffle", ["block", "global"])
+def test_torch_dataset_ranks_x_workers_exactly_once(tmp_path, counts, shuffle):
+    """Two ranks x DataLoader(num_workers=2): every record once per epoch, for two epochs, in an order
+    that changes with the epoch."""
     from dlstore.adapters.torch import DlstoreIterableDataset
 
     paths, total = _numbered_files(tmp_path, counts)
+    orders = []
     for epoch in range(2):
         per_rank = []
         for rank in range(2):
-            ds = DlstoreIterableDataset(paths, world=World(rank=rank, size=2), shuffle=True, seed=5,
+            ds = DlstoreIterableDataset(paths, world=World(rank=rank, size=2), shuffle=shuffle, seed=5,
                                         chunk_size=64 << 10)
             ds.set_epoch(epoch)
             per_rank.append(_ids(_collect(ds, num_workers=2)))
         assert sorted(per_rank[0] + per_rank[1]) == list(range(total))
         assert per_rank[0] and per_rank[1]
+        orders.append(per_rank)
+    assert orders[0] != orders[1]
 
 
 def test_torch_dataset_reads_the_rank_from_the_environment(tmp_path, monkeypatch):
@@ -137,7 +147,7 @@ def test_torch_dataset_reads_the_rank_from_the_environment(tmp_path, monkeypatch
                             "OMPI_COMM_WORLD_LOCAL_RANK": rank, "OMPI_COMM_WORLD_LOCAL_SIZE": 3}.items():
             monkeypatch.setenv(name, str(value))
         mine = _ids(_collect(DlstoreIterableDataset(paths), num_workers=0))
-        assert sorted(mine) == list(range(sum([10, 11, 12][:rank]), sum([10, 11, 12][:rank + 1])))
+        assert len(mine) == total // 3  # an equal share each (33 records), from the launcher's rank
         seen += mine
     assert sorted(seen) == list(range(total))
 
@@ -152,7 +162,7 @@ def test_torch_dataset_with_bert_pipeline_exactly_once(bert):
     got = []
     for rank in range(2):
         ds = DlstoreIterableDataset(bert, pipeline.Bert(seq_len=128, max_predictions=20), batch_size=4,
-                                    world=World(rank=rank, size=2), shard="records")
+                                    world=World(rank=rank, size=2))
         for batch in torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2):
             assert isinstance(batch["input_ids"], torch.Tensor) and batch["input_ids"].dtype == torch.int64
             assert batch["input_ids"].shape[1:] == (128,) and batch["input_ids"].shape[0] <= 4
@@ -162,7 +172,7 @@ def test_torch_dataset_with_bert_pipeline_exactly_once(bert):
 
 
 def test_torch_dataset_recordio_images(tmp_path):
-    """ResNet-50 batches from RecordIO shards over three ranks (strided records): every label once."""
+    """ResNet-50 batches from RecordIO shards over three ranks: every label once."""
     torch = pytest.importorskip("torch")
     pipeline = _pipeline()
     from dlstore.adapters.torch import DlstoreIterableDataset
@@ -174,7 +184,6 @@ def test_torch_dataset_recordio_images(tmp_path):
     for rank in range(3):
         ds = DlstoreIterableDataset(paths, pipeline.ResNet50(train=False, size=24), batch_size=2,
                                     world=World(rank=rank, size=3))
-        assert ds.share().shard == "records"
         for batch in torch.utils.data.DataLoader(ds, batch_size=None):
             assert batch["image"].dtype == torch.uint8 and batch["image"].shape[1:] == (24, 24, 3)
             got += batch["label"].tolist()
@@ -189,8 +198,10 @@ def test_torch_dataset_argument_checks(tmp_path):
         DlstoreIterableDataset(paths, batch_size=8)
     with pytest.raises(ValueError, match="last_batch"):
         DlstoreIterableDataset(paths, last_batch="pad")
-    with pytest.raises(ValueError, match="shard"):
-        DlstoreIterableDataset(paths, shard="mounts")
+    with pytest.raises(dlstore.PlacementError, match="unknown shuffle 'perfect'"):
+        DlstoreIterableDataset(paths, shuffle="perfect")
+    with pytest.raises(TypeError, match="shard"):
+        DlstoreIterableDataset(paths, shard="files")  # the Dataset's plan splits records, not files
 
 
 def test_torch_loader_shares_the_loaders_arrays(bert):
@@ -319,7 +330,7 @@ def test_dali_pipeline_cpu_shapes_and_labels(imagenet, train, layout, dtype):
 
     truth = [int(dlstore.parse_example(r)["image/class/label"][0]) for r in dlstore.open_records(imagenet)]
     pipe = dali_pipeline(imagenet, 4, device="cpu", train=train, size=40, layout=layout, dtype=dtype,
-                         num_threads=1, label_offset=-1)
+                         num_threads=1, label_offset=-1, shuffle="none", shuffle_shards=False)
     for _ in range(2):  # two epochs: the feed restarts after StopIteration
         images, labels = _dali_epoch(pipe)
         assert labels == [t - 1 for t in truth]
@@ -357,7 +368,8 @@ def test_dali_last_batch(imagenet, policy, sizes):
     from dlstore.adapters.dali import dali_pipeline
 
     truth = [int(dlstore.parse_example(r)["image/class/label"][0]) for r in dlstore.open_records(imagenet)]
-    pipe = dali_pipeline(imagenet, 4, device="cpu", size=24, num_threads=1, last_batch=policy)
+    pipe = dali_pipeline(imagenet, 4, device="cpu", size=24, num_threads=1, last_batch=policy, shuffle="none",
+                         shuffle_shards=False)
     images, labels = _dali_epoch(pipe)
     assert [len(b) for b in images] == sizes
     expected = truth[:16] if policy == "DROP" else truth + truth[-1:] * 2
@@ -401,3 +413,42 @@ def test_dali_pipeline_gpu_decode(imagenet):
     images, labels = pipe.run()
     assert images.as_cpu().as_array().shape == (4, 3, 32, 32)
     assert len(labels.as_array()) == 4
+
+
+# ---- every adapter resumes exactly (the shared harness) -----------------------------------------
+
+
+def test_torch_loader_resumes_exactly(bert):
+    pytest.importorskip("torch")
+    pipeline = _pipeline()
+    from dlstore.adapters.torch import TorchLoader
+
+    def make():
+        return TorchLoader(pipeline.bert_loader(bert, batch_size=4, seed=2, buffer_size=5), device="cpu")
+
+    assert_resumes_exactly(make, stops=[1, 3, 7, 8, 11], run=iter, values=loader_rows)
+
+
+def test_tf_adapter_resumes_exactly(bert):
+    pytest.importorskip("tensorflow")
+    pipeline = _pipeline()
+    from dlstore.adapters.tensorflow import TensorFlowAdapter
+
+    def make():
+        return TensorFlowAdapter(pipeline.bert_loader(bert, batch_size=4, seed=2, shuffle="global"))
+
+    assert_resumes_exactly(make, stops=[1, 6, 9], run=iter, values=loader_rows)
+
+
+def test_dali_feed_resumes_exactly(imagenet):
+    from dlstore.adapters.dali import EncodedSamples
+
+    def make():
+        source = dlstore.Dataset(imagenet, shuffle="block", buffer_size=4, batch_size=4, seed=3)
+        return EncodedSamples(source, 4, last_batch="FILL")
+
+    def values(batch):
+        images, labels = batch
+        return [bytes(i) + b"|%d" % label for i, label in zip(images, labels.tolist())]
+
+    assert_resumes_exactly(make, stops=[1, 2, 5, 6], run=iter, values=values)

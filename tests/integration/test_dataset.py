@@ -2,14 +2,18 @@
 import collections
 import os
 import shutil
+import tempfile
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import dlstore
 from dlstore.dataset import Dataset
 from dlstore.placement.world import World
 from tests.conftest import batch_records
+from tests.resume import assert_resumes_exactly, source_records
 
 
 def _write_shards(root, shards=6, seed=2):
@@ -48,7 +52,7 @@ def _read(ds):
 
 
 @pytest.mark.parametrize("layout", ["replicated", "striped", "mixed"])
-@pytest.mark.parametrize("shuffle", ["none", "buffer", "global"])
+@pytest.mark.parametrize("shuffle", ["none", "block", "buffer", "global"])
 def test_every_record_once_across_ranks_and_workers(tmp_path, layout, shuffle):
     data, mounts = _mounts(tmp_path, layout)
     everything = collections.Counter(r for recs in data.values() for r in recs)
@@ -82,6 +86,52 @@ def test_resume_mid_epoch_gives_exactly_the_rest(tmp_path):
             assert _read(again) == full[k:]
 
 
+@pytest.mark.parametrize("shuffle,io", [("none", "mmap"), ("block", "buffered"), ("buffer", "direct"),
+                                        ("global", "mmap")])
+def test_every_shuffle_resumes_exactly(tmp_path, shuffle, io):
+    """The shared save/resume check over a Dataset: a worker of a rank, on replicated mounts."""
+    _, mounts = _mounts(tmp_path, "replicated")
+
+    def make():
+        return Dataset("*.tfrecord", mounts=mounts, world=World(rank=1, size=2, worker=1, num_workers=2),
+                       shuffle=shuffle, buffer_size=7, remainder="pad", batch_size=3, block_size=64 << 10, io=io,
+                       seed=9)
+
+    assert_resumes_exactly(make, stops=[0, 1, 2, 5, 9, 13], run=lambda ds: ds.batches(), values=source_records)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(counts=st.lists(st.integers(0, 30), min_size=1, max_size=5), ranks=st.integers(1, 3),
+       workers=st.integers(1, 2), shuffle=st.sampled_from(["none", "block", "buffer", "global"]),
+       batch=st.integers(1, 6), buffer=st.integers(1, 12), block=st.sampled_from([1 << 16, 1 << 20]),
+       seed=st.integers(0, 1000))
+def test_real_reads_are_exactly_once_for_every_shuffle(tmp_path, counts, ranks, workers, shuffle, batch, buffer,
+                                                       block, seed):
+    """Property: whatever the shards, world, shuffle, batch and buffer sizes, the records the consumers
+    read from real files are each record exactly once (remainder uneven), in batches of batch_size."""
+    d = tempfile.mkdtemp(dir=tmp_path)
+    rng = np.random.default_rng(seed)
+    everything = collections.Counter()
+    for s, n in enumerate(counts):
+        recs = [b"%d.%d|" % (s, i) + rng.bytes(int(rng.integers(0, 9000))) for i in range(n)]
+        everything.update(recs)
+        with dlstore.TFRecordWriter(os.path.join(d, f"p{s}.tfrecord")) as w:
+            for r in recs:
+                w.write(r)
+    seen = collections.Counter()
+    for rank in range(ranks):
+        for worker in range(workers):
+            ds = Dataset(d, world=World(rank=rank, size=ranks, worker=worker, num_workers=workers), shuffle=shuffle,
+                         remainder="uneven", batch_size=batch, buffer_size=buffer, block_size=block, seed=seed,
+                         chunk_size=64 << 10)
+            sizes = []
+            for b in ds.batches():
+                sizes.append(b.num_records)
+                seen.update(batch_records(b))
+            assert all(n == batch for n in sizes[:-1]) and sum(sizes) == len(ds)
+    assert seen == everything
+
+
 def test_a_new_world_size_only_at_an_epoch_boundary(tmp_path):
     _write_shards(tmp_path / "d")
     ds = Dataset(tmp_path / "d", world=World(rank=0, size=4), batch_size=2)
@@ -93,28 +143,53 @@ def test_a_new_world_size_only_at_an_epoch_boundary(tmp_path):
         ds.load_state_dict({"epoch": 3, "sample_in_epoch": 0, "seed": 1, "num_consumers": 4})
 
 
-def test_a_block_is_read_through_the_same_mount_every_epoch(tmp_path):
+def _mounts_read(ds, epoch):
+    """``(shard, record, mount)`` of every record ``ds`` reads in ``epoch``, in reading order."""
+    from dlstore.io.failover import MountHealth
+
+    plan = ds._reader_plan(epoch, 0, MountHealth(ds.mounts, 2))
+    mounts = [ds.mounts[plan.places[f][1]] for f in plan.file.tolist()]
+    return list(zip(plan.shards.tolist(), plan.records.tolist(), mounts))
+
+
+@pytest.mark.parametrize("shuffle", ["none", "block", "global"])
+def test_a_block_is_read_through_the_same_mount_every_epoch(tmp_path, shuffle):
     _, mounts = _mounts(tmp_path, "replicated")
     chosen = {}
     for epoch in range(4):
         for rank in range(3):
-            ds = Dataset("*.tfrecord", mounts=mounts, world=World(rank=rank, size=3), shuffle="global",
+            ds = Dataset("*.tfrecord", mounts=mounts, world=World(rank=rank, size=3), shuffle=shuffle,
                          block_size=64 << 10, seed=1)
-            for piece in ds._reading_order(epoch):
-                for r in range(piece.start, piece.stop):
-                    key = (rank, piece.shard, r)
-                    assert chosen.setdefault(key, piece.places[0].mount) == piece.places[0].mount
+            for shard, record, mount in _mounts_read(ds, epoch):
+                assert chosen.setdefault((rank, shard, record), mount) == mount
 
 
 def test_a_rank_with_two_mounts_alternates_between_them(tmp_path):
     _, mounts = _mounts(tmp_path, "replicated", n=4)
-    ds = Dataset("*.tfrecord", mounts=mounts, world=World(rank=1, size=2), mounts_per_rank=2,
+    ds = Dataset("*.tfrecord", mounts=mounts, world=World(rank=1, size=2), mounts_per_rank=2, shuffle="none",
                  block_size=64 << 10, seed=1)
     assert ds.rank_mounts == mounts[2:4]
-    used = [p.places[0].mount for p in ds._reading_order(0)]
+    read = _mounts_read(ds, 0)
+    used = [m for i, (_, _, m) in enumerate(read) if i == 0 or m != read[i - 1][2]]  # one entry per run
     assert set(used) == set(mounts[2:4])
     switches = sum(a != b for a, b in zip(used, used[1:]))
     assert switches >= len(used) // 2  # taking turns, not one mount after the other
+    assert len(used) > 2
+
+
+@pytest.mark.parametrize("shuffle", ["none", "block", "global"])
+@pytest.mark.parametrize("remainder", ["pad", "drop"])
+def test_batches_hold_exactly_batch_size_records(tmp_path, shuffle, remainder):
+    """Every batch holds batch_size records (only an epoch's last may hold fewer), whatever the shuffle."""
+    _write_shards(tmp_path / "d")
+    for rank in range(3):
+        ds = Dataset(tmp_path / "d", world=World(rank=rank, size=3), batch_size=16, shuffle=shuffle,
+                     remainder=remainder, block_size=64 << 10, buffer_size=20, seed=rank)
+        for epoch in range(2):
+            ds.set_epoch(epoch)
+            sizes = [b.num_records for b in ds.batches()]
+            assert sizes and all(n == 16 for n in sizes[:-1]) and 0 < sizes[-1] <= 16
+            assert sum(sizes) == len(ds) and len(sizes) == ds.num_batches
 
 
 def test_failover_inside_a_dataset_is_counted_and_loses_nothing(tmp_path):

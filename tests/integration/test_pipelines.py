@@ -19,6 +19,7 @@ from dlstore.pipeline.loader import Loader
 from dlstore.synthetic import generate_bert, generate_imagenet
 
 from tests.conftest import REPO
+from tests.resume import assert_resumes_exactly, loader_rows
 
 _TF_PARSE = r"""
 import json, sys
@@ -61,7 +62,8 @@ def test_bert_batches_equal_tensorflow_parse_example(seq_len, tmp_path):
     files = generate_bert(tmp_path / "bert", shards=2, records_per_shard=150, seq_len=seq_len,
                           max_predictions=pipeline.max_predictions, progress=False, workers=1)
     # 64 KiB chunks hold ~75 (seq 128) or ~25 (seq 384) records: batches of 24 span chunk boundaries.
-    loader = bert_loader(files, batch_size=24, seq_len=seq_len, chunk_size=64 << 10, last_batch="PARTIAL")
+    loader = bert_loader(files, batch_size=24, seq_len=seq_len, chunk_size=64 << 10, last_batch="PARTIAL",
+                         shuffle="none", shuffle_shards=False)  # in file order, as tf.data reads them
     got = concat([{k: v.copy() for k, v in b.items()} for b in loader])
     spec = {name: ("float32" if dtype == np.float32 else "int64", shape[0])
             for name, (shape, dtype) in pipeline.fields().items()}
@@ -126,10 +128,11 @@ def images_of(loader):
 def test_resnet50_labels_equal_tensorflow_and_samples_do_not_depend_on_batching(imagenet, train, tmp_path):
     resnet50, _ = _resnet()
     tfrecord, _ = imagenet
+    in_order = dict(shuffle="none", shuffle_shards=False)  # as tf.data reads them
     a = images_of(resnet50.resnet50_loader(tfrecord, batch_size=5, train=train, last_batch="PARTIAL", seed=3,
-                                           threads=2))
+                                           threads=2, **in_order))
     b = images_of(resnet50.resnet50_loader(tfrecord, batch_size=8, train=train, last_batch="PARTIAL", seed=3,
-                                           threads=1, prefetch=1))
+                                           threads=1, prefetch=1, **in_order))
     assert a["image"].shape == (24, 224, 224, 3) and a["image"].dtype == np.uint8
     np.testing.assert_array_equal(a["image"], b["image"])
     np.testing.assert_array_equal(a["label"], b["label"])
@@ -140,10 +143,12 @@ def test_resnet50_labels_equal_tensorflow_and_samples_do_not_depend_on_batching(
 def test_resnet50_crops_follow_seed_and_epoch(imagenet):
     resnet50, _ = _resnet()
     tfrecord, _ = imagenet
-    loader = resnet50.resnet50_loader(tfrecord, batch_size=8, seed=1)
+    # Records in the same order every epoch and seed, so that only the crops can differ.
+    in_order = dict(shuffle="none", shuffle_shards=False)
+    loader = resnet50.resnet50_loader(tfrecord, batch_size=8, seed=1, **in_order)
     epoch0, epoch1 = images_of(loader), images_of(loader)
-    again = images_of(resnet50.resnet50_loader(tfrecord, batch_size=8, seed=1))
-    other_seed = images_of(resnet50.resnet50_loader(tfrecord, batch_size=8, seed=2))
+    again = images_of(resnet50.resnet50_loader(tfrecord, batch_size=8, seed=1, **in_order))
+    other_seed = images_of(resnet50.resnet50_loader(tfrecord, batch_size=8, seed=2, **in_order))
     np.testing.assert_array_equal(epoch0["image"], again["image"])
     np.testing.assert_array_equal(epoch0["label"], epoch1["label"])
     for other in (epoch1, other_seed):
@@ -155,8 +160,9 @@ def test_resnet50_recordio_gives_the_same_samples_as_tfrecord(imagenet):
     resnet50, _ = _resnet()
     tfrecord, recordio = imagenet
     for train in (True, False):
-        t = images_of(resnet50.resnet50_loader(tfrecord, batch_size=8, train=train, seed=4))
-        r = images_of(resnet50.resnet50_loader(recordio, batch_size=8, train=train, seed=4))
+        # In file order: the block shuffle's blocks are sized in bytes, which differ between the formats.
+        t = images_of(resnet50.resnet50_loader(tfrecord, batch_size=8, train=train, seed=4, shuffle="none"))
+        r = images_of(resnet50.resnet50_loader(recordio, batch_size=8, train=train, seed=4, shuffle="none"))
         np.testing.assert_array_equal(t["image"], r["image"])
         np.testing.assert_array_equal(t["label"] - 1, r["label"])  # im2rec labels are 0-based
 
@@ -173,16 +179,16 @@ def test_resnet50_float_nchw_is_the_normalised_uint8(imagenet):
     assert np.abs(f32["image"] - want).max() <= 1.01 / 255 / std.min()
 
 
-def test_resnet50_resumes_with_the_same_crops(imagenet):
-    from tests.unit.test_loader import assert_resumes_exactly
-
+@pytest.mark.parametrize("shuffle", ["block", "global"])
+def test_resnet50_resumes_with_the_same_crops(imagenet, shuffle):
     resnet50, _ = _resnet()
     tfrecord, _ = imagenet
 
     def make():
-        return resnet50.resnet50_loader(tfrecord, batch_size=5, last_batch="FILL", seed=9, chunk_size=64 << 10)
+        return resnet50.resnet50_loader(tfrecord, batch_size=5, last_batch="FILL", seed=9, chunk_size=64 << 10,
+                                        shuffle=shuffle, buffer_size=6)
 
-    assert_resumes_exactly(make, stops=[2, 5, 7])
+    assert_resumes_exactly(make, stops=[2, 5, 7], run=iter, values=loader_rows)
 
 
 def test_resnet50_bad_image_is_named_or_skipped(imagenet, tmp_path):
@@ -200,7 +206,7 @@ def test_resnet50_bad_image_is_named_or_skipped(imagenet, tmp_path):
             w.write(r)
     with pytest.raises(dlstore.CorruptRecordError, match=r"bad.tfrecord: record at byte \d+ \(sample 4 of epoch 0\), "
                        r"resnet50 pipeline: JPEG decode failed: "):
-        images_of(resnet50.resnet50_loader(str(path), batch_size=4))
+        images_of(resnet50.resnet50_loader(str(path), batch_size=4, shuffle="none"))
     loader = resnet50.resnet50_loader(str(path), batch_size=4, on_error="skip", last_batch="PARTIAL")
     got = images_of(loader)
     assert len(got["label"]) == 11 and loader.stats()["skipped"] == 1

@@ -1,17 +1,19 @@
-"""Byte ranges of shards through every engine, and failover between replica mounts (no root needed).
+"""Byte ranges of shards through every engine, and a Dataset failing over between replica mounts (no root
+needed).
 
 The loop-mounted version, where a mount goes away mid-epoch, is in test_testbed_failover.py.
 """
+import collections
+import functools
 import os
-import shutil
 
 import numpy as np
 import pytest
 
 import dlstore
-from dlstore import _C
+from dlstore import _C, Dataset, ReadOptions
 from dlstore.indexing import ensure_index
-from dlstore.io.failover import PieceReader, Place, ReadPiece
+from dlstore.placement.world import World
 from tests.conftest import batch_records, write_tfrecord
 
 
@@ -20,9 +22,10 @@ def _records(rng, n):
 
 
 def _core(engine, chunk=64 << 10, timeout_s=0.0):
+    options = ReadOptions(chunk_size=chunk, depth=4, io_threads=2, verify_threads=1, read_timeout=timeout_s)
+
     def make(paths, ranges):
-        return _C.Reader(paths, "tfrecord", engine, ["none"] * len(paths), True, "raise", chunk, 64 << 10, 4, 2, 0,
-                         1, ranges, timeout_s)
+        return _C.Reader(paths, "tfrecord", ["none"] * len(paths), options.core(engine), ranges)
     return make
 
 
@@ -70,11 +73,10 @@ def test_compressed_files_refuse_ranges(tmp_path):
     with dlstore.TFRecordWriter(path, compression="gzip") as w:
         w.write(b"abc")
     with pytest.raises(dlstore.DlstoreError, match="compressed"):
-        _C.Reader([path], "tfrecord", "buffered", ["gzip"], True, "raise", 1 << 20, 1 << 20, 4, 2, 0, 1,
-                  [(0, 10)], 0.0)
+        _C.Reader([path], "tfrecord", ["gzip"], ReadOptions().core("buffered"), [(0, 10)])
 
 
-# ---- failover -----------------------------------------------------------------------------------
+# ---- failover: a Dataset over replica mounts ----------------------------------------------------
 
 def _replicated(tmp_path, shards=4, n=50, mounts=2):
     rng = np.random.default_rng(3)
@@ -87,50 +89,56 @@ def _replicated(tmp_path, shards=4, n=50, mounts=2):
     return data, [os.fspath(r) for r in roots]
 
 
-def _pieces(data, roots, cuts):
-    pieces = []
-    for shard, a, b in cuts:
-        path0 = os.path.join(roots[0], f"shard-{shard}.tfrecord")
-        _, offs = ensure_index(path0)
-        ends = np.append(offs, os.path.getsize(path0))
-        places = tuple(Place(r, os.path.join(r, f"shard-{shard}.tfrecord")) for r in roots)
-        pieces.append(ReadPiece(shard, a, b, ends[a:b + 1], places))
-    return pieces
+def _in_order(roots, **kw):
+    """This rank (0 of 1, reading mount 0) over the mounts, records in shard order."""
+    return Dataset("shard-*.tfrecord", mounts=roots, world=World(rank=0, size=1), shuffle="none",
+                   shuffle_shards=False, remainder="uneven", block_size=64 << 10, chunk_size=64 << 10, **kw)
 
 
-def _drain(reader, *args):
+def _drain(ds):
     out = []
-    for b in reader.batches(*args):
+    for b in ds.batches():
         out += batch_records(b)
     return out
+
+
+@pytest.fixture
+def no_delay(monkeypatch):
+    """Retries in place without the growing delay between them."""
+    from dlstore.io import failover
+
+    monkeypatch.setattr(failover.MountHealth, "__init__", functools.partialmethod(
+        failover.MountHealth.__init__, retry_delay=0.0))
 
 
 @pytest.mark.parametrize("engine", ["buffered", "mmap", "direct"])
 def test_a_missing_shard_fails_over_to_the_replica(tmp_path, engine):
     data, roots = _replicated(tmp_path)
-    cuts = [(0, 0, 50), (1, 10, 40), (2, 0, 50), (3, 5, 6)]
-    pieces = _pieces(data, roots, cuts)
+    ds = _in_order(roots, io=engine)
+    assert ds.rank_mounts == [roots[0]]
     os.unlink(os.path.join(roots[0], "shard-2.tfrecord"))  # gone from the primary mount
-    reader = PieceReader(pieces, _core(engine), retry_delay=0)
-    assert _drain(reader) == [r for s, a, b in cuts for r in data[s][a:b]]
-    assert reader.stats.failovers == 1 and reader.stats.retries == 0
-    assert reader.stats.failed_mounts == [roots[0]]
-    assert "shard 2" in reader.stats.events[0]
-    # Once a mount failed, later pieces go to the replica directly: shard 3 was read from mnt1.
-    assert reader.core_stats["records"] == sum(b - a for _, a, b in cuts)
+    assert _drain(ds) == [r for recs in data for r in recs]
+    stats = ds.stats()
+    assert stats["failovers"] == 1 and stats["retries"] == 0
+    assert stats["failed_mounts"] == [roots[0]]
+    assert "shard 2" in stats["failover_events"][0]
+    assert stats["records"] == sum(len(recs) for recs in data)  # nothing read twice was handed out twice
 
 
-def test_failover_mid_shard_neither_loses_nor_repeats(tmp_path, monkeypatch):
+@pytest.mark.parametrize("shuffle", ["none", "block", "global"])
+def test_failover_mid_shard_neither_loses_nor_repeats(tmp_path, monkeypatch, shuffle):
     data, roots = _replicated(tmp_path, shards=2, n=200)
-    cuts = [(0, 0, 200), (1, 0, 200)]
-    pieces = _pieces(data, roots, cuts)
-    calls = []
+    ds = Dataset("shard-*.tfrecord", mounts=roots, world=World(rank=0, size=1), shuffle=shuffle, buffer_size=50,
+                 remainder="uneven", batch_size=16, block_size=64 << 10, chunk_size=64 << 10, seed=4)
+    reference = _drain(ds)
+    plans = []
+    make = Dataset._core
 
-    def flaky(paths, ranges):
-        # The first reader over mnt0 delivers three batches, then its mount "fails" (EIO).
-        core = _core("buffered", 64 << 10)(paths, ranges)
-        calls.append((list(paths), list(ranges)))
-        if len(calls) > 1:
+    def flaky(self, plan, start=0):
+        # The first reader over mnt0 hands out three batches, then its mount "fails" (EIO).
+        core = make(self, plan, start)
+        plans.append(plan)
+        if len(plans) > 1:
             return core
 
         class Failing:
@@ -139,49 +147,48 @@ def test_failover_mid_shard_neither_loses_nor_repeats(tmp_path, monkeypatch):
             def next_batch(self):
                 Failing.n += 1
                 if Failing.n > 3:
-                    raise dlstore.DlstoreIOError(f"{paths[0]}: at byte 1234: pread failed: Input/output error "
-                                                 f"(errno 5)", path=paths[0], offset=1234)
+                    raise dlstore.DlstoreIOError(f"{plan.paths[0]}: at byte 1234: pread failed: Input/output error "
+                                                 f"(errno 5)", path=plan.paths[0], offset=1234)
                 return core.next_batch()
 
-            def stats(self):
-                return core.stats()
+            def __getattr__(self, name):
+                return getattr(core, name)
         return Failing()
 
-    reader = PieceReader(pieces, flaky, retry_delay=0)
-    got = _drain(reader)
-    assert got == data[0] + data[1]
-    assert reader.stats.failovers == 1
-    # The second reader starts at the first record not yet handed out, on the replica.
-    (paths2, ranges2) = calls[1]
-    assert paths2[0].startswith(roots[1])
-    assert ranges2[0][0] > 0
+    monkeypatch.setattr(Dataset, "_core", flaky)
+    ds.set_epoch(0)
+    assert _drain(ds) == reference
+    assert ds.stats()["failovers"] == 1
+    # The second reader starts at the first record not yet handed out, reading the mount that failed
+    # no more: every record is on the replica.
+    second = plans[1]
+    assert all(p.startswith(roots[1]) for p in second.paths)
+    assert len(second.file) == len(reference) - 3 * 16 or second.emit is not None
 
 
-def test_without_a_replica_bounded_retries_then_an_error_naming_mount_file_offset(tmp_path):
+def test_without_a_replica_bounded_retries_then_an_error_naming_mount_file_offset(tmp_path, no_delay):
     data, roots = _replicated(tmp_path, shards=2, mounts=1)
-    pieces = _pieces(data, roots, [(0, 0, 50), (1, 20, 50)])
-    shutil.copy(os.path.join(roots[0], "shard-1.tfrecord"), tmp_path / "keep")
+    ds = _in_order(roots)
     os.unlink(os.path.join(roots[0], "shard-1.tfrecord"))
-    reader = PieceReader(pieces, _core("buffered"), max_retries=2, retry_delay=0)
     got = []
     with pytest.raises(dlstore.DlstoreIOError) as e:
-        for b in reader.batches():
+        for b in ds.batches():
             got.append(b.num_records)
     assert sum(got) == 50  # every record before the failure was delivered
     msg = str(e.value)
-    assert roots[0] in msg and "shard-1.tfrecord" in msg and "record 20 of shard 1" in msg
-    assert e.value.offset == int(pieces[1].frame_offsets[0])
-    assert reader.stats.retries == 2
+    assert roots[0] in msg and "shard-1.tfrecord" in msg and "record 0 of shard 1" in msg
+    assert e.value.offset == 0
+    assert ds.stats()["retries"] == 2
 
 
-def test_resume_from_a_position(tmp_path):
-    data, roots = _replicated(tmp_path, shards=3, mounts=1)
-    cuts = [(0, 0, 50), (1, 0, 50), (2, 0, 50)]
-    pieces = _pieces(data, roots, cuts)
-    full = [r for s, a, b in cuts for r in data[s][a:b]]
-    for piece, rec in [(0, 0), (0, 17), (1, 0), (1, 49), (2, 50)]:
-        reader = PieceReader(pieces, _core("mmap"))
-        assert _drain(reader, piece, rec) == full[piece * 50 + rec:]
+def test_a_file_missing_on_each_mount_is_read_from_the_other(tmp_path):
+    data, roots = _replicated(tmp_path)
+    ds = Dataset("shard-*.tfrecord", mounts=roots, world=World(rank=0, size=1), remainder="uneven",
+                 block_size=64 << 10, chunk_size=64 << 10, buffer_size=8, seed=2)
+    os.unlink(os.path.join(roots[0], "shard-3.tfrecord"))
+    os.unlink(os.path.join(roots[1], "shard-1.tfrecord"))
+    assert collections.Counter(_drain(ds)) == collections.Counter(r for recs in data for r in recs)
+    assert ds.stats()["failovers"] >= 1
 
 
 @pytest.fixture
@@ -207,12 +214,18 @@ def test_an_open_that_hangs_times_out_after_the_earlier_records(tmp_path, hung_f
     assert sum(got) == 5 and e.value.path == hung_file
 
 
-def test_a_hung_open_fails_over_to_the_replica(tmp_path, hung_file):
-    recs = [b"r%d" % i for i in range(20)]
-    replica = write_tfrecord(tmp_path / "replica.tfrecord", recs)
-    _, offs = ensure_index(replica)
-    ends = np.append(offs, os.path.getsize(replica))
-    piece = ReadPiece(0, 0, 20, ends, (Place("hung-mount", hung_file), Place("replica-mount", replica)))
-    reader = PieceReader([piece], _core("buffered", timeout_s=0.5), retry_delay=0)
-    assert _drain(reader) == recs
-    assert reader.stats.failovers == 1 and "open timed out" in reader.stats.events[0]
+def test_a_hung_open_fails_over_to_the_replica(tmp_path):
+    data, roots = _replicated(tmp_path, shards=2, n=20)
+    ds = _in_order(roots, read_timeout=0.5)
+    hung = os.path.join(roots[0], "shard-1.tfrecord")
+    os.unlink(hung)
+    os.mkfifo(hung)  # opening it blocks, as a file on a hung mount does
+    try:
+        assert _drain(ds) == data[0] + data[1]
+        stats = ds.stats()
+        assert stats["failovers"] == 1 and "open timed out" in stats["failover_events"][0]
+    finally:
+        try:  # let the abandoned open() return, so its pool thread ends
+            os.close(os.open(hung, os.O_WRONLY | os.O_NONBLOCK))
+        except OSError:
+            pass

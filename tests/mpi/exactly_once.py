@@ -18,18 +18,20 @@ def main() -> int:
     world = detect_world()
     results = []
     for remainder in ("uneven", "drop", "pad"):
-        for shuffle in ("none", "global"):
-            kw = dict(world=world, seed=5, shuffle=shuffle, remainder=remainder, batch_size=3, io="buffered")
+        for shuffle in ("none", "block", "buffer", "global"):
+            kw = dict(world=world, seed=5, shuffle=shuffle, remainder=remainder, batch_size=3, io="buffered",
+                      buffer_size=5, block_size=64 << 10)
             ds = Dataset("*.tfrecord", mounts=mounts, **kw) if mounts else Dataset(data, **kw)
             for epoch in range(2):
                 ds.set_epoch(epoch)
-                digests = []
+                digests, sizes = [], []
                 for batch in ds.batches():
+                    sizes.append(batch.num_records)
                     mv = memoryview(batch)
                     digests += [hashlib.sha1(mv[o:o + n]).hexdigest()
                                 for o, n in zip(batch.offsets.tolist(), batch.lengths.tolist())]
                 agreed = allgather(ds.num_batches)
-                every = gather({"rank": world.rank, "records": digests, "batches": agreed,
+                every = gather({"rank": world.rank, "records": digests, "batches": agreed, "sizes": sizes,
                                 "stats": {k: v for k, v in ds.stats().items() if isinstance(v, int)}})
                 if every is not None and world.rank == 0:
                     results.append({"remainder": remainder, "shuffle": shuffle, "epoch": epoch, "ranks": every})

@@ -54,13 +54,15 @@ def _run(tmp_path, np_, extra=()):
 
 def _check(result, everything, ranks):
     assert result["size"] == ranks and result["source"] == "openmpi"
-    assert len(result["results"]) == 12  # 3 remainder policies x 2 shuffles x 2 epochs
+    assert len(result["results"]) == 24  # 3 remainder policies x 4 shuffles x 2 epochs
     orders = {}
     for r in result["results"]:
         per_rank = sorted(r["ranks"], key=lambda x: x["rank"])
         assert [x["rank"] for x in per_rank] == list(range(ranks))
         assert all(x["batches"] == per_rank[0]["batches"] for x in per_rank)  # every rank saw the same counts
         assert len(set(per_rank[0]["batches"])) == 1  # ... and they agree
+        sizes = [x["sizes"] for x in per_rank]  # batches of exactly 3 records, but an epoch's last
+        assert all(s[:-1] == [3] * (len(s) - 1) for s in sizes if s), sizes
         read = collections.Counter(d for x in per_rank for d in x["records"])
         total = len(everything)
         if r["remainder"] == "uneven":
@@ -73,7 +75,8 @@ def _check(result, everything, ranks):
             assert set(read) == set(everything) and len({len(x["records"]) for x in per_rank}) == 1
         orders[(r["remainder"], r["shuffle"], r["epoch"])] = [x["records"] for x in per_rank]
     # The shuffle changes with the epoch.
-    assert orders[("uneven", "global", 0)] != orders[("uneven", "global", 1)]
+    for shuffle in ("block", "buffer", "global"):
+        assert orders[("uneven", shuffle, 0)] != orders[("uneven", shuffle, 1)]
 
 
 def test_four_ranks_read_every_record_once(tmp_path):

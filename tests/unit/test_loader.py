@@ -19,6 +19,7 @@ from dlstore.formats.example import encode_example
 from dlstore.pipeline.bert import Bert
 from dlstore.pipeline.loader import Loader
 from dlstore.pipeline.stages import sample_seeds
+from tests.resume import assert_resumes_exactly, loader_rows
 
 SEQ, PRED = 16, 4  # small shapes keep the records short; Bert accepts any length with max_predictions
 
@@ -49,6 +50,8 @@ def expected_rows(indices) -> dict:
 class Chunk:
     """A RecordBatch stand-in: records laid end to end in ``buffer``, with a gap before each."""
 
+    path_name = "/data/shard-0"
+
     def __init__(self, payloads, file_index=0, first_offset=0):
         gap = 3  # records do not start at 0 or follow each other directly, as in a TFRecord chunk
         blob, offsets, lengths, file_offsets = bytearray(), [], [], []
@@ -64,34 +67,56 @@ class Chunk:
         self.file_offsets = np.array(file_offsets, dtype=np.uint64)
         self.file_index = file_index
         self.num_records = len(payloads)
+        self.nbytes = int(self.lengths.sum())
+
+    def path(self, i):
+        return self.path_name
 
 
 class ListSource:
-    """Records ``0..n-1`` cut into chunks of the given sizes (cycled); records generator closing."""
+    """A Source of records ``0..n-1`` cut into chunks of the given sizes (cycled), resumable at any
+    record; records the epochs it is set to and its generators closing."""
 
     format = "tfrecord"
+    engine, engine_reason, num_batches = "memory", "records made in the test", None
 
     def __init__(self, n, chunk_sizes=(5,), payload=record, fail_after=None):
         self.n, self.chunk_sizes, self.payload, self.fail_after = n, chunk_sizes, payload, fail_after
-        self.paths = ["/data/shard-0"]
         self.opened = self.closed = 0
         self.epochs_set = []
+        self.epoch = self.sample_in_epoch = 0
 
     def set_epoch(self, epoch):
         self.epochs_set.append(epoch)
+        self.epoch, self.sample_in_epoch = epoch, 0
+
+    def use_batch_size(self, batch_size):
+        pass
+
+    def state_dict(self):
+        return {"epoch": self.epoch, "sample_in_epoch": self.sample_in_epoch}
+
+    def load_state_dict(self, state):
+        self.epoch, self.sample_in_epoch = state["epoch"], state["sample_in_epoch"]
+
+    def stats(self):
+        return {}
 
     def batches(self):
         self.opened += 1
         try:
-            i, k = 0, 0
+            i, k = self.sample_in_epoch, 0
             while i < self.n:
                 size = self.chunk_sizes[k % len(self.chunk_sizes)]
                 k += 1
                 ids = range(i, min(i + size, self.n))
                 if self.fail_after is not None and i >= self.fail_after:
                     raise DlstoreError("the source failed", "/data/shard-0", 1234)
-                yield Chunk([self.payload(j) for j in ids], first_offset=100 * i)
-                i += size
+                chunk = Chunk([self.payload(j) for j in ids], first_offset=100 * i)
+                i += len(ids)
+                self.sample_in_epoch = i
+                yield chunk
+            self.epoch, self.sample_in_epoch = self.epoch + 1, 0
         finally:
             self.closed += 1
 
@@ -392,7 +417,7 @@ def test_arguments_are_checked():
         Loader(source, Bert(SEQ, PRED), 0)
     with pytest.raises(ValueError, match="prefetch"):
         Loader(source, Bert(SEQ, PRED), 4, prefetch=0)
-    with pytest.raises(TypeError, match="batches"):
+    with pytest.raises(TypeError, match="Source"):
         Loader([1, 2], Bert(SEQ, PRED), 4)
     source.format = "recordio"
     with pytest.raises(ValueError, match="the bert pipeline reads tfrecord records, not recordio"):
@@ -403,34 +428,6 @@ def test_arguments_are_checked():
 
 
 # ---- resumption ----------------------------------------------------------------------------------
-
-
-def assert_resumes_exactly(make_loader, stops, epochs=2):
-    """The generic resume check: ``epochs`` epochs straight (one iteration each) against, for each stop,
-    a run saved after ``stop`` batches and resumed in a fresh loader up to the same epoch."""
-    reference = []
-    straight = make_loader()
-    for _ in range(epochs):
-        reference += collect(straight)
-    for stop in stops:
-        first = make_loader()
-        got = []
-        while len(got) < stop:  # across epochs if the stop lies in a later one
-            it = iter(first)
-            for batch in it:
-                got.append({k: v.copy() for k, v in batch.items()})
-                if len(got) == stop:
-                    break
-            it.close()
-        state = first.state_dict()
-        resumed = make_loader()
-        resumed.load_state_dict(state)
-        while resumed.epoch < epochs:
-            got += collect(resumed)
-        assert len(got) == len(reference), (stop, len(got), len(reference))
-        for i, (a, b) in enumerate(zip(got, reference)):
-            for name in a:
-                np.testing.assert_array_equal(a[name], b[name], err_msg=f"stop {stop}, batch {i}, {name}")
 
 
 def test_resume_mid_epoch_over_two_epochs(tmp_path):
@@ -444,37 +441,29 @@ def test_resume_mid_epoch_over_two_epochs(tmp_path):
         return Loader(reader, Bert(SEQ, PRED), 64, last_batch="FILL")
 
     # 16 batches an epoch (the last one padded): stops before, at and after the epoch's end.
-    assert_resumes_exactly(make, stops=[1, 7, 15, 16, 17, 25])
+    assert_resumes_exactly(make, stops=[1, 7, 15, 16, 17, 25], run=iter, values=loader_rows)
 
 
-def test_state_goes_to_a_source_that_resumes_itself():
-    class Resumable(ListSource):
+def test_the_source_state_travels_with_the_loaders():
+    class Tagged(ListSource):
         def state_dict(self):
-            return {"epoch": 0, "sample_in_epoch": 0, "shuffle_seed": 5}
+            return dict(super().state_dict(), shuffle_seed=5)
 
-        def load_state_dict(self, state):
-            self.loaded = state
-
-        def batches(self):  # resumes at the loaded position, as the lead's Dataset would
-            start = getattr(self, "loaded", {}).get("sample_in_epoch", 0)
-            self.loaded = {}
-            for chunk in ListSource(self.n - start, (3,), payload=lambda i: record(i + start)).batches():
-                yield chunk
-
-    source = Resumable(20)
+    source = Tagged(20, (3,))
     loader = Loader(source, Bert(SEQ, PRED), 4)
     it = iter(loader)
     next(it), next(it)
     state = loader.state_dict()
     it.close()
+    # The source had read ahead; the state says where the consumer is.
     assert state == {"epoch": 0, "sample_in_epoch": 8, "seed": 0,
                      "source": {"epoch": 0, "sample_in_epoch": 8, "shuffle_seed": 5}}
-    resumed = Loader(Resumable(20), Bert(SEQ, PRED), 4)
+    resumed = Loader(Tagged(20, (3,)), Bert(SEQ, PRED), 4)
     resumed.load_state_dict(state)
-    assert resumed.source.loaded["sample_in_epoch"] == 8
+    assert resumed.source.sample_in_epoch == 8
     assert_rows(concat(collect(resumed)), range(8, 20))
     with pytest.raises(ValueError, match="seed 0; this loader has seed 3"):
-        Loader(Resumable(20), Bert(SEQ, PRED), 4, seed=3).load_state_dict(state)
+        Loader(Tagged(20), Bert(SEQ, PRED), 4, seed=3).load_state_dict(state)
 
 
 # ---- seeds ---------------------------------------------------------------------------------------

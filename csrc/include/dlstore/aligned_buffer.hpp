@@ -47,7 +47,9 @@ class BufferPool : public std::enable_shared_from_this<BufferPool> {
   }
   // The process-wide pool for this size, kept alive by its users.
   static std::shared_ptr<BufferPool> shared(size_t buffer_size, size_t alignment = 4096);
-  std::shared_ptr<AlignedBuffer> acquire();
+  // A buffer of at least max(buffer_size(), at_least) bytes. Buffers grow to what they are asked
+  // for and stay that size, so a pool serving reads of varying size converges on the largest.
+  std::shared_ptr<AlignedBuffer> acquire(size_t at_least = 0);
   size_t buffer_size() const { return buffer_size_; }
   size_t allocated() const { return allocated_; }
 

@@ -53,6 +53,26 @@ struct Chunk {
   bool last = false;            // last chunk of its file
 };
 
+// A file opened for one engine: a descriptor (buffered, direct) or a mapping (mmap), with what
+// direct I/O needs. Shared by the readers and by the read tasks in flight, which own a reference
+// each, so a task abandoned on a hung mount never touches a freed file.
+struct OpenedFile {
+  std::string path;
+  EngineKind kind = EngineKind::Buffered;  // what runs: direct may have fallen back to buffered
+  std::shared_ptr<FileHandle> fh;          // buffered and direct
+  std::shared_ptr<Mapping> map;            // mmap
+  uint64_t size = 0;
+  uint32_t offset_align = 1;               // direct: file offsets and lengths are multiples of this
+  uint32_t memory_align = 1;               // direct: buffer addresses are multiples of this
+};
+
+// Opens `path` for `kind`: direct falls back to buffered when the filesystem refuses O_DIRECT or
+// needs an alignment above 64 KiB (or one `chunk_size` is not a multiple of), saying why in `note`.
+// `sequential` sets the mapping's access advice for mmap. Touches no shared state, so it may run
+// on a thread that a hung mount never gives back.
+std::shared_ptr<OpenedFile> open_for_engine(const std::string& path, EngineKind kind, size_t chunk_size,
+                                            std::string* note, bool sequential = true);
+
 class ChunkStream {
  public:
   virtual ~ChunkStream() = default;
@@ -75,10 +95,6 @@ class ChunkReader : public ChunkStream {
 
  private:
   struct OpenFile;
-  // Opens `path` for `kind` (direct falling back to buffered, saying why in `note`). It touches no
-  // reader state, so it can run on a pool thread that a hung mount may never give back.
-  static std::shared_ptr<OpenFile> open_file(const std::string& path, EngineKind kind, size_t chunk_size,
-                                             std::string* note);
   void open_next_file();
   void fill();
   std::vector<std::string> paths_;

@@ -44,10 +44,11 @@ class FileHandle {
   bool direct_ = false;
 };
 
-// A read-only mapping of a whole file.
+// A read-only mapping of a whole file. `sequential` advises the kernel to read ahead and drop pages
+// behind (a sequential pass); otherwise the default advice suits reads in any order.
 class Mapping {
  public:
-  explicit Mapping(const std::string& path);
+  explicit Mapping(const std::string& path, bool sequential = true);
   ~Mapping();
   Mapping(const Mapping&) = delete;
   Mapping& operator=(const Mapping&) = delete;

@@ -35,10 +35,10 @@ class Reader {
   ReaderStats stats() const;
   const std::vector<std::string>& notes() const { return chunks_->notes(); }
   const std::vector<CorruptionReport>& corruptions() const { return scanner_->stats().corruptions; }
-  const std::vector<std::string>& paths() const { return paths_; }
+  const std::vector<std::string>& paths() const { return *paths_; }
 
  private:
-  std::vector<std::string> paths_;
+  std::shared_ptr<const std::vector<std::string>> paths_;
   std::unique_ptr<ChunkReader> chunks_;
   std::unique_ptr<InflateStream> inflate_;
   std::unique_ptr<RecordScanner> scanner_;

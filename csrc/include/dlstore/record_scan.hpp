@@ -39,11 +39,16 @@ struct RecordBatch {
   std::shared_ptr<void> owner;
   const uint8_t* base = nullptr;
   size_t region_len = 0;
-  size_t file_index = 0;
+  size_t file_index = 0;               // the file of every record, unless file_indices says otherwise
   std::vector<uint64_t> offsets, lengths;
   std::vector<uint64_t> file_offsets;  // where each record's frame starts in its file
+  std::vector<uint64_t> file_indices;  // per record, when a batch gathers records of several files
+  // The reader's file list, which file_index and file_indices point into; shared, so a batch can name
+  // its records' files after the reader is gone.
+  std::shared_ptr<const std::vector<std::string>> paths;
   uint64_t payload_bytes = 0;
   size_t size() const { return offsets.size(); }
+  size_t file_of(size_t i) const { return file_indices.empty() ? file_index : file_indices[i]; }
   void clear();
 };
 
@@ -64,7 +69,7 @@ struct ScanStats {
 
 class RecordScanner {
  public:
-  RecordScanner(ChunkStream& src, std::vector<std::string> paths, ScanOptions opts);
+  RecordScanner(ChunkStream& src, std::shared_ptr<const std::vector<std::string>> paths, ScanOptions opts);
   // Fills `out` with the next records; false when every file is consumed. Under OnError::Raise the
   // good records before a corrupt one are delivered first, and the error is raised by the next call.
   bool next_batch(RecordBatch& out);
@@ -109,10 +114,10 @@ class RecordScanner {
   // Checks the data CRCs of the batch's records (deferred from framing), on several threads.
   void verify_batch(RecordBatch& out);
   void finish_batch(RecordBatch& out);
-  const std::string& path(size_t i) const { return paths_[i]; }
+  const std::string& path(size_t i) const { return (*paths_)[i]; }
 
   ChunkStream& src_;
-  std::vector<std::string> paths_;
+  std::shared_ptr<const std::vector<std::string>> paths_;
   ScanOptions opts_;
   ScanStats stats_;
   std::unique_ptr<ThreadPool> verifiers_;

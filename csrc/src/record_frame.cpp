@@ -1,0 +1,120 @@
+#include "dlstore/record_frame.hpp"
+
+#include <cstdio>
+#include <cstring>
+
+#include "dlstore/crc32c.hpp"
+
+namespace dlstore {
+namespace {
+
+// Both formats are little-endian on disk, as the machines dlstore runs on; memcpy keeps it
+// unaligned-safe.
+inline uint64_t le64(const uint8_t* p) {
+  uint64_t v;
+  std::memcpy(&v, p, 8);
+  return v;
+}
+inline uint32_t le32(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+std::string hex32(uint32_t v) {
+  char b[16];
+  std::snprintf(b, sizeof b, "0x%08x", v);
+  return b;
+}
+
+constexpr uint64_t kTFHeader = 12;  // uint64 length, uint32 masked crc of length
+constexpr uint64_t kTFFooter = 4;   // uint32 masked crc of data
+constexpr uint64_t kRIOHeader = 8;  // uint32 magic, uint32 cflag << 29 | length
+
+std::string check_tfrecord(const uint8_t* p, uint64_t size, bool verify, FramedRecord& out, uint64_t* at) {
+  *at = 0;
+  if (size < kTFHeader + kTFFooter)
+    return "the index gives a frame of " + std::to_string(size) +
+           " bytes, shorter than a TFRecord header and footer (16 bytes): the index does not match the file";
+  const uint64_t length = le64(p);
+  if (verify) {
+    const uint32_t stored = le32(p + 8), computed = masked_crc32c(p, 8);
+    if (stored != computed)
+      return "bad length CRC: stored " + hex32(stored) + ", computed " + hex32(computed) + " (length field reads " +
+             std::to_string(length) + ")";
+  }
+  if (length != size - kTFHeader - kTFFooter)
+    return "the record's length field says " + std::to_string(length) + " bytes of data, but the index gives a " +
+           "frame of " + std::to_string(size) + " bytes: the index is stale or the file is corrupt";
+  if (verify) {
+    const uint32_t stored = le32(p + kTFHeader + length), computed = masked_crc32c(p + kTFHeader, length);
+    if (stored != computed)
+      return "bad data CRC in a record of " + std::to_string(length) + " bytes: stored " + hex32(stored) +
+             ", computed " + hex32(computed);
+  }
+  out.data = p + kTFHeader;
+  out.len = length;
+  return "";
+}
+
+std::string check_recordio(const uint8_t* p, uint64_t size, FramedRecord& out, uint64_t* at) {
+  // Parts follow each other, each padded to 4 bytes; a lone record (cflag 0) is the common case.
+  uint64_t pos = 0;
+  bool assembling = false;
+  size_t joined = 0;
+  for (;;) {
+    *at = pos;
+    if (size - pos < kRIOHeader)
+      return "truncated record header: the indexed frame ends " + std::to_string(size - pos) +
+             " bytes into a RecordIO header";
+    const uint32_t magic = le32(p + pos);
+    if (magic != kRecordIOMagic)
+      return "bad RecordIO magic " + hex32(magic) + " (expected " + hex32(kRecordIOMagic) + ")";
+    const uint32_t lrec = le32(p + pos + 4);
+    const uint32_t cflag = lrec >> 29;
+    const uint64_t length = lrec & ((1u << 29) - 1);
+    if (size - pos - kRIOHeader < length)
+      return "truncated record: the header says " + std::to_string(length) + " bytes of data, but the indexed " +
+             "frame holds only " + std::to_string(size - pos - kRIOHeader);
+    const uint8_t* data = p + pos + kRIOHeader;
+    if (!assembling) {
+      if (cflag == 0) {
+        out.data = data;
+        out.len = length;
+        return "";
+      }
+      if (cflag != 1)
+        return "RecordIO continuation part (cflag " + std::to_string(cflag) + ") without a start part";
+      assembling = true;
+      // The joined record is no longer than the frame: each 8-byte header becomes a 4-byte magic.
+      out.assembled = std::make_shared<AlignedBuffer>(static_cast<size_t>(size) + 64, 64);
+    } else if (cflag <= 1) {
+      return "multi-part RecordIO record has no end part: a cflag " + std::to_string(cflag) + " frame follows";
+    }
+    // Parts were split where the payload held the magic word; it goes back between them.
+    std::memcpy(out.assembled->data() + joined, data, length);
+    joined += length;
+    if (cflag == 3) {
+      out.data = out.assembled->data();
+      out.len = joined;
+      return "";
+    }
+    const uint32_t m = kRecordIOMagic;
+    std::memcpy(out.assembled->data() + joined, &m, 4);
+    joined += 4;
+    pos += kRIOHeader + ((length + 3) & ~uint64_t(3));
+    if (pos >= size) {
+      *at = 0;
+      return "truncated multi-part RecordIO record: the indexed frame ends before its last part (cflag 3)";
+    }
+  }
+}
+
+}  // namespace
+
+std::string check_frame(Format format, const uint8_t* p, uint64_t size, bool verify, FramedRecord& out,
+                        uint64_t* at) {
+  out = FramedRecord{};
+  return format == Format::TFRecord ? check_tfrecord(p, size, verify, out, at) : check_recordio(p, size, out, at);
+}
+
+}  // namespace dlstore

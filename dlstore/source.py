@@ -1,0 +1,192 @@
+"""What every record source is, and how it reads: the :class:`Source` protocol and :class:`ReadOptions`.
+
+A *source* hands out the records of one consumer (a rank, or a DataLoader worker of a rank) as
+``RecordBatch`` objects, epoch after epoch, and can say where it stands so that a run resumes
+exactly. Two classes implement it: :class:`dlstore.RecordReader` (``open_records``: files read in
+order, no placement) and :class:`dlstore.Dataset` (placement over ranks, workers and mounts, with a
+shuffle). The loader, the framework adapters and the benchmark read through this protocol only.
+
+:class:`ReadOptions` is the one description of how records are read (engine, read size, reads in
+flight, threads, CRC checks, error policy, timeouts). Sources take it whole, or as keyword
+arguments that build it; nothing re-lists its fields.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Dict, Iterator, Mapping, MutableMapping, Optional, Protocol, runtime_checkable
+
+from dlstore import settings
+
+__all__ = ["Source", "ReadOptions", "ON_ERROR"]
+
+#: What a source does with a corrupt record: raise, skip (counted), or skip with a warning each.
+ON_ERROR = ("raise", "skip", "warn")
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    """How a source reads records. Every field left ``None`` takes the setting of the same name
+    (:mod:`dlstore.settings`: its environment variable, else its default).
+
+    Parameters
+    ----------
+    io : {"auto", "buffered", "mmap", "direct", "gds"}, optional
+        The I/O engine. ``auto`` resolves once and says why (``source.engine_reason``): ``direct``
+        when the data is larger than the memory the page cache can have, else ``buffered``.
+        ``gds`` raises :class:`~dlstore.GdsUnavailableError` saying why it cannot run here.
+    verify : bool
+        Check TFRecord CRCs (hardware CRC-32C where the CPU has it).
+    on_error : {"raise", "skip", "warn"}
+        A corrupt record: ``raise`` (after the good records before it) a
+        :class:`~dlstore.CorruptRecordError` naming the file, the offset and what was wrong; ``skip``
+        it, counted in ``stats()["skipped"]`` and listed by ``corruptions()``; ``warn``: skip with a
+        ``RuntimeWarning`` each.
+    chunk_size : int, optional
+        Bytes per read.
+    depth : int, optional
+        Reads in flight.
+    io_threads : int, optional
+        Threads issuing reads (a :class:`~dlstore.Dataset` also checks frames and CRCs on them).
+    verify_threads : int, optional
+        Threads besides the consumer checking CRCs of a file read in order (:func:`~dlstore.open_records`).
+    read_timeout : float, optional
+        Seconds an open or a read may take before it fails (and a :class:`~dlstore.Dataset` fails
+        over to a replica mount); 0 waits forever.
+    max_retries : int, optional
+        Retries of a failed read at the same place once no replica is left (:class:`~dlstore.Dataset`).
+    """
+
+    io: Optional[str] = None
+    verify: bool = True
+    on_error: str = "raise"
+    chunk_size: Optional[int] = None
+    depth: Optional[int] = None
+    io_threads: Optional[int] = None
+    verify_threads: Optional[int] = None
+    read_timeout: Optional[float] = None
+    max_retries: Optional[int] = None
+
+    def __post_init__(self):
+        if self.on_error not in ON_ERROR:
+            raise ValueError(f"on_error must be 'raise', 'skip' or 'warn', not {self.on_error!r}")
+        if not isinstance(self.verify, bool):
+            raise ValueError(f"verify must be True or False, not {self.verify!r}")
+        for name in ("io", "chunk_size", "depth", "io_threads", "verify_threads", "read_timeout", "max_retries"):
+            settings.get(name, getattr(self, name))  # a bad value fails here, naming the setting
+
+    @classmethod
+    def names(cls) -> tuple:
+        """The option names (the keyword arguments sources accept for them)."""
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+    @classmethod
+    def take(cls, options: Optional["ReadOptions"], kwargs: MutableMapping[str, Any]) -> "ReadOptions":
+        """``options``, or the options named in ``kwargs`` (popped from it); not both.
+
+        Raises
+        ------
+        TypeError
+            When both are given.
+        """
+        given = {k: kwargs.pop(k) for k in cls.names() if k in kwargs}
+        if options is None:
+            return cls(**given)
+        if given:
+            raise TypeError(f"pass the reader options either as options=ReadOptions(...) or as keyword "
+                            f"arguments, not both ({', '.join(sorted(given))} given beside options)")
+        if not isinstance(options, ReadOptions):
+            raise TypeError(f"options must be a dlstore.ReadOptions, not {type(options).__name__}")
+        return options
+
+    def replace(self, **changes: Any) -> "ReadOptions":
+        return dataclasses.replace(self, **changes)
+
+    def get(self, name: str) -> Any:
+        """The effective value of option ``name``: the field, else its setting."""
+        return settings.get(name, getattr(self, name))
+
+    def core(self, engine: str, *, in_order: bool = True, mounts: int = 1) -> Dict[str, Any]:
+        """The C++ readers' options for ``engine`` (``io="auto"`` resolved), as one dict.
+
+        Parameters
+        ----------
+        in_order : bool
+            Files read front to back (:func:`~dlstore.open_records`), rather than a read plan.
+        mounts : int
+            Mount points read at once; each needs reads in flight of its own.
+
+        Explicit values always win; otherwise a few defaults depend on the case:
+
+        - ``mmap`` read in order: chunks 8x ``chunk_size``. Its chunks are views of the mapping,
+          so a larger one costs no memory and halves the hand-offs between the consumer and the
+          CRC thread per GB. (A read plan keeps ``chunk_size``: its chunks are its blocks.)
+        - ``direct`` read in order: no CRC thread besides the consumer. Reads are bound by the
+          device and land in RAM, not in cache; a second CRC thread only adds memory traffic.
+        - Several mounts: at least 2 threads and 4 reads in flight per mount, so that a mount
+          running late does not leave the others idle.
+        """
+        chunk = self.get("chunk_size")
+        if settings.is_default("chunk_size", self.chunk_size) and engine == "mmap" and in_order:
+            chunk *= 8
+        verify_threads = self.get("verify_threads")
+        if settings.is_default("verify_threads", self.verify_threads) and engine == "direct":
+            verify_threads = 0
+        threads, depth = self.get("io_threads"), self.get("depth")
+        if mounts > 1:
+            if settings.is_default("io_threads", self.io_threads):
+                threads = max(threads, 2 * mounts)
+            if settings.is_default("depth", self.depth):
+                depth = max(depth, 4 * mounts)
+        return {"engine": engine, "chunk_size": chunk, "headroom": settings.get("headroom"), "depth": depth,
+                "io_threads": threads, "verify_threads": verify_threads, "verify": self.verify,
+                "on_error": "skip" if self.on_error == "warn" else self.on_error,
+                "read_timeout": float(self.get("read_timeout"))}
+
+
+@runtime_checkable
+class Source(Protocol):
+    """A consumer's records, epoch after epoch, resumable: what the loader, the adapters and the
+    benchmark read through.
+
+    Attributes
+    ----------
+    format : str
+        ``tfrecord`` or ``recordio`` (the pipeline needs to know).
+    engine, engine_reason : str
+        The I/O engine that runs (``io="auto"`` resolved) and why.
+    num_batches : int or None
+        Batches every consumer yields per epoch when consumers must agree on a count (ranks that
+        split an epoch unevenly), else None.
+    """
+
+    format: str
+
+    @property
+    def engine(self) -> str: ...
+
+    @property
+    def engine_reason(self) -> str: ...
+
+    @property
+    def num_batches(self) -> Optional[int]: ...
+
+    def batches(self) -> Iterator[Any]:
+        """``RecordBatch`` objects of the current epoch from the current position; the position
+        advances as they are handed out, and moves to the next epoch when this one ends."""
+
+    def set_epoch(self, epoch: int) -> None:
+        """Starts ``epoch`` from its first record."""
+
+    def use_batch_size(self, batch_size: int) -> None:
+        """The consumer's batch size: a source whose own was left unset reads batches of it."""
+
+    def state_dict(self) -> Dict[str, Any]:
+        """``epoch`` and ``sample_in_epoch`` (records already handed out), and what else the source
+        needs to resume exactly."""
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resumes at ``state``: the next :meth:`batches` starts there."""
+
+    def stats(self) -> Dict[str, Any]:
+        """Counters of the last pass, with ``engine`` and ``engine_reason``."""

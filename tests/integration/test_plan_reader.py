@@ -1,0 +1,165 @@
+"""The C++ plan reader behind ``Dataset``: records located by the index, read in large reads, handed out
+in the planned order. What it must do beyond the exactly-once tests of test_dataset.py: check every frame
+(corrupt data raised or skipped, named by file and offset), join multi-part RecordIO records, notice a
+file that changed since its index was made, keep the shuffle buffer within its bounds, and hand out
+views where it can."""
+import collections
+import os
+import struct
+
+import numpy as np
+import pytest
+
+import dlstore
+from dlstore.dataset import Dataset
+from dlstore.indexing import ensure_index
+from dlstore.placement.world import World
+from tests.conftest import ENGINES, batch_records, write_tfrecord
+
+
+def _shards(directory, counts, seed=0, size=(100, 20_000)):
+    rng = np.random.default_rng(seed)
+    data = {}
+    for s, n in enumerate(counts):
+        recs = [b"%d.%d|" % (s, i) + rng.bytes(int(rng.integers(*size))) for i in range(n)]
+        data[write_tfrecord(os.path.join(directory, f"part-{s}.tfrecord"), recs)] = recs
+    return data
+
+
+def _read(ds):
+    return [r for b in ds.batches() for r in batch_records(b)]
+
+
+def _flip_data_byte(path, record, offsets=None):
+    """Damages the payload of ``record`` of a TFRecord file: its data CRC no longer matches. ``offsets``:
+    its frames, from an index made before any damage."""
+    if offsets is None:
+        _, offsets = ensure_index(path)
+    with open(path, "r+b") as f:
+        f.seek(int(offsets[record]) + 12 + 3)
+        byte = f.read(1)
+        f.seek(int(offsets[record]) + 12 + 3)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    return int(offsets[record])
+
+
+@pytest.mark.parametrize("shuffle", ["none", "block", "global"])
+def test_a_corrupt_record_is_raised_after_the_good_ones_naming_file_and_offset(tmp_path, shuffle):
+    data = _shards(tmp_path, [30, 30])
+    path = sorted(data)[1]
+    ds = Dataset(tmp_path, shuffle=shuffle, batch_size=4, seed=1, buffer_size=8, block_size=64 << 10,
+                 remainder="uneven")
+    order = _read(ds)  # the planned order, before the damage
+    offset = _flip_data_byte(path, 7)
+    bad = data[path][7]
+    got = []
+    ds.set_epoch(0)
+    with pytest.raises(dlstore.CorruptRecordError) as e:
+        for b in ds.batches():
+            got += batch_records(b)
+    assert e.value.path == path and e.value.offset == offset
+    assert f"{path}: at byte {offset}: bad data CRC" in str(e.value)
+    assert got == order[:order.index(bad)]  # every record planned before it, and nothing else
+
+
+@pytest.mark.parametrize("policy", ["skip", "warn"])
+def test_corrupt_records_can_be_skipped_counted_and_listed(tmp_path, policy):
+    data = _shards(tmp_path, [20, 25])
+    path = sorted(data)[0]
+    ds = Dataset(tmp_path, shuffle="block", batch_size=6, on_error=policy, buffer_size=5, block_size=64 << 10,
+                 remainder="uneven")  # indexed before the damage: the index is sound, the data not
+    _, frames = ensure_index(path)
+    offsets = [_flip_data_byte(path, r, frames) for r in (3, 11)]
+    if policy == "warn":
+        with pytest.warns(RuntimeWarning, match="bad data CRC") as caught:
+            got = _read(ds)
+        assert len(caught) == 2
+    else:
+        got = _read(ds)
+    good = [r for recs in data.values() for r in recs]
+    del good[11], good[3]
+    assert collections.Counter(got) == collections.Counter(good)
+    assert ds.stats()["skipped"] == 2
+    assert sorted((p, o) for p, o, _ in ds.corruptions()) == [(path, offsets[0]), (path, offsets[1])]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("shuffle", ["none", "block", "global"])
+def test_multipart_recordio_records_are_joined(tmp_path, engine, shuffle):
+    magic = struct.pack("<I", 0xCED7230A)
+    rng = np.random.default_rng(5)
+    payloads = []
+    for i in range(40):  # every third record holds the magic word, so it is written in parts
+        body = rng.bytes(int(rng.integers(0, 5000)))
+        payloads.append(body[:100] + magic + body[100:] + (magic + b"tail" if i % 6 == 0 else b"")
+                        if i % 3 == 0 else body)
+    path = os.fspath(tmp_path / "x.rec")
+    with dlstore.RecordIOWriter(path, idx_path=os.fspath(tmp_path / "x.idx")) as w:
+        for p in payloads:
+            w.write(p)
+    ds = Dataset(path, format="recordio", shuffle=shuffle, batch_size=7, io=engine, buffer_size=9, seed=2,
+                 remainder="uneven")
+    got = _read(ds)
+    assert collections.Counter(got) == collections.Counter(payloads)
+    if shuffle != "none":
+        assert got != payloads
+
+
+def test_a_file_changed_since_its_index_is_named(tmp_path):
+    data = _shards(tmp_path, [10, 10])
+    ds = Dataset(tmp_path, shuffle="none", shuffle_shards=False, batch_size=5, remainder="uneven")
+    path = sorted(data)[1]
+    size = os.path.getsize(path)
+    os.truncate(path, size // 2)
+    got = []
+    with pytest.raises(dlstore.DlstoreError, match="did the file change since its index was made") as e:
+        for b in ds.batches():
+            got += batch_records(b)
+    assert e.value.path == path and got == data[sorted(data)[0]]
+
+
+def test_a_frame_that_disagrees_with_the_index_is_corrupt(tmp_path):
+    path = write_tfrecord(tmp_path / "a.tfrecord", [b"x" * 50, b"y" * 60, b"z" * 70])
+    ds = Dataset(path, shuffle="none", batch_size=3)
+    with open(path, "r+b") as f:  # record 1 now claims 61 bytes: its length CRC is made to match
+        f.seek(66)
+        header = struct.pack("<Q", 61)
+        f.write(header + struct.pack("<I", _masked_crc(header)))
+    with pytest.raises(dlstore.CorruptRecordError, match="length field says 61 bytes .* index is stale"):
+        _read(ds)
+
+
+def _masked_crc(data):
+    from dlstore import _C
+
+    return _C.masked_crc32c(data)
+
+
+def test_the_shuffle_buffer_stays_in_its_bounds_and_mixes(tmp_path):
+    data = _shards(tmp_path, [200] * 6, size=(4000, 6000))  # ~5 KB records, ~6 MB in all
+    chunk = 64 << 10
+    ds = Dataset(tmp_path, shuffle="block", batch_size=16, buffer_size=64, block_size=chunk, chunk_size=chunk,
+                 seed=3, remainder="uneven")
+    got = _read(ds)
+    stats = ds.stats()
+    everything = [r for recs in data.values() for r in recs]
+    assert collections.Counter(got) == collections.Counter(everything)
+    # Held chunks: at most twice the buffer's bytes (or two chunks) before the oldest are let go,
+    # plus one chunk arriving; records still in the buffer then are copied out, not the chunk kept.
+    hold = max(2 * 64 * ds.mean_record_bytes, 2 * chunk)
+    assert stats["peak_held_bytes"] <= hold + 2 * chunk, stats
+    assert stats["spilled_records"] > 0 and stats["gathered_batches"] == len(got) // 16
+    # Consecutive records rarely neighbours in a file: the buffer mixes ~9 blocks of ~12 records.
+    where = {r: (p, i) for p, recs in data.items() for i, r in enumerate(recs)}
+    neighbours = sum(where[a][0] == where[b][0] and abs(where[a][1] - where[b][1]) == 1
+                     for a, b in zip(got, got[1:]))
+    assert neighbours < 0.05 * len(got), neighbours
+
+
+@pytest.mark.parametrize("shuffle", ["none", "global"])
+def test_batches_in_read_order_are_views_not_copies(tmp_path, shuffle):
+    _shards(tmp_path, [50, 50])
+    ds = Dataset(tmp_path, shuffle=shuffle, batch_size=8, world=World(rank=0, size=1), remainder="uneven")
+    n = len(_read(ds))
+    stats = ds.stats()
+    assert n == 100 and stats["gathered_batches"] == 0 and stats["records"] == 100
