@@ -33,17 +33,16 @@ void AlignedBuffer::reserve(size_t size, size_t keep) {
 }
 
 std::shared_ptr<BufferPool> BufferPool::shared(size_t buffer_size, size_t alignment) {
-  // Readers come and go (one per pass over the data); their buffers stay warm in a pool kept per
-  // size while any reader or batch uses it.
+  // Readers come and go (one per epoch, or per pass over the data) and the next one wants buffers of
+  // the same sizes: the pool for each size lives as long as the process, so its buffers stay warm
+  // from one epoch to the next (a fresh buffer costs a page fault per page). What it keeps idle is
+  // bounded (release). Leaked on purpose, like process_pool: no destructor runs at exit while a
+  // reader's thread may still return a buffer.
   static std::mutex mu;
-  static std::map<std::pair<size_t, size_t>, std::weak_ptr<BufferPool>> pools;
+  static auto* pools = new std::map<std::pair<size_t, size_t>, std::shared_ptr<BufferPool>>();
   std::lock_guard<std::mutex> lock(mu);
-  auto& slot = pools[{buffer_size, alignment}];
-  std::shared_ptr<BufferPool> pool = slot.lock();
-  if (!pool) {
-    pool = create(buffer_size, alignment);
-    slot = pool;
-  }
+  std::shared_ptr<BufferPool>& pool = (*pools)[{buffer_size, alignment}];
+  if (!pool) pool = create(buffer_size, alignment);
   return pool;
 }
 
@@ -64,12 +63,15 @@ std::shared_ptr<AlignedBuffer> BufferPool::acquire(size_t at_least) {
       free_.erase(free_.begin() + static_cast<std::ptrdiff_t>(pick));
     }
   }
+  // Requests of varying size (batches of records) grow a buffer past the one asked for, so that the
+  // next slightly larger request fits instead of growing it again.
+  const size_t grown = want + want / 8;
   if (!b) {
-    b.reset(new AlignedBuffer(want, alignment_));
+    b.reset(new AlignedBuffer(want > buffer_size_ ? grown : want, alignment_));
     std::lock_guard<std::mutex> lock(mu_);
     ++allocated_;
   } else if (b->size() < want) {
-    b->reserve(want);
+    b->reserve(grown);
   }
   std::shared_ptr<BufferPool> self = shared_from_this();
   return std::shared_ptr<AlignedBuffer>(b.release(), [self](AlignedBuffer* p) { self->release(p); });
@@ -78,10 +80,13 @@ std::shared_ptr<AlignedBuffer> BufferPool::acquire(size_t at_least) {
 void BufferPool::release(AlignedBuffer* b) {
   // Keep enough warm buffers for a few readers' read-ahead; free the rest, so a consumer that
   // once held many batches does not leave the pool at its peak size for the process's lifetime.
-  constexpr size_t kMaxFree = 16;
+  constexpr size_t kMaxFree = 64;
+  constexpr size_t kMaxFreeBytes = size_t(256) << 20;
   std::unique_ptr<AlignedBuffer> owned(b);
   std::lock_guard<std::mutex> lock(mu_);
-  if (free_.size() < kMaxFree) {
+  size_t idle = owned->size();
+  for (const auto& f : free_) idle += f->size();
+  if (free_.size() < kMaxFree && idle <= kMaxFreeBytes) {
     free_.push_back(std::move(owned));
   } else {
     --allocated_;

@@ -1,6 +1,7 @@
 """What ``python -m dlstore.bench resnet50`` and ``... bert`` share: tiers, steps, jobs, accelerator emulation.
 
-The benchmark runs a whole input pipeline (records read, decoded or parsed, batched by
+The benchmark runs a whole input pipeline as training runs it (records read through a shuffled
+:class:`dlstore.Dataset`, ``--shuffle``, this rank's share; decoded or parsed, batched by
 :class:`dlstore.pipeline.Loader`) and reports it the way the seeds' Graphcore paper does:
 
 - **Tiers**, side by side in one run, on the same step plan:
@@ -22,9 +23,9 @@ The benchmark runs a whole input pipeline (records read, decoded or parsed, batc
   pipeline's start (threads started, first reads), as a training job's first step does. Every
   tier, the target included, follows the same plan; a tier whose data ends early has fewer steps.
 - **Jobs** (``--jobs N``): rows 1..N; row ``n`` runs ``n`` loader processes at once, each one
-  an independent job reading *the same* files (its own loader, its own shard order: job ``j``
-  starts at shard ``j * shards / n``, so concurrent jobs do not read the same file at the same
-  moment), each for ``--jobs-steps`` steps of the plan (the paper's jobs table is the first
+  an independent job reading *the same* files (its own loader, its own shuffle: job ``j`` uses
+  seed ``--seed + j``, so concurrent jobs do not read the same place at the same moment), each
+  for ``--jobs-steps`` steps of the plan (the paper's jobs table is the first
   training step). The cache is prepared as for the tier named by ``--jobs-tier`` before each row.
   Aggregate rate = all samples of all jobs over the time from the common start to the last
   finish.
@@ -39,8 +40,8 @@ The benchmark runs a whole input pipeline (records read, decoded or parsed, batc
   over wall time.
 
 Under MPI (``mpi4py`` importable and a launcher's world size > 1) every rank runs the tiers on
-its share of the shards (``shards[rank::size]``) at the same time, synchronised by a barrier
-before each tier, and rank 0 prints one table per rank and the aggregate.
+its share of the records (its Dataset's: ranks are consumers of one epoch plan) at the same time,
+synchronised by a barrier before each tier, and rank 0 prints one table per rank and the aggregate.
 """
 from __future__ import annotations
 
@@ -586,7 +587,7 @@ def run_jobs(spec: LoaderSpec, max_jobs: int, plan: Sequence[int], *, prepare: C
     finally:
         bar.close()
     return {"rows": rows, "cache_method": method, "steps_per_job": len(plan), "batches_per_job": sum(plan),
-            "shards": "every job reads the same files, job j starting at shard j * shards / n"}
+            "shards": "every job reads the same files, job j shuffled with seed + j"}
 
 
 # ---- MPI -------------------------------------------------------------------------------------------

@@ -1,0 +1,292 @@
+#!/usr/bin/env python
+"""An epoch read through ``dlstore.Dataset`` under each shuffle, cold from the device and warm from the page
+cache, records only (no decoding): what a shuffle costs the read path, beside the unshuffled read.
+
+    python benchmarks/shuffles.py                          # the cached 1 GB ImageNet-like set
+    python benchmarks/shuffles.py --quick                  # a tiny set: a smoke test
+    python benchmarks/shuffles.py --data '/data/train-*' --cache cold --engines direct
+    python benchmarks/shuffles.py --markdown docs/shuffles.md
+
+Every measurement runs in a fresh interpreter (its own memory and threads): it builds the Dataset
+(one rank, batch ``--batch-size``), prepares the cache (cold: the page cache dropped as root, else the
+files evicted; warm: every file read once, so it sits in the page cache), then reads ``--epochs`` epochs
+and reports for the first one:
+
+- **GB/s** of record payload and records/s over the epoch's wall time, and the process's CPU seconds
+  per GB; **vs none**: the rate over the unshuffled read of the same engine and cache state.
+- **neighbours**: the share of consecutive records that are neighbours in one file (record ``r`` then
+  ``r + 1`` or ``r - 1`` of the same shard): 1.0 unshuffled; what a shuffle should make rare.
+- **memory**: the most chunk bytes the reader held at once (for ``block`` and ``buffer``, the shuffle
+  buffer's), the records it copied out of chunks it let go, the batches gathered by copy; and the
+  process's resident memory after each epoch (warm runs), which stays flat unless something leaks.
+
+Measurements run in rounds, every configuration once per round in a rotating order, so drift on a
+shared machine spreads over all of them; figures are medians over rounds.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import time
+from typing import Dict, List, Optional
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+if ROOT not in sys.path:  # run from a checkout: measure this tree's dlstore
+    sys.path.insert(0, ROOT)
+
+from benchmarks import _harness  # noqa: E402
+
+RESULT_PREFIX = "SHUFFLES_RESULT "
+SHUFFLES = ("none", "block", "buffer", "global")
+# Issue 8's targets for the read path: a cold shuffled epoch streams as the unshuffled one does.
+COLD_BLOCK_VS_NONE = 0.9
+NEIGHBOURS_MAX = 0.05  # block: consecutive records rarely neighbours in a file
+
+
+# ---- one measurement (in a worker process) --------------------------------------------------------
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def measure(plan: Dict) -> Dict:
+    """Reads ``plan["epochs"]`` epochs of one configuration; figures of the first, RSS after each."""
+    import numpy as np
+
+    from dlstore.bench import cache
+    from dlstore.dataset import Dataset
+
+    ds = Dataset(plan["files"], io=plan["engine"], shuffle=plan["shuffle"], batch_size=plan["batch_size"],
+                 remainder="uneven", seed=plan["seed"])
+    # Every frame of the dataset as one sorted key (shard, offset), to tell which record a batch holds.
+    shard_of = np.repeat(np.arange(len(ds.shards)), ds.counts + 1)
+    keys = (shard_of << 40) | ds._frames[:-1]
+    method = cache.make_cold(plan["files"]) if plan["cache"] == "cold" else cache.make_warm(plan["files"])
+    resident = cache.resident_fraction(plan["files"])
+    rss, first = [], None
+    for epoch in range(plan["epochs"]):
+        ds.set_epoch(epoch)
+        t0, c0 = time.perf_counter(), time.process_time()
+        nbytes = records = neighbours = 0
+        last = None
+        for batch in ds.batches():
+            nbytes += batch.nbytes
+            records += batch.num_records
+            if epoch == 0:
+                ids = np.searchsorted(keys, (batch.file_indices.astype(np.int64) << 40) |
+                                      batch.file_offsets.astype(np.int64))
+                if last is not None:
+                    ids = np.concatenate([[last], ids])
+                near = np.abs(np.diff(ids)) == 1
+                neighbours += int(np.sum(near & (shard_of[ids[1:]] == shard_of[ids[:-1]])))
+                last = int(ids[-1])
+        seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
+        if epoch == 0:
+            stats = ds.stats()
+            first = {"seconds": seconds, "bytes": nbytes, "records": records, "gb_per_s": nbytes / seconds / 1e9,
+                     "records_per_s": records / seconds, "cpu_s_per_gb": cpu / (nbytes / 1e9) if nbytes else None,
+                     "neighbours": neighbours / max(1, records - 1),
+                     "peak_held_bytes": stats.get("peak_held_bytes"), "spilled_records": stats.get("spilled_records"),
+                     "gathered_batches": stats.get("gathered_batches"), "chunks": stats.get("chunks"),
+                     "file_bytes_read": stats.get("file_bytes_read")}
+        rss.append(_rss_bytes())
+    return dict(first, engine=ds.engine, engine_reason=ds.engine_reason, shuffle_text=ds.describe_shuffle(),
+                cache_method=method, cached_before=resident, rss_bytes=rss,
+                buffer_records=ds.buffer_size, block_records=ds.block_records)
+
+
+def worker(plan_path: str) -> int:
+    with open(plan_path) as f:
+        plan = json.load(f)
+    try:
+        out = measure(plan)
+    except Exception as e:  # noqa: BLE001 - reported in the row
+        import traceback
+
+        traceback.print_exc()
+        out = {"error": f"{type(e).__name__}: {e}"[:400]}
+    print(RESULT_PREFIX + json.dumps(out), flush=True)
+    return 0
+
+
+# ---- the run ----------------------------------------------------------------------------------------
+
+def configurations(args) -> List[Dict]:
+    out = []
+    for state in args.cache.split(","):
+        engines = args.engines.split(",") if args.engines else (["direct", "buffered"] if state == "cold"
+                                                                else ["buffered", "mmap"])
+        for engine in engines:
+            for shuffle in args.shuffles.split(","):
+                out.append({"cache": state, "engine": engine, "shuffle": shuffle})
+    return out
+
+
+def run(args) -> Dict:
+    from dlstore.bench import sysinfo
+    from dlstore.bench.storage import dataset_paths
+
+    files = dataset_paths(args.data, args.size, "imagenet", progress=not args.quiet)
+    from dlstore.dataset import Dataset
+
+    probe = Dataset(files, batch_size=args.batch_size)  # builds the indexes before any cache is prepared
+    configs = configurations(args)
+    results: Dict[str, List[Dict]] = {}
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="dlstore-shuffles-") as tmp:
+        for r in range(args.repeat):
+            order = configs[r % len(configs):] + configs[:r % len(configs)]
+            print(f"round {r + 1} of {args.repeat}", flush=True)
+            for cfg in order:
+                key = f"{cfg['cache']}/{cfg['engine']}/{cfg['shuffle']}"
+                plan = dict(cfg, files=files, batch_size=args.batch_size, seed=args.seed,
+                            epochs=args.epochs if cfg["cache"] == "warm" else 1)
+                path = os.path.join(tmp, "plan.json")
+                with open(path, "w") as f:
+                    json.dump(plan, f)
+                got = _harness.run_worker(__file__, ["--worker", path], RESULT_PREFIX, args.timeout)
+                results.setdefault(key, []).append(got)
+                if "error" in got:
+                    print(f"{key:<24} failed: {got['error']}", flush=True)
+                else:
+                    print(f"{key:<24} {got['gb_per_s']:6.2f} GB/s {got['records_per_s']:10,.0f} records/s  "
+                          f"neighbours {got['neighbours']:.3f}", flush=True)
+    rows = []
+    for cfg in configs:
+        key = f"{cfg['cache']}/{cfg['engine']}/{cfg['shuffle']}"
+        runs = [g for g in results[key] if "error" not in g]
+        row = dict(cfg, key=key)
+        if not runs:
+            row["status"] = f"failed: {results[key][0].get('error')}"
+            rows.append(row)
+            continue
+        for k in ("gb_per_s", "records_per_s", "cpu_s_per_gb", "neighbours", "peak_held_bytes",
+                  "spilled_records", "gathered_batches", "cached_before"):
+            row[k] = _harness.median([g.get(k) for g in runs])
+        from dlstore.bench import report
+
+        row["spread_pct"] = report.summarize([g["gb_per_s"] for g in runs])["spread_pct"] if len(runs) > 1 else None
+        last = runs[-1]
+        for k in ("engine", "engine_reason", "shuffle_text", "cache_method", "rss_bytes", "buffer_records",
+                  "block_records"):
+            row[k] = last.get(k)
+        rss = last.get("rss_bytes") or []
+        row["rss_growth_bytes"] = (rss[-1] - rss[1]) if len(rss) > 2 else None  # after the first epoch's set-up
+        row["status"] = "ok"
+        row["runs"] = runs
+        rows.append(row)
+    base = {(r["cache"], r["engine"]): r.get("gb_per_s") for r in rows if r["shuffle"] == "none"}
+    for r in rows:
+        b = base.get((r["cache"], r["engine"]))
+        if r.get("gb_per_s") and b:
+            r["vs_none"] = r["gb_per_s"] / b
+    info = sysinfo.collect(files, probe.engine, probe.engine_reason)
+    doc = {"benchmark": "shuffles", "when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "command": ["python", "benchmarks/shuffles.py"] + sys.argv[1:], "system": info,
+           "data": {"files": len(files), "bytes": sum(os.path.getsize(p) for p in files),
+                    "records": int(probe.counts.sum()), "mean_record_bytes": probe.mean_record_bytes,
+                    "size": None if args.data else args.size},
+           "config": {"batch_size": args.batch_size, "repeat": args.repeat, "epochs": args.epochs, "seed": args.seed},
+           "load_before": os.getloadavg()[0], "rows": rows}
+    doc["targets"] = targets(rows)
+    return doc
+
+
+def targets(rows: List[Dict]) -> List[Dict]:
+    """Issue 8's read-path targets, each with what was measured and PASS/FAIL (or n/a when not run)."""
+    by = {r["key"]: r for r in rows}
+    out = []
+    block, none = by.get("cold/direct/block"), by.get("cold/direct/none")
+    ratio = block.get("vs_none") if block else None
+    out.append({"target": f"cold, io=direct: block >= {COLD_BLOCK_VS_NONE} x none (GB/s)",
+                "measured": None if ratio is None else f"{ratio:.2f}x ({block['gb_per_s']:.2f} vs {none['gb_per_s']:.2f} GB/s)",
+                "verdict": None if ratio is None else ("PASS" if ratio >= COLD_BLOCK_VS_NONE else "FAIL")})
+    near = [r["neighbours"] for r in rows if r["shuffle"] == "block" and r.get("neighbours") is not None]
+    out.append({"target": f"block: consecutive records neighbours in a file < {NEIGHBOURS_MAX:.0%} of the time",
+                "measured": None if not near else f"{max(near):.2%} at most",
+                "verdict": None if not near else ("PASS" if max(near) < NEIGHBOURS_MAX else "FAIL")})
+    growth = [r["rss_growth_bytes"] for r in rows if r.get("rss_growth_bytes") is not None]
+    out.append({"target": "resident memory flat over the warm epochs (growth < 16 MB after the first)",
+                "measured": None if not growth else f"{max(growth) / 1e6:+.1f} MB at most",
+                "verdict": None if not growth else ("PASS" if max(growth) < 16e6 else "FAIL")})
+    return out
+
+
+def _fmt(v, spec: str, none: str = "-") -> str:
+    return none if v is None else format(v, spec)
+
+
+def markdown(doc: Dict) -> str:
+    d, sysi = doc["data"], doc["system"]
+    lines = ["# Shuffles on the read path: cold and warm epochs through `dlstore.Dataset`", "",
+             f"Written by `{' '.join(doc['command'])}` on {doc['when']}.", "",
+             f"- **Machine**: {sysi.get('cpu', '?')}, {sysi.get('cores', '?')} cores; 1-minute load "
+             f"{doc['load_before']:.2f} before the run",
+             f"- **Data**: {d['files']} TFRecord files, {d['bytes'] / 1e9:.2f} GB, {d['records']:,} records "
+             f"(mean {d['mean_record_bytes'] / 1e3:.1f} kB); one rank reads all of them; batch "
+             f"{doc['config']['batch_size']}; records only, no decoding",
+             f"- **Method**: {doc['config']['repeat']} rounds, every configuration once per round in its own "
+             "process, the order rotating; medians over rounds; cold = the page cache dropped (root) or the "
+             "files evicted before the epoch; warm = every file read once before it", ""]
+    lines += ["| cache | engine | shuffle | GB/s | records/s | vs none | CPU s/GB | neighbours | peak held | "
+              "copied out | gathered batches | spread |", "|:---|:---|:---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in doc["rows"]:
+        if r["status"] != "ok":
+            lines.append(f"| {r['cache']} | {r['engine']} | {r['shuffle']} | {r['status']} |||||||||")
+            continue
+        lines.append(f"| {r['cache']} | {r['engine']} | {r['shuffle']} | {r['gb_per_s']:.2f} | "
+                     f"{r['records_per_s']:,.0f} | {_fmt(r.get('vs_none'), '.2f')}x | {_fmt(r['cpu_s_per_gb'], '.2f')} | "
+                     f"{r['neighbours']:.3f} | {(r['peak_held_bytes'] or 0) / 1e6:.0f} MB | "
+                     f"{_fmt(r['spilled_records'], ',.0f')} | {_fmt(r['gathered_batches'], ',.0f')} | "
+                     f"{_fmt(r.get('spread_pct'), '.0f')}% |")
+    shuffles = {r["shuffle"]: r.get("shuffle_text") for r in doc["rows"] if r.get("shuffle_text")}
+    lines += ["", "Shuffles as this dataset ran them:", ""]
+    lines += [f"- **{k}**: {v}" for k, v in shuffles.items()]
+    lines += ["", "## Targets", "", "| target | measured | verdict |", "|:---|:---|:---|"]
+    for t in doc["targets"]:
+        lines.append(f"| {t['target']} | {t['measured'] or 'not run'} | {t['verdict'] or 'n/a'} |")
+    lines += ["", "Resident memory after each warm epoch (MB):", ""]
+    for r in doc["rows"]:
+        if r.get("rss_bytes") and len(r["rss_bytes"]) > 1:
+            lines.append(f"- {r['key']}: " + ", ".join(f"{b / 1e6:.0f}" for b in r["rss_bytes"]))
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--worker", metavar="PLAN", help=argparse.SUPPRESS)
+    p.add_argument("--data", metavar="GLOB", help="TFRecord files to read (default: a generated ImageNet-like set)")
+    p.add_argument("--size", default="default", help="generated set's preset (default: %(default)s)")
+    p.add_argument("--quick", action="store_true", help="the tiny set, one round, two epochs: a smoke test")
+    p.add_argument("--cache", default="cold,warm", help="cache states to run (default: %(default)s)")
+    p.add_argument("--engines", default=None,
+                   help="engines, comma-separated (default: direct,buffered cold; buffered,mmap warm)")
+    p.add_argument("--shuffles", default=",".join(SHUFFLES), help="shuffles (default: %(default)s)")
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--epochs", type=int, default=3, help="warm epochs per measurement, for RSS (default: 3)")
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout", type=float, default=900.0)
+    p.add_argument("--json", metavar="FILE")
+    p.add_argument("--markdown", metavar="FILE")
+    p.add_argument("--quiet", action="store_true")
+    args = p.parse_args(argv)
+    if args.worker:
+        return worker(args.worker)
+    if args.quick:
+        args.size, args.repeat, args.epochs, args.batch_size = "tiny", 1, 2, 8
+    doc = run(args)
+    print()
+    print(markdown(doc))
+    _harness.write_outputs(doc, "shuffles", args.quick, args.json, args.markdown, markdown)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
