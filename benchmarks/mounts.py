@@ -52,9 +52,10 @@ HOW_TO_READ = """
 - **Ranks on their own mounts add up**: the seeds' `round_robin_mpi.py` assignment, rank r on mount r % M.
 - **A rank can read several mounts at once** (`mounts_per_rank`). `dlstore.Dataset` cuts each shard into
   blocks (`block_size`, 8 MiB) and reads block *j* of shard *s* through one of the rank's mounts chosen
-  by (*s* + *j*): the same mount every epoch, so its page cache stays useful; consecutive reads alternate
-  between the rank's mounts. With k mounts the reader keeps 2k threads and 4k chunks in flight: chunks
-  are consumed in order, so a mount running late would otherwise leave the others idle.
+  by (*s* + *j*): the same mount every epoch, so its page cache stays useful. Under the block shuffle
+  the blocks come in a seeded order, which mixes the mounts; unshuffled, consecutive blocks take the
+  mounts in turns. With k mounts the reader keeps 2k threads and 4k chunks in flight: chunks are
+  consumed in order, so a mount running late would otherwise leave the others idle.
 - **What is left of the ideal is start-up**: after the common barrier each rank opens its files and
   fills its first reads.
 """
@@ -76,12 +77,12 @@ def write_dataset(directory: str, total_bytes: int, shards: int, record_bytes: i
 
 
 def _rank_main(args):
-    mounts, rank, size, per_rank, barrier, queue = args
+    mounts, rank, size, per_rank, shuffle, barrier, queue = args
     from dlstore.dataset import Dataset
     from dlstore.placement.world import World
 
     ds = Dataset("*.tfrecord", mounts=mounts, world=World(rank=rank, size=size), mounts_per_rank=per_rank,
-                 io="direct", remainder="uneven", shuffle_shards=False, seed=0)
+                 io="direct", remainder="uneven", shuffle=shuffle, seed=0)
     barrier.wait()
     start = time.time()
     nbytes = 0
@@ -93,13 +94,14 @@ def _rank_main(args):
                "mounts": stats["mounts"], "failovers": stats.get("failovers", 0)})
 
 
-def run_config(tb, m: int, r: int, bps: int) -> Dict:
+def run_config(tb, m: int, r: int, bps: int, shuffle: str) -> Dict:
     mounts = tb.mountpoints[:m]
     per_rank = max(1, m // r)
     tb.evict()
     ctx = mp.get_context("spawn")
     barrier, queue = ctx.Barrier(r), ctx.Queue()
-    procs = [ctx.Process(target=_rank_main, args=((mounts, k, r, per_rank, barrier, queue),)) for k in range(r)]
+    procs = [ctx.Process(target=_rank_main, args=((mounts, k, r, per_rank, shuffle, barrier, queue),))
+             for k in range(r)]
     for p in procs:
         p.start()
     results = [queue.get(timeout=900) for _ in procs]
@@ -125,6 +127,8 @@ def main(argv=None) -> int:
     p.add_argument("--ranks", default="1,2,4", help="rank counts to run (default 1,2,4)")
     p.add_argument("--mount-counts", default=None, help="mount counts to run (default 1,2,4 up to --mounts)")
     p.add_argument("--dir", default=None, help="where to build the testbed (default: a temp dir in /var/tmp)")
+    p.add_argument("--shuffle", default="block", choices=("none", "block", "buffer", "global"),
+                   help="the Dataset's record shuffle (default: %(default)s, what training reads with)")
     p.add_argument("--quick", action="store_true", help="2 mounts, 64 MiB, ranks 1,2: a smoke run")
     p.add_argument("--json", default=os.path.join(ROOT, "benchmarks", "results", "mounts.json"))
     p.add_argument("--markdown", default=None, help="write the table to this markdown file")
@@ -159,7 +163,7 @@ def main(argv=None) -> int:
         print("per-mount direct read with dd-like probe: " + ", ".join(f"{x / 1e6:.0f}" for x in measured) + " MB/s")
         for m in counts:
             for r in ranks:
-                row = run_config(tb, m, r, bps)
+                row = run_config(tb, m, r, bps, args.shuffle)
                 rows.append(row)
                 print(f"  {m} mounts x {r} ranks ({row['per_rank']} per rank): {row['mb_per_s']:.1f} MB/s, "
                       f"{row['ratio']:.2f} of ideal {row['ideal_mb_per_s']:.1f}", flush=True)
@@ -180,7 +184,8 @@ def main(argv=None) -> int:
                            row["ratio"]))
     for text, ok, value in checks:
         print(f"  {'PASS' if ok else 'FAIL'}  {text}: {value:.2f}")
-    out = {"sysinfo": info, "bandwidth_per_mount_bytes": bps, "data_bytes": total, "rows": rows, "probe_bps": measured,
+    out = {"sysinfo": info, "bandwidth_per_mount_bytes": bps, "data_bytes": total, "shuffle": args.shuffle,
+           "rows": rows, "probe_bps": measured,
            "checks": [{"check": t, "pass": ok, "value": v} for t, ok, v in checks]}
     if args.json:
         report.write_json(args.json, out)
@@ -191,7 +196,8 @@ def main(argv=None) -> int:
             f.write(f"Written by `{command}` (root; the JSON is in `benchmarks/results/mounts.json`): "
                     f"{args.mounts} loop-mounted ext4 mounts, each throttled to B = {bps / 1e6:.1f} MB/s with "
                     f"cgroup v1 blkio, a {total / 1e6:.0f} MB dataset replicated on each, O_DIRECT reads, page "
-                    f"cache evicted before each run.\n\n")
+                    f"cache evicted before each run, every rank reading a `dlstore.Dataset` with shuffle "
+                    f"`{args.shuffle}`.\n\n")
             f.write(report.markdown_table(rows, COLUMNS))
             f.write("\n\n" + "\n".join(f"- {'PASS' if ok else 'FAIL'} {t}: {v:.2f}" for t, ok, v in checks) + "\n")
             f.write(HOW_TO_READ)

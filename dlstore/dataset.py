@@ -44,6 +44,7 @@ class _ReaderPlan(NamedTuple):
     """One C++ reader's plan: its files and, per record to read, the file, frame offset and size."""
 
     paths: List[str]
+    device: Optional[np.ndarray]  # per file: its mount among this plan's (threads of its own), or None
     file: np.ndarray        # index into paths, per record
     offset: np.ndarray
     size: np.ndarray
@@ -260,24 +261,29 @@ class Dataset:
         in the order they are read, and the order they are handed out (None: as read)."""
         plan = self.plan(epoch)
         c = self.world.consumer
-        if self._layout is None or len(self._rank_mounts) < 2 or plan.order(c) is not None:
+        if self._layout is None or len(self._rank_mounts) < 2:
             return plan.read_plan(c, emitted)
-        # Records handed out as read, from several mounts: the blocks of each mount take turns, so
-        # that every mount streams at once (the plan's order, interleaved; resumed in that order).
+        # Several mounts: the plan's blocks are read with the mounts taking turns, so that every mount
+        # has reads in flight (in the plan's order a run of blocks on one mount would leave the others
+        # idle). The turns follow each block's mount without failures, so every resume and failover of
+        # the epoch sees the same sequence; an emission order is over read positions, so it holds as is.
         shards, records, _ = plan.read_plan(c, 0)
-        if len(shards) == 0:
-            return ReadOrder(shards, records, None)
-        blocks = records // self.block_records
-        mounts = mounts_for(self._layout, shards, self._rank_mounts, blocks)
-        new_run = np.ones(len(shards), dtype=bool)
-        new_run[1:] = (shards[1:] != shards[:-1]) | (blocks[1:] != blocks[:-1]) | (records[1:] != records[:-1] + 1)
-        starts = np.flatnonzero(new_run)
-        lengths = np.diff(np.append(starts, len(shards)))
-        turns = interleave_by_mount(mounts[starts])
-        first = np.repeat(starts[turns], lengths[turns])
-        step = np.arange(len(shards)) - np.repeat(np.cumsum(lengths[turns]) - lengths[turns], lengths[turns])
-        order = first + step
-        return ReadOrder(shards[order][emitted:], records[order][emitted:], None)
+        if len(shards):
+            blocks = records // self.block_records
+            mounts = mounts_for(self._layout, shards, self._rank_mounts, blocks)
+            new_run = np.ones(len(shards), dtype=bool)
+            new_run[1:] = ((shards[1:] != shards[:-1]) | (blocks[1:] != blocks[:-1]) |
+                           (records[1:] != records[:-1] + 1))
+            starts = np.flatnonzero(new_run)
+            lengths = np.diff(np.append(starts, len(shards)))
+            turns = interleave_by_mount(mounts[starts])
+            step = np.arange(len(shards)) - np.repeat(np.cumsum(lengths[turns]) - lengths[turns], lengths[turns])
+            order = np.repeat(starts[turns], lengths[turns]) + step
+            shards, records = shards[order], records[order]
+        local = plan.restart(c, emitted).local
+        emission = plan.order(c)
+        emit = None if emission is None else emission[emitted:] - local
+        return ReadOrder(shards[local:], records[local:], emit)
 
     def _mounts(self, shards: np.ndarray, records: np.ndarray, health: MountHealth) -> np.ndarray:
         """The mount each record is read through: its block's, unless that mount failed this pass."""
@@ -306,14 +312,16 @@ class Dataset:
         offset = self._frames[frame]
         size = self._frames[frame + 1] - offset
         if self._layout is None:  # one place per shard: a failed read is retried there (_fail_over)
-            return _ReaderPlan(self.shards, shards, offset, size, emit, shards, records,
+            return _ReaderPlan(self.shards, None, shards, offset, size, emit, shards, records,
                                [(s, 0) for s in range(len(self.shards))])
         mounts = self._mounts(shards, records, health)
         per = len(self.mounts)
         keys, file = np.unique(shards * per + mounts, return_inverse=True)
         places = [(int(k) // per, int(k) % per) for k in keys.tolist()]
         paths = [self._layout.path(s, m) for s, m in places]
-        return _ReaderPlan(paths, file.reshape(-1), offset, size, emit, shards, records, places)
+        _, device = np.unique(keys % per, return_inverse=True)
+        return _ReaderPlan(paths, device.reshape(-1).astype(np.uint32), file.reshape(-1), offset, size, emit,
+                           shards, records, places)
 
     def set_epoch(self, epoch: int) -> None:
         """Starts ``epoch`` from its first sample."""
@@ -334,7 +342,7 @@ class Dataset:
         batch = self._read_batch_size()
         return _C.PlanReader(plan.paths, plan.file, plan.offset, plan.size, plan.emit, self.format, batch,
                              self._core_options, hold_bytes=hold, sequential=self.shuffle != "global",
-                             first_batch=batch - start % batch)
+                             first_batch=batch - start % batch, device=plan.device)
 
     def batches(self) -> Iterator:
         """Yields RecordBatches of this consumer's records for the current epoch, from the current position.

@@ -123,8 +123,9 @@ class ReadOptions:
           CRC thread per GB. (A read plan keeps ``chunk_size``: its chunks are its blocks.)
         - ``direct`` read in order: no CRC thread besides the consumer. Reads are bound by the
           device and land in RAM, not in cache; a second CRC thread only adds memory traffic.
-        - Several mounts: at least 2 threads and 4 reads in flight per mount, so that a mount
-          running late does not leave the others idle.
+        - Several mounts (a read plan): at least 4 reads in flight per mount. Each mount has
+          ``io_threads`` threads of its own, so a mount running late does not hold the threads the
+          others need.
         """
         chunk = self.get("chunk_size")
         if settings.is_default("chunk_size", self.chunk_size) and engine == "mmap" and in_order:
@@ -133,11 +134,8 @@ class ReadOptions:
         if settings.is_default("verify_threads", self.verify_threads) and engine == "direct":
             verify_threads = 0
         threads, depth = self.get("io_threads"), self.get("depth")
-        if mounts > 1:
-            if settings.is_default("io_threads", self.io_threads):
-                threads = max(threads, 2 * mounts)
-            if settings.is_default("depth", self.depth):
-                depth = max(depth, 4 * mounts)
+        if mounts > 1 and settings.is_default("depth", self.depth):
+            depth = max(depth, 4 * mounts)
         return {"engine": engine, "chunk_size": chunk, "headroom": settings.get("headroom"), "depth": depth,
                 "io_threads": threads, "verify_threads": verify_threads, "verify": self.verify,
                 "on_error": "skip" if self.on_error == "warn" else self.on_error,

@@ -166,13 +166,14 @@ void register_reader(py::module_& m) {
   py::class_<dlstore::PlanReader>(m, "PlanReader")
       .def(py::init([](std::vector<std::string> paths, py::handle file, py::handle offset, py::handle size,
                        py::handle emit, const std::string& format, size_t batch_size, const py::dict& options,
-                       uint64_t hold_bytes, bool sequential, size_t first_batch) {
+                       uint64_t hold_bytes, bool sequential, size_t first_batch, py::handle device) {
              dlstore::ReadPlan plan;
              plan.paths = std::move(paths);
              plan.file = vector_of<uint32_t>(file);
              plan.offset = vector_of<uint64_t>(offset);
              plan.size = vector_of<uint64_t>(size);
              if (!emit.is_none()) plan.emit = vector_of<int64_t>(emit);
+             if (!device.is_none()) plan.device = vector_of<uint32_t>(device);
              dlstore::PlanOptions o;
              o.engine = engine_options(options);
              o.format = dlstore::parse_format(format);
@@ -188,7 +189,7 @@ void register_reader(py::module_& m) {
            }),
            py::arg("paths"), py::arg("file"), py::arg("offset"), py::arg("size"), py::arg("emit"),
            py::arg("format"), py::arg("batch_size"), py::arg("options"), py::arg("hold_bytes") = 0,
-           py::arg("sequential") = true, py::arg("first_batch") = 0)
+           py::arg("sequential") = true, py::arg("first_batch") = 0, py::arg("device") = py::none())
       .def("next_batch",
            [](dlstore::PlanReader& r) -> py::object {
              auto b = std::make_shared<RecordBatch>();

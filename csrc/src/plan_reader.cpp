@@ -283,6 +283,8 @@ PlanReader::PlanReader(ReadPlan plan, PlanOptions opts) : opts_(opts) {
   DLSTORE_EXPECT(plan.offset.size() == n && plan.size.size() == n, Generic, "", -1,
                  "internal: a read plan needs as many offsets (" << plan.offset.size() << ") and sizes ("
                                                                  << plan.size.size() << ") as files (" << n << ")");
+  DLSTORE_EXPECT(plan.device.empty() || plan.device.size() == plan.paths.size(), Generic, "", -1,
+                 "internal: " << plan.device.size() << " devices for " << plan.paths.size() << " files");
   for (size_t i = 0; i < n; ++i)
     DLSTORE_EXPECT(plan.file[i] < plan.paths.size(), Generic, "", -1,
                    "internal: read position " << i << " names file " << plan.file[i] << " of "
@@ -309,14 +311,24 @@ PlanReader::PlanReader(ReadPlan plan, PlanOptions opts) : opts_(opts) {
                                        opts_.max_open_files);
   chunk_pool_ = BufferPool::shared(opts_.engine.chunk_size, kBufferAlign);
   batch_pool_ = BufferPool::shared(1u << 20, kBufferAlign);
-  threads_.reset(new ThreadPool(opts_.engine.threads));
+  // Chunks are read by the threads of their device. Read order is emission order for most of the
+  // plan, so chunks are also cut where the device changes (under a reordering emission), keeping each
+  // chunk on one device; elsewhere a chunk goes to its first record's device.
+  const std::vector<uint32_t>& device = plan_->device;
+  size_t devices = 1;
+  for (uint32_t d : device) devices = std::max<size_t>(devices, size_t(d) + 1);
+  chunk_device_.assign(left_.size(), 0);
+  if (!device.empty())
+    for (size_t c = 0; c < left_.size(); ++c)
+      if (begin_[c] < plan_->file.size()) chunk_device_[c] = device[plan_->file[begin_[c]]];
+  for (size_t d = 0; d < devices; ++d) threads_.emplace_back(new ThreadPool(opts_.engine.threads));
 }
 
 PlanReader::~PlanReader() {
   if (abandoned_) {
     // A read is stuck in the kernel (a hung mount): joining its thread would hang here. The pool is
     // leaked on purpose; each task owns what it touches (plan, files, buffers) through shared pointers.
-    threads_.release();
+    for (auto& t : threads_) t.release();
     return;
   }
   for (auto& f : inflight_) {
@@ -358,9 +370,13 @@ void PlanReader::plan_chunks() {
   } else {
     // Records are gathered from the chunks held, so chunks follow the bytes only: needed records are
     // added while the chunk holds less than chunk_size (a block of about chunk_size is one read).
+    const std::vector<uint32_t>& device = plan.device;
+    uint32_t current = 0;
     for (size_t i = 0; i < n; ++i) {
       if (!needed[i]) continue;
-      if (count > 0 && bytes >= limit) cut(i);
+      const uint32_t d = device.empty() ? 0 : device[plan.file[i]];
+      if (count > 0 && (bytes >= limit || d != current)) cut(i);
+      current = d;
       bytes += plan.size[i];
       ++count;
     }
@@ -389,7 +405,8 @@ void PlanReader::fill() {
     const size_t b = begin_[c], e = begin_[c + 1];
     const Format format = opts_.format;
     const bool verify = opts_.verify;
-    inflight_.push_back({c, threads_->submit([plan, needed, b, e, format, verify, files, pool, progress]() {
+    inflight_.push_back({c, threads_[chunk_device_[c]]->submit([plan, needed, b, e, format, verify, files, pool,
+                                                                progress]() {
                            return load_chunk(*plan, *needed, b, e, format, verify, *files, *pool, *progress);
                          }),
                          progress});

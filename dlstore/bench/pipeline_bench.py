@@ -970,7 +970,9 @@ def run_workload(workload: Workload, args: argparse.Namespace) -> int:
     spec_common = dict(pipeline=workload.pipeline, pipeline_kwargs=workload.pipeline_kwargs(args),
                        verify=args.verify, prefetch=args.prefetch, threads=args.threads, epochs=args.epochs,
                        shuffle=args.shuffle, seed=args.seed)
-    page_io = "mmap" if args.io == "mmap" else "buffered"
+    # The page-cache tier reads from RAM: buffered, or mmap when asked for or when a global shuffle
+    # reads record by record (what io="auto" picks for data that fits in the page cache).
+    page_io = "mmap" if args.io == "mmap" or (args.io == "auto" and args.shuffle == "global") else "buffered"
 
     def specs_for(batch: int) -> Dict[str, LoaderSpec]:
         return {"page-cache": LoaderSpec(paths=tuple(baseline), io=page_io, batch_size=batch, **spec_common),

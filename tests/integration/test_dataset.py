@@ -100,6 +100,23 @@ def test_every_shuffle_resumes_exactly(tmp_path, shuffle, io):
     assert_resumes_exactly(make, stops=[0, 1, 2, 5, 9, 13], run=lambda ds: ds.batches(), values=source_records)
 
 
+@pytest.mark.parametrize("shuffle", ["none", "block", "buffer", "global"])
+def test_two_mounts_per_rank_read_every_record_once_and_resume_exactly(tmp_path, shuffle):
+    """A rank reading two mounts at once (their blocks in turns) under every shuffle: every record once
+    across the ranks, and a resume anywhere gives exactly the rest."""
+    data, mounts = _mounts(tmp_path, "replicated", n=4)
+    everything = collections.Counter(r for recs in data.values() for r in recs)
+
+    def make(rank=0):
+        return Dataset("*.tfrecord", mounts=mounts, world=World(rank=rank, size=2), mounts_per_rank=2,
+                       shuffle=shuffle, buffer_size=6, remainder="uneven", batch_size=4, block_size=64 << 10,
+                       seed=5)
+
+    seen = collections.Counter(r for rank in range(2) for r in _read(make(rank)))
+    assert seen == everything
+    assert_resumes_exactly(make, stops=[1, 4, 9], run=lambda ds: ds.batches(), values=source_records)
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(counts=st.lists(st.integers(0, 30), min_size=1, max_size=5), ranks=st.integers(1, 3),
        workers=st.integers(1, 2), shuffle=st.sampled_from(["none", "block", "buffer", "global"]),
@@ -164,9 +181,10 @@ def test_a_block_is_read_through_the_same_mount_every_epoch(tmp_path, shuffle):
                 assert chosen.setdefault((rank, shard, record), mount) == mount
 
 
-def test_a_rank_with_two_mounts_alternates_between_them(tmp_path):
+@pytest.mark.parametrize("shuffle", ["none", "block", "buffer"])
+def test_a_rank_with_two_mounts_alternates_between_them(tmp_path, shuffle):
     _, mounts = _mounts(tmp_path, "replicated", n=4)
-    ds = Dataset("*.tfrecord", mounts=mounts, world=World(rank=1, size=2), mounts_per_rank=2, shuffle="none",
+    ds = Dataset("*.tfrecord", mounts=mounts, world=World(rank=1, size=2), mounts_per_rank=2, shuffle=shuffle,
                  block_size=64 << 10, seed=1)
     assert ds.rank_mounts == mounts[2:4]
     read = _mounts_read(ds, 0)

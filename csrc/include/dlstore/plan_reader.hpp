@@ -30,6 +30,9 @@ namespace dlstore {
 
 struct ReadPlan {
   std::vector<std::string> paths;
+  // Per file: the device it lies on (a mount point). Each device has threads of its own, so that a
+  // slow one cannot hold the threads the others need; empty: one for all.
+  std::vector<uint32_t> device;
   std::vector<uint32_t> file;    // per read position: index into paths
   std::vector<uint64_t> offset;  // where the record's frame starts in its file
   std::vector<uint64_t> size;    // the frame's bytes (header, payload, footer; every RecordIO part)
@@ -37,7 +40,7 @@ struct ReadPlan {
 };
 
 struct PlanOptions {
-  EngineOptions engine;          // kind, chunk_size, depth, threads, timeout_s (headroom unused)
+  EngineOptions engine;          // kind, chunk_size, depth, threads (per device), timeout_s (headroom unused)
   Format format = Format::TFRecord;
   bool verify = true;
   OnError on_error = OnError::Raise;
@@ -140,7 +143,8 @@ class PlanReader {
   std::shared_ptr<FileCache> files_;
   std::shared_ptr<BufferPool> chunk_pool_;
   std::shared_ptr<BufferPool> batch_pool_;
-  std::unique_ptr<ThreadPool> threads_;
+  std::vector<size_t> chunk_device_;  // the device of each chunk's first record
+  std::vector<std::unique_ptr<ThreadPool>> threads_;  // per device
   std::exception_ptr pending_error_;
   bool abandoned_ = false;  // a read timed out: its thread may never return, so it is not joined
   std::vector<CorruptionReport> corruptions_;
