@@ -392,16 +392,23 @@ class Dataset:
 
     def _fail_over(self, error: DlstoreIOError, plan: _ReaderPlan, core, health: MountHealth) -> None:
         """Records a failed read and waits before the plan restarts; raises when no place is left."""
-        # The failing file is the one the error names, else the first record not handed out.
-        pending = core.position if plan.emit is None else int(plan.emit[min(core.position, len(plan.emit) - 1)])
-        index = plan.paths.index(error.path) if error.path in plan.paths else int(plan.file[min(pending,
-                                                                                                len(plan.file) - 1)])
+        # Read positions not handed out yet; the failing file is the one the error names, else the
+        # file of the first of them; the failing record, the first of them in that file holding the
+        # byte the error names (a direct read starts at the aligned block before it), else the first.
+        left = (np.arange(core.position, len(plan.file)) if plan.emit is None
+                else np.sort(plan.emit[core.position:]))
+        if len(left) == 0:  # the failure came with the last records: name the plan's last one
+            left = np.array([len(plan.file) - 1])
+        index = plan.paths.index(error.path) if error.path in plan.paths else int(plan.file[left[0]])
         shard, mount = plan.places[index]
-        mine = np.flatnonzero(plan.file == index)
-        if error.offset is not None and len(mine):  # the record holding that byte
-            k = mine[max(0, int(np.searchsorted(plan.offset[mine], error.offset, "right")) - 1)]
-        else:
-            k = mine[0] if len(mine) else pending
+        mine = left[plan.file[left] == index]
+        if len(mine) == 0:
+            mine = left[:1]
+        k = int(mine[0])
+        if error.offset is not None:
+            holds = mine[plan.offset[mine] + plan.size[mine] > error.offset]
+            if len(holds):
+                k = int(holds[np.argmin(plan.offset[holds])])
         record = int(plan.records[k])
         health.fail(shard, mount)
         block = record // self.block_records
