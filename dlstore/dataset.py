@@ -76,10 +76,11 @@ class Dataset:
     shuffle : {"block", "none", "buffer", "global"}
         Record shuffle (``docs/placement.md``):
 
-        - ``block`` (default): the consumer's share cut into blocks of about ``block_size`` bytes,
-          read whole in a seeded order, the records emitted through a shuffle buffer of
-          ``buffer_size`` records. Reads stay large and sequential, so a cold epoch streams at the
-          engine's speed, and consecutive records rarely come from one place of one file.
+        - ``block`` (default): the consumer's share (its shards in the epoch's seeded order) cut
+          into blocks of about ``block_size`` bytes, read whole in a seeded order within each window
+          of ``shuffle_window`` bytes, the records emitted through a shuffle buffer of
+          ``buffer_size`` records. Reads stay large and near each other, so a cold epoch streams at
+          about the engine's speed, and consecutive records rarely come from one place of one file.
         - ``none``: records in order, shards in the epoch's order.
         - ``buffer``: the share read in order, emitted through the shuffle buffer.
         - ``global``: a seeded permutation of all the epoch's records, each read where the index
@@ -102,6 +103,9 @@ class Dataset:
     block_size : int, optional
         Bytes of a shard per block (the ``block_size`` setting): a block is read in one go, always
         through the same mount, and is the unit the ``block`` shuffle reorders.
+    shuffle_window : int, optional
+        Bytes of the consumer's sequence within which the ``block`` shuffle reorders blocks (the
+        ``shuffle_window`` setting, 128 MiB; 0: the whole share).
     progress : bool
         A progress bar while the shards are indexed.
     options : ReadOptions, optional
@@ -114,8 +118,8 @@ class Dataset:
                  format: str = "auto", seed: int = 0, shuffle_shards: bool = True, shuffle: str = "block",
                  buffer_size: Optional[int] = None, remainder: str = "pad", batch_size: Optional[int] = None,
                  mount_policy: str = "rank", mounts_per_rank: int = 1, throughput: Optional[Sequence[float]] = None,
-                 block_size: Optional[int] = None, progress: bool = False, options: Optional[ReadOptions] = None,
-                 **read_options: Any):
+                 block_size: Optional[int] = None, shuffle_window: Optional[int] = None, progress: bool = False,
+                 options: Optional[ReadOptions] = None, **read_options: Any):
         self.options = ReadOptions.take(options, read_options)
         if read_options:
             raise TypeError(f"Dataset() got unexpected keyword arguments {', '.join(sorted(read_options))}")
@@ -143,6 +147,9 @@ class Dataset:
         #: Mean bytes of a record's frame: blocks and the shuffle buffer are sized in records from it.
         self.mean_record_bytes = total_bytes / total if total else 0.0
         self.block_records = max(1, int(round(self.block_size / self.mean_record_bytes))) if total else 1
+        window = settings.get("shuffle_window", shuffle_window)
+        #: Blocks the block shuffle reorders among (0: the whole share).
+        self.block_window = max(2, int(round(window / self.block_size))) if window else 0
         if buffer_size is None:
             budget = settings.get("shuffle_buffer")
             buffer_size = max(1, int(budget // self.mean_record_bytes)) if total else 1
@@ -152,7 +159,8 @@ class Dataset:
         self.choice: EngineChoice = resolve_engine(self.options.get("io"), first, total_bytes,
                                                    random_reads=shuffle == "global")
         self._rank_mounts = self._assign(mount_policy, mounts_per_rank, throughput)
-        self._core_options = self.options.core(self.engine, in_order=False, mounts=len(self._rank_mounts))
+        self._core_options = self.options.core(self.engine, in_order=False, mounts=len(self._rank_mounts),
+                                               reorders=SHUFFLES[shuffle].buffered)
         self.plan(0)  # checks the placement options now rather than at the first read
         self.epoch = 0
         self.sample_in_epoch = 0
@@ -234,6 +242,7 @@ class Dataset:
         return EpochPlan(self.counts, self.world.num_consumers, epoch=self.epoch if epoch is None else epoch,
                          seed=self.seed, shuffle_shards=self.shuffle_shards, shuffle=self.shuffle,
                          buffer_size=self.buffer_size, block_records=self.block_records,
+                         block_window=self.block_window,
                          remainder=self.remainder, batch_size=self.batch_size or 1)
 
     def __len__(self) -> int:
@@ -495,7 +504,11 @@ class Dataset:
             buffer, block = min(self.buffer_size, share), min(self.block_records, share)
             held = f"a shuffle buffer of {buffer:,} records (~{_mib(buffer * mean)})"
             if self.shuffle == "block":
-                return f"block: blocks of {block:,} records (~{_mib(block * mean)}) in a seeded order, {held}"
+                blocks, window = -(-share // max(1, self.block_records)), self.block_window
+                within = (f"within windows of {window} blocks (~{_mib(window * self.block_records * mean)})"
+                          if window and window < blocks else "over the whole share")
+                return (f"block: blocks of {block:,} records (~{_mib(block * mean)}) in a seeded order {within}, "
+                        f"{held}")
             return f"buffer: read in order, {held}"
         return {"none": "none: records in order, shards in the epoch's order" if self.shuffle_shards
                 else "none: records and shards in order",

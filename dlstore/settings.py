@@ -74,6 +74,11 @@ SETTINGS: Dict[str, Setting] = {
                 "reorders. A rank reading several mounts alternates between them block by block, so "
                 "all of them stream at once.",
                 _size, lambda v: v >= 64 << 10, "at least 64 KiB"),
+        Setting("shuffle_window", 128 * MiB, "DLSTORE_SHUFFLE_WINDOW",
+                "Bytes of a consumer's shard-shuffled sequence within which the block shuffle reorders "
+                "its blocks (0: the whole share). Reads jump about within a few shards at a time, which "
+                "storage serves faster than jumps across the whole data set.",
+                _size, lambda v: v >= 0, "0 or more bytes"),
         Setting("shuffle_buffer", 64 * MiB, "DLSTORE_SHUFFLE_BUFFER",
                 "Bytes of records the shuffle buffer of Dataset's block and buffer shuffles holds (in "
                 "records: this over the dataset's mean record size, unless buffer_size is given).",

@@ -106,7 +106,7 @@ class ReadOptions:
         """The effective value of option ``name``: the field, else its setting."""
         return settings.get(name, getattr(self, name))
 
-    def core(self, engine: str, *, in_order: bool = True, mounts: int = 1) -> Dict[str, Any]:
+    def core(self, engine: str, *, in_order: bool = True, mounts: int = 1, reorders: bool = False) -> Dict[str, Any]:
         """The C++ readers' options for ``engine`` (``io="auto"`` resolved), as one dict.
 
         Parameters
@@ -115,6 +115,9 @@ class ReadOptions:
             Files read front to back (:func:`~dlstore.open_records`), rather than a read plan.
         mounts : int
             Mount points read at once; each needs reads in flight of its own.
+        reorders : bool
+            A read plan whose records go through a shuffle buffer (its reads are blocks in a seeded
+            order).
 
         Explicit values always win; otherwise a few defaults depend on the case:
 
@@ -126,6 +129,9 @@ class ReadOptions:
         - Several mounts (a read plan): at least 4 reads in flight per mount. Each mount has
           ``io_threads`` threads of its own, so a mount running late does not hold the threads the
           others need.
+        - A shuffle buffer: twice ``depth`` reads in flight. Its reads are blocks of about
+          ``chunk_size`` in a seeded order, where records read in order come in chunks of whole
+          batches (a ResNet-50 batch is ~30 MB): it needs more of them ahead to keep a device as busy.
         """
         chunk = self.get("chunk_size")
         if settings.is_default("chunk_size", self.chunk_size) and engine == "mmap" and in_order:
@@ -134,8 +140,10 @@ class ReadOptions:
         if settings.is_default("verify_threads", self.verify_threads) and engine == "direct":
             verify_threads = 0
         threads, depth = self.get("io_threads"), self.get("depth")
-        if mounts > 1 and settings.is_default("depth", self.depth):
-            depth = max(depth, 4 * mounts)
+        if settings.is_default("depth", self.depth):
+            depth *= 2 if reorders else 1
+            if mounts > 1:
+                depth = max(depth, 4 * mounts)
         return {"engine": engine, "chunk_size": chunk, "headroom": settings.get("headroom"), "depth": depth,
                 "io_threads": threads, "verify_threads": verify_threads, "verify": self.verify,
                 "on_error": "skip" if self.on_error == "warn" else self.on_error,

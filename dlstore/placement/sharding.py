@@ -270,9 +270,16 @@ def _sequence_range(plan: "EpochPlan", x: int, y: int) -> Tuple[np.ndarray, np.n
 
 def _block_pieces(plan: "EpochPlan", start: int, stop: int,
                   consumer: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The span's blocks (:func:`cut_blocks`) in a seeded order of the consumer's, each read front to back."""
+    """The span's blocks (:func:`cut_blocks`), each read front to back, in a seeded order of the
+    consumer's within each window of ``block_window`` neighbouring blocks of the span (whose shards are
+    in the epoch's shard order): reads jump about, but within a few shards at a time."""
     shards, starts, stops = cut_blocks(*_sequential_pieces(plan, start, stop, consumer), plan.block_records)
-    order = _permutation(len(shards), plan.seed, plan.epoch, _STREAM_BLOCKS, consumer)
+    n = len(shards)
+    if plan.block_window == 0 or plan.block_window >= n:
+        order = _permutation(n, plan.seed, plan.epoch, _STREAM_BLOCKS, consumer)
+    else:
+        words = random_words(n, plan.seed, plan.epoch, _STREAM_BLOCKS, consumer) >> np.uint64(1)
+        order = np.lexsort((np.arange(n), words, np.arange(n) // plan.block_window))
     return shards[order], starts[order], stops[order]
 
 
@@ -319,8 +326,9 @@ class RecordShuffle(NamedTuple):
 SHUFFLES: Dict[str, RecordShuffle] = {
     "none": RecordShuffle(_sequential_pieces, False, "records in shard order, shards in the epoch's order"),
     "block": RecordShuffle(_block_pieces, True,
-                           "blocks of block_records records read whole in a seeded order, emitted through a "
-                           "shuffle buffer of buffer_size records: a shuffle that reads sequentially"),
+                           "blocks of block_records records read whole in a seeded order within windows of "
+                           "block_window blocks, emitted through a shuffle buffer of buffer_size records: a "
+                           "shuffle that keeps reads large and near each other"),
     "buffer": RecordShuffle(_sequential_pieces, True,
                             "read sequentially, emitted through a shuffle buffer of buffer_size records"),
     "global": RecordShuffle(_global_pieces, False,
@@ -358,6 +366,9 @@ class EpochPlan:
     block_records : int
         Records of a shard per block (``block``): block ``j`` of a shard is its records
         ``j * block_records`` onwards.
+    block_window : int
+        ``block``: the blocks are reordered within each run of this many neighbouring blocks of the
+        consumer's span; 0: over the whole span.
     remainder : {"drop", "pad", "uneven"}
         What happens when the records do not divide evenly; see :data:`REMAINDERS`.
     batch_size : int
@@ -375,7 +386,7 @@ class EpochPlan:
 
     def __init__(self, counts: Sequence[int], num_consumers: int, *, seed: int = 0, epoch: int = 0,
                  shuffle_shards: bool = True, shuffle: str = "none", buffer_size: int = 1024,
-                 block_records: int = 1024, remainder: str = "pad", batch_size: int = 1):
+                 block_records: int = 1024, block_window: int = 0, remainder: str = "pad", batch_size: int = 1):
         counts = np.asarray(counts)
         if counts.ndim != 1 or (counts.size and not np.issubdtype(counts.dtype, np.integer)):
             raise PlacementError(f"counts must be a list of record counts per shard, not {counts!r}")
@@ -391,6 +402,7 @@ class EpochPlan:
         self.epoch = _check_int("epoch", epoch, 0)
         self.buffer_size = _check_int("buffer_size", buffer_size, 1)
         self.block_records = _check_int("block_records", block_records, 1)
+        self.block_window = _check_int("block_window", block_window, 0)
         self.batch_size = _check_int("batch_size", batch_size, 1)
         self.shuffle_shards = bool(shuffle_shards)
         self.shuffle = shuffle
@@ -409,7 +421,7 @@ class EpochPlan:
         """The arguments that, with counts and num_consumers, rebuild this plan."""
         return {"seed": self.seed, "epoch": self.epoch, "shuffle_shards": self.shuffle_shards,
                 "shuffle": self.shuffle, "buffer_size": self.buffer_size, "block_records": self.block_records,
-                "remainder": self.remainder, "batch_size": self.batch_size}
+                "block_window": self.block_window, "remainder": self.remainder, "batch_size": self.batch_size}
 
     def _check(self, consumer: int) -> int:
         if isinstance(consumer, bool) or not isinstance(consumer, (int, np.integer)) \

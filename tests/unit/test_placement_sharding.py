@@ -20,6 +20,8 @@ options_st = st.fixed_dictionaries({
     "shuffle_shards": st.booleans(),
     "shuffle": st.sampled_from(sorted(SHUFFLES)),
     "buffer_size": st.integers(1, 9),
+    "block_records": st.integers(1, 6),
+    "block_window": st.integers(0, 4),
     "batch_size": st.integers(1, 5),
 })
 
@@ -89,7 +91,7 @@ def test_pieces_describe_the_read_sequence(counts, consumers, remainder, options
         from_pieces = [(p.shard, r) for p in pieces for r in range(p.start, p.stop)]
         shards, records = plan.read_sequence(c)
         assert from_pieces == list(zip(shards.tolist(), records.tolist()))
-        if options["shuffle"] != "global":  # sequential reading: no two neighbouring pieces could be one
+        if options["shuffle"] in ("none", "buffer"):  # sequential reading: no two neighbouring pieces could be one
             for a, b in zip(pieces, pieces[1:]):
                 assert not (a.shard == b.shard and a.stop == b.start)
 
@@ -274,3 +276,25 @@ def test_consumer_out_of_range():
     plan = EpochPlan([3], 2)
     with pytest.raises(PlacementError, match="consumer 2"):
         plan.pieces(2)
+
+
+def test_block_shuffle_reads_whole_blocks_in_seeded_order_within_windows():
+    counts = [100, 37, 64]
+    plan = EpochPlan(counts, 1, shuffle="block", block_records=10, block_window=3, seed=2, shuffle_shards=False)
+    pieces = plan.pieces(0)
+    # Every piece is one whole block: records 10j..10j+9 of its shard (the shard's last may be short).
+    assert all(p.start % 10 == 0 and (len(p) == 10 or p.stop == counts[p.shard]) for p in pieces)
+    in_order = sorted((p.shard, p.start) for p in pieces)
+    assert len(in_order) == len(set(in_order)) == 10 + 4 + 7  # each block once
+    # Blocks move only within their window of 3 neighbouring blocks of the sequence, in a seeded order.
+    window_of = {b: i // 3 for i, b in enumerate(in_order)}
+    assert [window_of[(p.shard, p.start)] for p in pieces] == sorted(window_of.values())
+    assert [(p.shard, p.start) for p in pieces] != in_order
+    again = EpochPlan(counts, 1, shuffle="block", block_records=10, block_window=3, seed=2, shuffle_shards=False)
+    assert again.pieces(0) == pieces
+    other_epoch = EpochPlan(counts, 1, shuffle="block", block_records=10, block_window=3, seed=2, epoch=1,
+                            shuffle_shards=False)
+    assert other_epoch.pieces(0) != pieces
+    # A window of 0 reorders the blocks over the whole share.
+    whole = EpochPlan(counts, 1, shuffle="block", block_records=10, block_window=0, seed=2, shuffle_shards=False)
+    assert sorted((p.shard, p.start) for p in whole.pieces(0)) == in_order
