@@ -1,8 +1,9 @@
 #!/usr/bin/env python
 """dlstore's ResNet-50 and BERT input pipelines beside DALI (CPU), tf.data and a PyTorch DataLoader
-with PIL: the same pipeline on the same data and the same cores, in one run.
+with PIL: the same pipeline on the same data and the same cores, in one run, every contender reading
+shuffled, as training reads.
 
-    python benchmarks/pipelines.py                          # the cached 3 GB ImageNet-like set (else small)
+    python benchmarks/pipelines.py                          # the cached 3 GB ImageNet-like set (else 1 GB)
     python benchmarks/pipelines.py --quick                  # tiny sets, small batches: a smoke test
     python benchmarks/pipelines.py --size small --repeat 1 --only resnet50
     python benchmarks/pipelines.py --data '/data/train-*' --bert-data '/data/bert/part-*'
@@ -16,6 +17,12 @@ loader gives by default, and what a GPU job normalises on the GPU), or normalise
 mean and std (``--output float``: float32, NCHW except tf.data's NHWC).
 BERT: the seven pretraining features of ``tf.train.Example`` records parsed into fixed-shape
 batches (batch 64, sequence 128). docs/pipelines.md lists where the contenders' semantics differ.
+
+Shuffles: dlstore reads through ``dlstore.Dataset`` three times, with ``shuffle="none"`` (the
+unshuffled reference), ``"block"`` (its default) and ``"global"``; every peer shuffles with a buffer
+of ``--shuffle-buffer`` records (10,000): DALI ``readers.tfrecord(random_shuffle=True,
+initial_fill=N)``, tf.data ``.shuffle(N)`` on the records, the PyTorch DataLoader a per-epoch file
+order and a shuffle buffer of N / workers records in each worker. Each row says its shuffle.
 
 Every contender runs in its own process (``--worker NAME``, which prints its measurement as one
 JSON line), pinned to the same ``--cores`` CPUs (``sched_setaffinity``, which its threads and
@@ -101,20 +108,41 @@ class Contender:
     decode: str = ""
     resize: str = ""
     output: str = ""
+    shuffle: str = ""
+    dlstore_shuffle: Optional[str] = None  # the Dataset's shuffle, for dlstore's rows
 
+
+_DLSTORE_DECODE = ("libjpeg-turbo in C++, the crop window only, at the smallest DCT scale (1/8, 2/8, 4/8 or 8/8) "
+                   "covering 224 px")
+_DLSTORE_RESIZE = ("one fused pass into the batch buffer: bilinear with antialiasing (torchvision's and PIL's filter), "
+                   "flip, normalise")
+_DLSTORE_OUTPUT = "float: float32 NCHW, normalised; uint8: uint8 NHWC; label int64 as stored (1..1000)"
+_DLSTORE_SHUFFLES = {
+    "none": "`Dataset(shuffle=\"none\")`: records in shard order, shards in a seeded order (the unshuffled reference)",
+    "block": "`Dataset(shuffle=\"block\")`, its default: 8 MiB blocks in a seeded order within 128 MiB windows, "
+             "records through a 64 MiB shuffle buffer",
+    "global": "`Dataset(shuffle=\"global\")`: a seeded permutation of all records, each read through the index",
+}
+_PEER_SHUFFLE = "a shuffle buffer of `--shuffle-buffer` records"
 
 CONTENDERS: Dict[str, Contender] = {
     c.name: c
     for c in [
-        Contender("resnet50-dlstore", "resnet50", "dlstore resnet50_loader", "dlstore", True, "dlstore.pipeline",
-                  "dlstore.pipeline (issue 4)",
-                  decode="libjpeg-turbo in C++, the crop window only, at the smallest DCT scale (1/8, 2/8, "
-                         "4/8 or 8/8) covering 224 px",
-                  resize="one fused pass into the batch buffer: bilinear with antialiasing (torchvision's and "
-                         "PIL's filter), flip, normalise",
-                  output="float: float32 NCHW, normalised; uint8: uint8 NHWC; label int64 as stored (1..1000)"),
+        Contender("resnet50-dlstore-none", "resnet50", "dlstore resnet50_loader, shuffle none", "dlstore", True,
+                  "dlstore.pipeline", "dlstore.pipeline",
+                  decode=_DLSTORE_DECODE, resize=_DLSTORE_RESIZE, output=_DLSTORE_OUTPUT,
+                  shuffle=_DLSTORE_SHUFFLES["none"], dlstore_shuffle="none"),
+        Contender("resnet50-dlstore-block", "resnet50", "dlstore resnet50_loader, shuffle block", "dlstore", True,
+                  "dlstore.pipeline", "dlstore.pipeline",
+                  decode=_DLSTORE_DECODE, resize=_DLSTORE_RESIZE, output=_DLSTORE_OUTPUT,
+                  shuffle=_DLSTORE_SHUFFLES["block"], dlstore_shuffle="block"),
+        Contender("resnet50-dlstore-global", "resnet50", "dlstore resnet50_loader, shuffle global", "dlstore", True,
+                  "dlstore.pipeline", "dlstore.pipeline",
+                  decode=_DLSTORE_DECODE, resize=_DLSTORE_RESIZE, output=_DLSTORE_OUTPUT,
+                  shuffle=_DLSTORE_SHUFFLES["global"], dlstore_shuffle="global"),
         Contender("resnet50-dali", "resnet50", "DALI CPU", "dali", False, "nvidia.dali",
                   "pip install nvidia-dali-cuda130",
+                  shuffle=f"`readers.tfrecord(random_shuffle=True, initial_fill=N)`: {_PEER_SHUFFLE}",
                   decode="`decoders.image_random_crop` (cpu, nvImageCodec/libjpeg-turbo, ROI decoding of the "
                          "crop window at full scale)",
                   resize="`resize` 224 x 224, linear with antialiasing (DALI's default); "
@@ -123,6 +151,7 @@ CONTENDERS: Dict[str, Contender] = {
                          "views of DALI's output buffers (no copy)"),
         Contender("resnet50-tfdata", "resnet50", "tf.data", "tfdata", True, "tensorflow",
                   "pip install tensorflow-cpu",
+                  shuffle=f"`.shuffle(N)` on the records, before the map: {_PEER_SHUFFLE}",
                   decode="`sample_distorted_bounding_box` (whole image as the box, min_object_covered 0) + "
                          "`decode_and_crop_jpeg` (libjpeg-turbo, the crop window at full scale)",
                   resize="`tf.image.resize` bilinear, no antialiasing (TF's default); "
@@ -131,23 +160,38 @@ CONTENDERS: Dict[str, Contender] = {
                          "output rounded); label int64 (1..1000)"),
         Contender("resnet50-torch", "resnet50", "PyTorch DataLoader + PIL", "torch", False, "torch",
                   "pip install torch==2.13.0",
+                  shuffle="files in a seeded order each epoch, then a shuffle buffer of N / workers records in each "
+                          "worker (a DataLoader takes no `shuffle=True` with an IterableDataset)",
                   decode="`tfrecord` package (protobuf parse per record) + PIL `Image.open().convert('RGB')`: "
                          "the whole image at full scale",
                   resize="RandomResizedCrop as torchvision does it, written with PIL: `resize(BILINEAR, box=crop)` "
                          "(antialiased); flip; `ToTensor` + `Normalize` as torch ops per image",
                   output="float: float32 NCHW, normalised; uint8: uint8 NHWC; label int64 (1..1000); "
                          "collated in the workers, handed over in shared memory"),
-        Contender("bert-dlstore", "bert", "dlstore bert_loader", "dlstore", True, "dlstore.pipeline",
-                  "dlstore.pipeline (issue 4)",
+        Contender("bert-dlstore-none", "bert", "dlstore bert_loader, shuffle none", "dlstore", True,
+                  "dlstore.pipeline", "dlstore.pipeline",
                   decode="the seven features parsed in C++ straight into fixed-shape batch arrays",
-                  output="int64 (masked_lm_weights float32), next_sentence_labels (B, 1)"),
+                  output="int64 (masked_lm_weights float32), next_sentence_labels (B, 1)",
+                  shuffle=_DLSTORE_SHUFFLES["none"], dlstore_shuffle="none"),
+        Contender("bert-dlstore-block", "bert", "dlstore bert_loader, shuffle block", "dlstore", True,
+                  "dlstore.pipeline", "dlstore.pipeline",
+                  decode="the seven features parsed in C++ straight into fixed-shape batch arrays",
+                  output="int64 (masked_lm_weights float32), next_sentence_labels (B, 1)",
+                  shuffle=_DLSTORE_SHUFFLES["block"], dlstore_shuffle="block"),
+        Contender("bert-dlstore-global", "bert", "dlstore bert_loader, shuffle global", "dlstore", True,
+                  "dlstore.pipeline", "dlstore.pipeline",
+                  decode="the seven features parsed in C++ straight into fixed-shape batch arrays",
+                  output="int64 (masked_lm_weights float32), next_sentence_labels (B, 1)",
+                  shuffle=_DLSTORE_SHUFFLES["global"], dlstore_shuffle="global"),
         Contender("bert-dali", "bert", "DALI readers.tfrecord", "dali", False, "nvidia.dali",
                   "pip install nvidia-dali-cuda130",
+                  shuffle=f"`random_shuffle=True, initial_fill=N`: {_PEER_SHUFFLE}",
                   decode="`readers.tfrecord` with the seven `FixedLenFeature`s, `device_id=None`",
                   output="int64 (masked_lm_weights float32), next_sentence_labels (B, 1); "
                          "numpy views of DALI's output buffers (no copy)"),
         Contender("bert-tfdata", "bert", "tf.data parse_example", "tfdata", True, "tensorflow",
                   "pip install tensorflow-cpu",
+                  shuffle=f"`.shuffle(N)` on the records, before `batch`: {_PEER_SHUFFLE}",
                   decode="`TFRecordDataset` -> `batch(64)` -> `parse_example` (batched parse), AUTOTUNE",
                   output="int64 (masked_lm_weights float32), next_sentence_labels (B, 1)"),
     ]
@@ -246,19 +290,30 @@ def measure(batches: Iterator[Dict], key: str, warmup: int, items: int, warmup_s
 
 # ---- ResNet-50 -----------------------------------------------------------------------------------
 
+def _dlstore_dataset(plan: Dict):
+    """The ``dlstore.Dataset`` a dlstore contender reads: every file, one rank, its shuffle, the plan's seed."""
+    import dlstore
+
+    return dlstore.Dataset(plan["files"], shuffle=plan["dlstore_shuffle"], seed=plan["seed"])
+
+
+def _dataset_stats(loader, dataset, **extra) -> Dict:
+    return dict(loader.stats(), shuffle=dataset.describe_shuffle(), **extra)
+
+
 def resnet50_dlstore(plan: Dict) -> Iterator[Dict]:
-    """dlstore's ``resnet50_loader`` (train), NCHW float32 or NHWC uint8, endless; its default
-    thread count, which is one decoding thread per core it may use (the pinned cores)."""
-    from dlstore.pipeline import resnet50_loader
+    """dlstore's ``resnet50_loader`` (train) over a ``dlstore.Dataset`` with the row's shuffle, NCHW
+    float32 or NHWC uint8, endless; its default thread count, which is one decoding thread per core it
+    may use (the pinned cores)."""
+    from dlstore.pipeline import native_jpeg_available, resnet50_loader
 
     float_out = plan["output"] == "float"
-    from dlstore.pipeline import native_jpeg_available
-
-    loader = resnet50_loader(plan["files"], batch_size=plan["batch_size"], train=True,
+    dataset = _dlstore_dataset(plan)
+    loader = resnet50_loader(dataset, batch_size=plan["batch_size"], train=True,
                              layout="NCHW" if float_out else "NHWC", dtype="float32" if float_out else "uint8",
                              seed=plan["seed"], epochs=None)
     native, how = native_jpeg_available()
-    plan["_stats"] = lambda: dict(loader.stats(), decoder=how if native else f"Python decoder ({how})")
+    plan["_stats"] = lambda: _dataset_stats(loader, dataset, decoder=how if native else f"Python decoder ({how})")
     yield from loader
 
 
@@ -274,7 +329,8 @@ def resnet50_dali(plan: Dict) -> Iterator[Dict]:
     @pipeline_def(batch_size=plan["batch_size"], num_threads=len(plan["cores"]), device_id=None, seed=plan["seed"])
     def train_pipeline():
         inputs = fn.readers.tfrecord(
-            path=plan["files"], index_path=plan["indexes"], name="Reader",
+            path=plan["files"], index_path=plan["indexes"], name="Reader", random_shuffle=True,
+            initial_fill=plan["shuffle_buffer"],
             features={"image/encoded": tfrec.FixedLenFeature((), tfrec.string, ""),
                       "image/class/label": tfrec.FixedLenFeature([1], tfrec.int64, -1)})
         images = fn.decoders.image_random_crop(inputs["image/encoded"], device="cpu", output_type=types.RGB,
@@ -330,7 +386,8 @@ def resnet50_tfdata(plan: Dict) -> Iterator[Dict]:
         return {"image": image, "label": parsed["image/class/label"]}
 
     files = plan["files"]
-    ds = tf.data.TFRecordDataset(files, num_parallel_reads=min(len(files), cores)).repeat()
+    ds = tf.data.TFRecordDataset(files, num_parallel_reads=min(len(files), cores))
+    ds = ds.shuffle(plan["shuffle_buffer"], seed=plan["seed"]).repeat()  # reshuffled every epoch
     ds = ds.map(train_sample, num_parallel_calls=tf.data.AUTOTUNE)
     ds = ds.batch(plan["batch_size"], drop_remainder=True).prefetch(tf.data.AUTOTUNE)
     options = tf.data.Options()
@@ -364,14 +421,14 @@ def random_resized_crop(rng, height: int, width: int):
 def _torch_dataset(plan: Dict):
     """An ``IterableDataset`` over the TFRecord files read with the ``tfrecord`` package: PIL decode,
     RandomResizedCrop (PIL, bilinear), flip, ToTensor + Normalize; files dealt among the
-    DataLoader's workers (records, when there are fewer files than workers); repeats forever."""
+    DataLoader's workers (records, when there are fewer files than workers), shuffled
+    (:func:`_shuffled_examples`); repeats forever."""
     import io
     import random
 
     import numpy as np
     import torch
     from PIL import Image
-    from tfrecord.reader import example_loader
 
     float_out = plan["output"] == "float"
     mean = torch.tensor(MEAN).view(3, 1, 1)
@@ -383,14 +440,8 @@ def _torch_dataset(plan: Dict):
             info = torch.utils.data.get_worker_info()
             worker, workers = (info.id, info.num_workers) if info else (0, 1)
             rng = random.Random(plan["seed"] * 1000 + worker)
-            files = plan["files"]
-            by_file = len(files) >= workers
-            mine = files[worker::workers] if by_file else files
-            while True:
-                for path in mine:
-                    for i, example in enumerate(example_loader(path, None, description)):
-                        if by_file or i % workers == worker:
-                            yield self.sample(example, rng)
+            for example in _shuffled_examples(plan, description, worker, workers, rng):
+                yield self.sample(example, rng)
 
         @staticmethod
         def sample(example, rng):
@@ -406,6 +457,35 @@ def _torch_dataset(plan: Dict):
             return {"image": pixels, "label": int(example["image/class/label"][0])}
 
     return TFRecordImages()
+
+
+def _shuffled_examples(plan: Dict, description: Dict, worker: int, workers: int, rng) -> Iterator[Dict]:
+    """A DataLoader worker's share of the records, endless and shuffled as a PyTorch user shuffles an
+    iterable dataset: every epoch a new file order (seeded, the same in every worker), then a shuffle
+    buffer of ``shuffle_buffer // workers`` records in the worker."""
+    import random
+
+    from tfrecord.reader import example_loader
+
+    files = plan["files"]
+    size = max(1, plan["shuffle_buffer"] // workers)
+    buffer: List[Dict] = []
+    epoch = 0
+    while True:
+        order = list(files)
+        random.Random(plan["seed"] * 7919 + epoch).shuffle(order)
+        by_file = len(order) >= workers
+        for path in (order[worker::workers] if by_file else order):
+            for i, example in enumerate(example_loader(path, None, description)):
+                if not by_file and i % workers != worker:
+                    continue
+                if len(buffer) < size:
+                    buffer.append(example)
+                    continue
+                j = rng.randrange(size)
+                buffer[j], example = example, buffer[j]
+                yield example
+        epoch += 1
 
 
 def resnet50_torch(plan: Dict) -> Iterator[Dict]:
@@ -428,13 +508,15 @@ def _bert_shapes(plan: Dict) -> Dict[str, int]:
 
 
 def bert_dlstore(plan: Dict) -> Iterator[Dict]:
-    """dlstore's ``bert_loader``, endless, its default thread count (one parsing thread beside the
-    loader's own: at batch 64 a pool costs more in hand-offs than it saves), on the pinned cores."""
+    """dlstore's ``bert_loader`` over a ``dlstore.Dataset`` with the row's shuffle, endless, its default
+    thread count (one parsing thread beside the loader's own: at batch 64 a pool costs more in
+    hand-offs than it saves), on the pinned cores."""
     from dlstore.pipeline import bert_loader
 
-    loader = bert_loader(plan["files"], batch_size=plan["batch_size"], seq_len=plan["seq_len"],
-                         seed=plan["seed"], epochs=None)
-    plan["_stats"] = loader.stats
+    dataset = _dlstore_dataset(plan)
+    loader = bert_loader(dataset, batch_size=plan["batch_size"], seq_len=plan["seq_len"], seed=plan["seed"],
+                         epochs=None)
+    plan["_stats"] = lambda: _dataset_stats(loader, dataset)
     yield from loader
 
 
@@ -452,7 +534,7 @@ def bert_dali(plan: Dict) -> Iterator[Dict]:
         features = {k: (tfrec.FixedLenFeature([n], tfrec.float32, 0.0) if k == "masked_lm_weights"
                         else tfrec.FixedLenFeature([n], tfrec.int64, 0)) for k, n in shapes.items()}
         inputs = fn.readers.tfrecord(path=plan["files"], index_path=plan["indexes"], features=features,
-                                     name="Reader")
+                                     name="Reader", random_shuffle=True, initial_fill=plan["shuffle_buffer"])
         return tuple(inputs[k] for k in names)
 
     pipe = bert_pipeline()
@@ -471,7 +553,8 @@ def bert_tfdata(plan: Dict) -> Iterator[Dict]:
     features = {k: tf.io.FixedLenFeature([n], tf.float32 if k == "masked_lm_weights" else tf.int64)
                 for k, n in _bert_shapes(plan).items()}
     files = plan["files"]
-    ds = tf.data.TFRecordDataset(files, num_parallel_reads=min(len(files), cores)).repeat()
+    ds = tf.data.TFRecordDataset(files, num_parallel_reads=min(len(files), cores))
+    ds = ds.shuffle(plan["shuffle_buffer"], seed=plan["seed"]).repeat()  # reshuffled every epoch
     ds = ds.batch(plan["batch_size"], drop_remainder=True)
     ds = ds.map(lambda records: tf.io.parse_example(records, features), num_parallel_calls=tf.data.AUTOTUNE)
     ds = ds.prefetch(tf.data.AUTOTUNE)
@@ -481,11 +564,11 @@ def bert_tfdata(plan: Dict) -> Iterator[Dict]:
 
 
 PIPELINES: Dict[str, Callable[[Dict], Iterator[Dict]]] = {
-    "resnet50-dlstore": resnet50_dlstore,
+    **{f"resnet50-dlstore-{s}": resnet50_dlstore for s in _DLSTORE_SHUFFLES},
     "resnet50-dali": resnet50_dali,
     "resnet50-tfdata": resnet50_tfdata,
     "resnet50-torch": resnet50_torch,
-    "bert-dlstore": bert_dlstore,
+    **{f"bert-dlstore-{s}": bert_dlstore for s in _DLSTORE_SHUFFLES},
     "bert-dali": bert_dali,
     "bert-tfdata": bert_tfdata,
 }
@@ -520,7 +603,8 @@ def worker(name: str, plan_path: str) -> int:
     with open(plan_path) as f:
         plan = json.load(f)
     c = CONTENDERS[name]
-    plan = dict(plan[c.task], cores=plan["cores"], seed=plan["seed"], family=c.family)
+    plan = dict(plan[c.task], cores=plan["cores"], seed=plan["seed"], family=c.family,
+                dlstore_shuffle=c.dlstore_shuffle)
     # Pinned before any framework is imported, so every thread and worker process inherits it.
     os.sched_setaffinity(0, plan["cores"])
     out: Dict = {"name": name}
@@ -554,12 +638,12 @@ def run_worker(name: str, plan_path: str, timeout: float) -> Dict:
 # ---- the run -------------------------------------------------------------------------------------
 
 def default_sizes(args) -> Dict[str, str]:
-    """The generated sets' presets: ``--quick`` tiny; else the cached 3 GB ImageNet-like set, or
-    small when it is not cached; BERT small."""
+    """The generated sets' presets: ``--quick`` tiny; else the cached 3 GB ImageNet-like set, or the
+    1 GB one when it is not cached; BERT's 65,536 records."""
     if args.quick:
         return {"imagenet": args.size or "tiny", "bert": args.bert_size or "tiny"}
-    image = args.size or ("3gb" if cached_paths("imagenet", "3gb") else "small")
-    return {"imagenet": image, "bert": args.bert_size or "small"}
+    image = args.size or ("3gb" if cached_paths("imagenet", "3gb") else "default")
+    return {"imagenet": image, "bert": args.bert_size or "default"}
 
 
 def task_plan(task: str, paths: List[str], args) -> Dict:
@@ -587,6 +671,7 @@ def task_plan(task: str, paths: List[str], args) -> Dict:
             "file_bytes": sum(os.path.getsize(p) for p in paths), "batch_size": batch, "items": items,
             "warmup": warmup, "warmup_seconds": args.warmup_seconds if args.warmup_seconds is not None else (
                 0.0 if args.quick else 3.0), "output": args.output, "seq_len": BERT_SEQ_LEN,
+            "shuffle_buffer": args.shuffle_buffer,
             "max_predictions": BERT_MAX_PREDICTIONS}
 
 
@@ -644,7 +729,8 @@ def task_rows(task: str, selected: Sequence[str], results: Dict[str, Dict], plan
     rows = []
     for name in (n for n in selected if CONTENDERS[n].task == task):
         c, res = CONTENDERS[name], results.get(name, {})
-        row: Dict = {"name": name, "contender": c.label, "family": c.family, "crc": c.crc}
+        row: Dict = {"name": name, "contender": c.label, "family": c.family, "crc": c.crc,
+                     "shuffle": c.dlstore_shuffle or f"buffer {plan['shuffle_buffer']:,}"}
         if "skipped" in res:
             rows.append(dict(row, status=res["skipped"]))
             continue
@@ -671,7 +757,7 @@ def task_rows(task: str, selected: Sequence[str], results: Dict[str, Dict], plan
             row["status"] += f" ({len(res['round_errors'])} round(s) failed: {res['round_errors'][0]})"
         if "loader_stats" in runs[-1]:
             stats = row["loader_stats"] = runs[-1]["loader_stats"]
-            row["how"] = "; ".join(f"{k} {stats[k]}" for k in ("engine", "threads", "decoder", "parser")
+            row["how"] = "; ".join(f"{k} {stats[k]}" for k in ("engine", "threads", "decoder", "parser", "shuffle")
                                    if stats.get(k) is not None)
         row["runs"] = runs
         rows.append(row)
@@ -684,53 +770,64 @@ def task_rows(task: str, selected: Sequence[str], results: Dict[str, Dict], plan
 
 
 def add_ratios(rows: List[Dict]) -> None:
-    """``vs_dali``, ``vs_tfdata`` and ``vs_torch``: items/s over that family's items/s, same task."""
-    base = {r["family"]: r["items_per_s"] for r in rows
-            if r.get("items_per_s") and str(r.get("status", "")).startswith("ok")}
+    """``vs_dali``, ``vs_tfdata`` and ``vs_torch``: items/s over that (shuffled) peer's items/s, same task;
+    ``vs_none``: a dlstore row over dlstore's unshuffled row."""
+    ok = [r for r in rows if r.get("items_per_s") and str(r.get("status", "")).startswith("ok")]
+    base = {r["family"]: r["items_per_s"] for r in ok if r["family"] != "dlstore"}
+    for r in ok:
+        if r["family"] == "dlstore" and r.get("shuffle") == "none":
+            base["none"] = r["items_per_s"]
     for r in rows:
+        if not r.get("items_per_s"):
+            continue
         for family in FAMILY_LABELS:
-            if r.get("items_per_s") and base.get(family) and any(x["family"] == family for x in rows):
+            if base.get(family):
                 r[f"vs_{family}"] = r["items_per_s"] / base[family]
+        if r["family"] == "dlstore" and base.get("none"):
+            r["vs_none"] = r["items_per_s"] / base["none"]
 
 
-# Issue 4's targets, in one run.
-RESNET50_VS_BEST = 1.5   # dlstore images/s >= this x max(DALI CPU, tf.data)
-BERT_VS_DALI = 2.0       # dlstore samples/s >= this x DALI
-BERT_VS_TFDATA = 4.0     # dlstore samples/s >= this x tf.data
+# Issue 8's targets: dlstore's global shuffle against its own unshuffled read and the shuffled peers.
+BERT_GLOBAL_VS_DALI = 3.0       # samples/s >= this x DALI readers.tfrecord (random_shuffle)
+BERT_GLOBAL_VS_NONE = 0.8       # samples/s >= this x dlstore unshuffled
+RESNET50_GLOBAL_VS_NONE = 0.95  # images/s >= this x dlstore unshuffled
+RESNET50_GLOBAL_VS_DALI = 1.5   # images/s >= this x DALI CPU (random_shuffle)
+RESNET50_GLOBAL_VS_TFDATA = 1.2  # images/s >= this x tf.data (.shuffle(N))
 
 
 def targets(tables: Dict[str, List[Dict]]) -> List[Dict]:
-    """Issue 4's throughput targets, each with the measured ratio and PASS, FAIL or SKIP (why)."""
-    def rate(task: str, family: str) -> Optional[float]:
+    """Issue 8's targets (shuffled), each with the measured ratio and PASS, FAIL or SKIP (why)."""
+    def rate(task: str, family: str, shuffle: Optional[str] = None) -> Optional[float]:
         for r in tables.get(task, []):
-            if r["family"] == family and str(r.get("status", "")).startswith("ok"):
+            if r["family"] == family and (shuffle is None or r.get("shuffle") == shuffle) \
+                    and str(r.get("status", "")).startswith("ok"):
                 return r.get("items_per_s")
         return None
 
-    def verdict(target: str, mine: Optional[float], peers: Dict[str, Optional[float]], factor: float) -> Dict:
-        known = {k: v for k, v in peers.items() if v}
-        if mine is None or not known:
-            missing = (["dlstore"] if mine is None else []) + [k for k, v in peers.items() if not v]
+    def verdict(target: str, mine: Optional[float], peer: Optional[float], peer_name: str, factor: float) -> Dict:
+        if mine is None or not peer:
+            missing = (["dlstore global"] if mine is None else []) + ([peer_name] if not peer else [])
             return {"target": target, "value": None, "text": "-",
                     "verdict": f"SKIP ({', '.join(missing)} not measured)"}
-        best_name = max(known, key=known.get)
-        ratio = mine / known[best_name]
-        text = f"{ratio:.2f}x {best_name}"
-        if len(known) < len(peers):
-            text += f" (only {', '.join(known)} measured)"
-        return {"target": target, "value": ratio, "text": text, "verdict": "PASS" if ratio >= factor else "FAIL"}
+        ratio = mine / peer
+        return {"target": target, "value": ratio, "text": f"{ratio:.2f}x {peer_name}",
+                "verdict": "PASS" if ratio >= factor else "FAIL"}
 
     out = []
-    if "resnet50" in tables:
-        out.append(verdict(f"resnet50 dlstore >= {RESNET50_VS_BEST:g} x max(DALI CPU, tf.data) images/s",
-                           rate("resnet50", "dlstore"),
-                           {"DALI": rate("resnet50", "dali"), "tf.data": rate("resnet50", "tfdata")},
-                           RESNET50_VS_BEST))
     if "bert" in tables:
-        out.append(verdict(f"bert dlstore >= {BERT_VS_DALI:g} x DALI samples/s", rate("bert", "dlstore"),
-                           {"DALI": rate("bert", "dali")}, BERT_VS_DALI))
-        out.append(verdict(f"bert dlstore >= {BERT_VS_TFDATA:g} x tf.data samples/s", rate("bert", "dlstore"),
-                           {"tf.data": rate("bert", "tfdata")}, BERT_VS_TFDATA))
+        mine = rate("bert", "dlstore", "global")
+        out.append(verdict(f"bert: dlstore global >= {BERT_GLOBAL_VS_DALI:g} x DALI (shuffled) samples/s", mine,
+                           rate("bert", "dali"), "DALI", BERT_GLOBAL_VS_DALI))
+        out.append(verdict(f"bert: dlstore global >= {BERT_GLOBAL_VS_NONE:g} x dlstore unshuffled", mine,
+                           rate("bert", "dlstore", "none"), "dlstore none", BERT_GLOBAL_VS_NONE))
+    if "resnet50" in tables:
+        mine = rate("resnet50", "dlstore", "global")
+        out.append(verdict(f"resnet50: dlstore global >= {RESNET50_GLOBAL_VS_NONE:g} x dlstore unshuffled", mine,
+                           rate("resnet50", "dlstore", "none"), "dlstore none", RESNET50_GLOBAL_VS_NONE))
+        out.append(verdict(f"resnet50: dlstore global >= {RESNET50_GLOBAL_VS_DALI:g} x DALI CPU (shuffled)", mine,
+                           rate("resnet50", "dali"), "DALI", RESNET50_GLOBAL_VS_DALI))
+        out.append(verdict(f"resnet50: dlstore global >= {RESNET50_GLOBAL_VS_TFDATA:g} x tf.data .shuffle(N)",
+                           mine, rate("resnet50", "tfdata"), "tf.data", RESNET50_GLOBAL_VS_TFDATA))
     return out
 
 
@@ -738,6 +835,7 @@ def columns(task: str) -> List[report.Column]:
     unit = TASKS[task]["unit"]
     cols = [
         report.Column("contender", "contender", align="<"),
+        report.Column("shuffle", "shuffle", align="<"),
         report.Column("output", "output", align="<"),
         report.Column("crc", "CRC", lambda v: "yes" if v else "no", align="<"),
         report.Column("items_per_s", f"{unit}/s", "{:,.0f}"),
@@ -745,6 +843,7 @@ def columns(task: str) -> List[report.Column]:
     ]
     families = ("dali", "tfdata", "torch") if task == "resnet50" else ("dali", "tfdata")
     cols += [report.Column(f"vs_{f}", f"vs {FAMILY_LABELS[f]}", report.fmt_ratio) for f in families]
+    cols += [report.Column("vs_none", "vs dlstore none", report.fmt_ratio)]
     cols += [
         report.Column("spread_pct", "spread", lambda v: f"{v:.0f}%"),
         report.Column("busiest_core_pct", "busiest core", lambda v: f"{v:.0f}%"),
@@ -757,12 +856,13 @@ def columns(task: str) -> List[report.Column]:
 
 
 TARGET_COLUMNS = [
-    report.Column("target", "target (issue 4, warm cache)", align="<"),
+    report.Column("target", "target (issue 8: shuffled, warm cache)", align="<"),
     report.Column("text", "measured", align="<"),
     report.Column("verdict", "verdict", align="<"),
 ]
 SEMANTICS_COLUMNS = [
     report.Column("contender", "contender", align="<"),
+    report.Column("shuffle", "shuffle", align="<"),
     report.Column("crc", "CRC", lambda v: "yes" if v else "no", align="<"),
     report.Column("decode", "read + decode", align="<"),
     report.Column("resize", "crop, resize, flip, normalise", align="<"),
@@ -772,8 +872,10 @@ SAME_FOR_ALL = [
     ("RandomResizedCrop", f"area {AREA_RANGE[0]:g}..{AREA_RANGE[1]:g} of the image, aspect ratio 3/4..4/3, "
      f"{CROP_ATTEMPTS} attempts; horizontal flip with probability 1/2; with `--output float`, ImageNet mean "
      f"{MEAN} and std {STD} (times 255 on 0..255 pixels)"),
-    ("order", "no shuffling in any contender: records in file order (tf.data interleaves as many files "
-     "as there are cores)"),
+    ("order", "every contender shuffles, as training reads (the `shuffle` column of each table and below): the "
+     "peers through a shuffle buffer of `--shuffle-buffer` records, dlstore through `dlstore.Dataset`; dlstore's "
+     "`none` row reads unshuffled, the reference its shuffles are compared with (tf.data interleaves as many "
+     "files as there are cores)"),
     ("cores", "each contender pinned to the same cores (`sched_setaffinity`, inherited by every thread "
      "and worker process); DALI's `num_threads`, tf.data's private thread pool (AUTOTUNE within it) and "
      "the DataLoader's workers set to that many; dlstore with its default: a decoding thread per core for "
@@ -818,7 +920,8 @@ def plan_line(task: str, plan: Dict) -> str:
     return (f"{len(plan['files'])} TFRecord files, {report.fmt_bytes(plan['file_bytes'])}, {plan['records']:,} "
             f"records (mean {report.fmt_bytes(plan['payload_bytes'] / max(plan['records'], 1))}), "
             f"{'set ' + plan['size'] if plan.get('size') else 'from --data'}; batch {plan['batch_size']}, {warmup}, "
-            f"then {plan['items']:,} {TASKS[task]['unit']} timed; "
+            f"then {plan['items']:,} {TASKS[task]['unit']} timed; peers' shuffle buffer {plan['shuffle_buffer']:,} "
+            f"records; "
             + (f"output {plan['output']}" if task == "resnet50" else f"seq {plan['seq_len']}"))
 
 
@@ -879,11 +982,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data", metavar="GLOB", help="ImageNet-like TFRecord files (default: a generated set)")
     p.add_argument("--size", choices=SIZES, default=None,
-                   help="generated ImageNet-like set without --data (default: 3gb when cached, else small; "
+                   help="generated ImageNet-like set without --data (default: 3gb when cached, else default; "
                         "tiny with --quick)")
     p.add_argument("--bert-data", metavar="GLOB", help="BERT pretraining TFRecord files (default: a generated set)")
     p.add_argument("--bert-size", choices=tuple(PRESETS["bert"]), default=None,
-                   help="generated BERT set without --bert-data (default: small; tiny with --quick)")
+                   help="generated BERT set without --bert-data (default: default, 65,536 records; tiny with --quick)")
     p.add_argument("--only", metavar="NAMES",
                    help="comma-separated contenders, families or tasks: " + ", ".join(CONTENDERS))
     p.add_argument("--output", choices=OUTPUTS, default="uint8",
@@ -902,7 +1005,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cores", type=int, default=2, help="CPUs every contender is pinned to (default: %(default)s)")
     p.add_argument("--repeat", type=int, default=None, metavar="N",
                    help="rounds, one measurement per contender each (default: 3; 1 with --quick)")
-    p.add_argument("--seed", type=int, default=0, help="augmentation seed (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="shuffle and augmentation seed (default: %(default)s)")
+    p.add_argument("--shuffle-buffer", type=int, default=10_000, metavar="N",
+                   help="records in the peers' shuffle buffers: DALI's initial_fill, tf.data's shuffle, the "
+                        "DataLoader's (split among its workers) (default: %(default)s)")
     p.add_argument("--quick", action="store_true", help="tiny sets, small counts, one round: a smoke test")
     p.add_argument("--json", metavar="FILE",
                    help="results JSON (default: benchmarks/results/pipelines.json, pipelines-quick.json "

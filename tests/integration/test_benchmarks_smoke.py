@@ -74,7 +74,8 @@ def test_random_resized_crop_draws_area_and_ratio(pipelines):
 
 def test_select_by_name_family_and_task(pipelines):
     assert pipelines.select(None) == list(pipelines.CONTENDERS)
-    assert pipelines.select("bert") == ["bert-dlstore", "bert-dali", "bert-tfdata"]
+    assert pipelines.select("bert") == ["bert-dlstore-none", "bert-dlstore-block", "bert-dlstore-global", "bert-dali",
+                                        "bert-tfdata"]
     assert pipelines.select("dali") == ["resnet50-dali", "bert-dali"]
     assert pipelines.select("resnet50-torch,bert-tfdata") == ["resnet50-torch", "bert-tfdata"]
     with pytest.raises(ValueError, match="unknown nope"):
@@ -82,19 +83,24 @@ def test_select_by_name_family_and_task(pipelines):
 
 
 def test_targets_pass_fail_and_skip(pipelines):
-    def row(family, rate, status="ok"):
-        return {"family": family, "items_per_s": rate, "status": status}
+    def row(family, rate, shuffle=None, status="ok"):
+        return {"family": family, "items_per_s": rate, "status": status, "shuffle": shuffle or "buffer 10,000"}
 
-    tables = {"resnet50": [row("dlstore", 1600.0), row("dali", 950.0), row("tfdata", 1000.0), row("torch", 680.0)],
-              "bert": [row("dlstore", 130_000.0), row("dali", 60_000.0), row("tfdata", 33_000.0)]}
+    tables = {"resnet50": [row("dlstore", 2000.0, "none"), row("dlstore", 1900.0, "block"),
+                           row("dlstore", 1950.0, "global"), row("dali", 1000.0), row("tfdata", 1700.0),
+                           row("torch", 680.0)],
+              "bert": [row("dlstore", 500_000.0, "none"), row("dlstore", 300_000.0, "global"), row("dali", 70_000.0),
+                       row("tfdata", 50_000.0)]}
     verdicts = pipelines.targets(tables)
-    assert [v["verdict"] for v in verdicts] == ["PASS", "PASS", "FAIL"]
-    assert verdicts[0]["text"] == "1.60x tf.data"  # the better of DALI and tf.data
-    assert verdicts[2]["value"] == pytest.approx(130 / 33)
-    tables["resnet50"][0] = row("dlstore", None, "not available: not built")
-    assert pipelines.targets(tables)[0]["verdict"] == "SKIP (dlstore not measured)"
+    # bert: global vs DALI, vs its unshuffled read; resnet50: vs unshuffled, DALI, tf.data.
+    assert [v["verdict"] for v in verdicts] == ["PASS", "FAIL", "PASS", "PASS", "FAIL"]
+    assert verdicts[0]["text"] == "4.29x DALI" and verdicts[1]["value"] == pytest.approx(0.6)
+    assert verdicts[4]["value"] == pytest.approx(1950 / 1700)  # against the shuffled peer, not the block row
+    tables["resnet50"][2] = row("dlstore", None, "global", status="not available: not built")
+    assert pipelines.targets(tables)[2]["verdict"] == "SKIP (dlstore global not measured)"
     pipelines.add_ratios(tables["bert"])
-    assert tables["bert"][0]["vs_dali"] == pytest.approx(130 / 60)
+    assert tables["bert"][1]["vs_dali"] == pytest.approx(300 / 70)
+    assert tables["bert"][1]["vs_none"] == pytest.approx(0.6) and "vs_none" not in tables["bert"][2]
 
 
 # ---- end to end ------------------------------------------------------------------------------------
@@ -110,8 +116,10 @@ def test_pipelines_quick(tmp_path):
         doc = json.load(f)
     assert doc["quick"] and doc["cores"] and doc["plans"]["resnet50"]["size"] == "tiny"
     built = _dlstore_pipeline_built()
-    for task, names in (("resnet50", ["resnet50-dlstore", "resnet50-dali", "resnet50-tfdata", "resnet50-torch"]),
-                        ("bert", ["bert-dlstore", "bert-dali", "bert-tfdata"])):
+    mine = [f"dlstore-{s}" for s in ("none", "block", "global")]
+    for task, names in (("resnet50", [f"resnet50-{m}" for m in mine] + ["resnet50-dali", "resnet50-tfdata",
+                                                                         "resnet50-torch"]),
+                        ("bert", [f"bert-{m}" for m in mine] + ["bert-dali", "bert-tfdata"])):
         rows = {row["name"]: row for row in doc["tables"][task]}
         assert list(rows) == names  # every contender keeps its row: measured, not available or failed
         unit = "images" if task == "resnet50" else "samples"
@@ -119,6 +127,8 @@ def test_pipelines_quick(tmp_path):
             family = row["family"]
             expected_ok = built if family == "dlstore" else _installed(
                 {"dali": "nvidia.dali", "tfdata": "tensorflow", "torch": "torch"}[family])
+            # Every row says its shuffle: dlstore's Dataset shuffle, the peers' buffer.
+            assert row["shuffle"] == (name.rsplit("-", 1)[1] if family == "dlstore" else "buffer 10,000")
             if expected_ok:  # measured, with batches of the agreed shapes and dtypes
                 assert row["status"] == "ok", (name, row["status"])
                 assert row[f"{unit}_per_s"] > 0 and row["cpu_ms_per_item"] > 0
@@ -126,7 +136,7 @@ def test_pipelines_quick(tmp_path):
             else:
                 assert row["status"].startswith("not available: "), (name, row["status"])
     assert all(t["verdict"] in ("PASS", "FAIL") or t["verdict"].startswith("SKIP") for t in doc["targets"])
-    assert len(doc["targets"]) == 3 and "verdict" in r.stdout
+    assert len(doc["targets"]) == 5 and "verdict" in r.stdout
     text = md.read_text()
     assert "## Targets" in text and "Where the semantics differ" in text and "PyTorch DataLoader + PIL" in text
     # --render writes the same page from the JSON alone.
