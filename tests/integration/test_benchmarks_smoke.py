@@ -145,3 +145,19 @@ def test_pipelines_quick(tmp_path):
                        capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     assert again.read_text() == text
+
+
+def test_shuffles_quick(tmp_path):
+    """benchmarks/shuffles.py at tiny size: every engine x shuffle x cache state measured, with its targets."""
+    pytest.importorskip("PIL", reason="the synthetic ImageNet-like set needs pillow")
+    out = tmp_path / "s.json"
+    env = dict(os.environ, DLSTORE_CACHE=os.fspath(tmp_path / "cache"))
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "shuffles.py"), "--quick", "--json",
+                        os.fspath(out)], capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    rows = {row["key"]: row for row in doc["rows"]}
+    assert len(rows) == 16 and all(row["status"] == "ok" for row in rows.values()), rows
+    assert rows["cold/direct/none"]["neighbours"] > 0.9  # unshuffled: consecutive records are neighbours
+    assert all(rows[k]["vs_none"] > 0 for k in rows)
+    assert [t["verdict"] in ("PASS", "FAIL") for t in doc["targets"]] == [True, True, True]
