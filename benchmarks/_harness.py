@@ -86,6 +86,20 @@ def write_outputs(doc: Dict, name: str, quick: bool, json_path: Optional[str], m
         print(f"wrote {markdown_path}")
 
 
+def render(json_path: str, markdown_path: Optional[str], markdown: Callable[[Dict], str]) -> int:
+    """``--render JSON``: writes the markdown page of an earlier run from its JSON alone, measuring nothing.
+    Returns the exit status (2 without ``--markdown``)."""
+    if not markdown_path:
+        print("--render needs --markdown FILE", file=sys.stderr)
+        return 2
+    with open(json_path) as f:
+        doc = json.load(f)
+    with open(markdown_path, "w") as f:
+        f.write(markdown(doc))
+    print(f"wrote {markdown_path} from {json_path}")
+    return 0
+
+
 def select(only: Optional[str], contenders: Mapping[str, Any], groups: Sequence[str] = ("family",)) -> List[str]:
     """Contender names from ``--only``: names, or values of the contenders' ``groups`` attributes
     (a family such as ``dali``, a task such as ``bert``), in table order.

@@ -1037,14 +1037,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             p.error(f"--worker takes a contender name and --plan, not {args.worker!r}")
         return worker(args.worker, args.plan)
     if args.render:
-        if not args.markdown:
-            p.error("--render needs --markdown FILE")
-        with open(args.render) as f:
-            doc = json.load(f)
-        with open(args.markdown, "w") as f:
-            f.write(_markdown_doc(doc))
-        print(f"wrote {args.markdown} from {args.render}")
-        return 0
+        return _harness.render(args.render, args.markdown, _markdown_doc)
     try:
         selected = select(args.only)
     except ValueError as e:

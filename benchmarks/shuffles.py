@@ -317,14 +317,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.worker:
         return worker(args.worker)
     if args.render:
-        if not args.markdown:
-            p.error("--render needs --markdown FILE")
-        with open(args.render) as f:
-            doc = json.load(f)
-        with open(args.markdown, "w") as f:
-            f.write(markdown(doc))
-        print(f"wrote {args.markdown} from {args.render}")
-        return 0
+        return _harness.render(args.render, args.markdown, markdown)
     if args.quick:
         args.size, args.repeat, args.epochs, args.batch_size = "tiny", 1, 2, 8
     doc = run(args)

@@ -37,6 +37,28 @@ dlstore::OnError on_error_of(const py::dict& d) {
   return option<std::string>(d, "on_error") == "raise" ? dlstore::OnError::Raise : dlstore::OnError::Skip;
 }
 
+// What both readers expose alike: the next batch (the GIL released while it is read), and the
+// corruptions skipped as (path, offset, what).
+template <class R>
+py::object next_batch_of(R& reader) {
+  auto b = std::make_shared<RecordBatch>();
+  bool more;
+  {
+    py::gil_scoped_release nogil;
+    more = reader.next_batch(*b);
+  }
+  if (!more) return py::none();
+  return py::cast(b);
+}
+
+template <class R>
+py::list corruptions_of(const R& reader) {
+  py::list out;
+  for (const auto& c : reader.corruptions())
+    out.append(py::make_tuple(reader.paths()[c.file_index], c.offset, c.what));
+  return out;
+}
+
 template <class T>
 std::vector<T> vector_of(py::handle array) {
   auto a = py::array_t<T, py::array::c_style | py::array::forcecast>::ensure(array);
@@ -122,17 +144,7 @@ void register_reader(py::module_& m) {
            }),
            py::arg("paths"), py::arg("format"), py::arg("compression"), py::arg("options"),
            py::arg("ranges") = std::vector<std::pair<uint64_t, uint64_t>>{})
-      .def("next_batch",
-           [](dlstore::Reader& r) -> py::object {
-             auto b = std::make_shared<RecordBatch>();
-             bool more;
-             {
-               py::gil_scoped_release nogil;
-               more = r.next_batch(*b);
-             }
-             if (!more) return py::none();
-             return py::cast(b);
-           })
+      .def("next_batch", &next_batch_of<dlstore::Reader>)
       .def("count_all",
            [](dlstore::Reader& r) {
              // Reads to the end without handing batches to Python (used by `verify` and benchmarks
@@ -156,12 +168,7 @@ void register_reader(py::module_& m) {
              return d;
            })
       .def("notes", &dlstore::Reader::notes)
-      .def("corruptions", [](const dlstore::Reader& r) {
-        py::list out;
-        for (const auto& c : r.corruptions())
-          out.append(py::make_tuple(r.paths()[c.file_index], c.offset, c.what));
-        return out;
-      });
+      .def("corruptions", &corruptions_of<dlstore::Reader>);
 
   py::class_<dlstore::PlanReader>(m, "PlanReader")
       .def(py::init([](std::vector<std::string> paths, py::handle file, py::handle offset, py::handle size,
@@ -190,17 +197,7 @@ void register_reader(py::module_& m) {
            py::arg("paths"), py::arg("file"), py::arg("offset"), py::arg("size"), py::arg("emit"),
            py::arg("format"), py::arg("batch_size"), py::arg("options"), py::arg("hold_bytes") = 0,
            py::arg("sequential") = true, py::arg("first_batch") = 0, py::arg("device") = py::none())
-      .def("next_batch",
-           [](dlstore::PlanReader& r) -> py::object {
-             auto b = std::make_shared<RecordBatch>();
-             bool more;
-             {
-               py::gil_scoped_release nogil;
-               more = r.next_batch(*b);
-             }
-             if (!more) return py::none();
-             return py::cast(b);
-           })
+      .def("next_batch", &next_batch_of<dlstore::PlanReader>)
       .def_property_readonly("position", &dlstore::PlanReader::position)
       .def("__len__", &dlstore::PlanReader::size)
       .def("stats",
@@ -221,12 +218,7 @@ void register_reader(py::module_& m) {
              return d;
            })
       .def("notes", &dlstore::PlanReader::notes)
-      .def("corruptions", [](const dlstore::PlanReader& r) {
-        py::list out;
-        for (const auto& c : r.corruptions())
-          out.append(py::make_tuple(r.paths()[c.file_index], c.offset, c.what));
-        return out;
-      });
+      .def("corruptions", &corruptions_of<dlstore::PlanReader>);
 
   m.def("crc32c",
         [](py::buffer data, uint32_t value) {

@@ -6,32 +6,9 @@
 
 #include "dlstore/crc32c.hpp"
 #include "dlstore/error.hpp"
+#include "dlstore/frame_layout.hpp"
 
 namespace dlstore {
-namespace {
-
-// Both formats are little-endian on disk; x86 and Arm Linux are too, memcpy keeps it unaligned-safe.
-inline uint64_t le64(const uint8_t* p) {
-  uint64_t v;
-  std::memcpy(&v, p, 8);
-  return v;
-}
-inline uint32_t le32(const uint8_t* p) {
-  uint32_t v;
-  std::memcpy(&v, p, 4);
-  return v;
-}
-std::string hex32(uint32_t v) {
-  char b[16];
-  std::snprintf(b, sizeof b, "0x%08x", v);
-  return b;
-}
-
-constexpr size_t kTFHeader = 12;   // uint64 length, uint32 masked crc of length
-constexpr size_t kTFFooter = 4;    // uint32 masked crc of data
-constexpr size_t kRIOHeader = 8;   // uint32 magic, uint32 cflag << 29 | length
-
-}  // namespace
 
 Format parse_format(const std::string& name) {
   if (name == "tfrecord") return Format::TFRecord;

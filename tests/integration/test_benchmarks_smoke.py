@@ -131,7 +131,9 @@ def test_pipelines_quick(tmp_path):
             assert row["shuffle"] == (name.rsplit("-", 1)[1] if family == "dlstore" else "buffer 10,000")
             if expected_ok:  # measured, with batches of the agreed shapes and dtypes
                 assert row["status"] == "ok", (name, row["status"])
-                assert row[f"{unit}_per_s"] > 0 and row["cpu_ms_per_item"] > 0
+                # CPU time comes in 10 ms clock ticks: a quick BERT row's timed part can end within one.
+                assert row[f"{unit}_per_s"] > 0 and row["cpu_ms_per_item"] >= 0
+                assert task == "bert" or row["cpu_ms_per_item"] > 0
                 assert row["runs"][0]["items"] >= doc["plans"][task]["items"]
             else:
                 assert row["status"].startswith("not available: "), (name, row["status"])

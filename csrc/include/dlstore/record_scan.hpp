@@ -10,6 +10,7 @@
 
 #include "dlstore/aligned_buffer.hpp"
 #include "dlstore/engine.hpp"
+#include "dlstore/frame_layout.hpp"
 #include "dlstore/thread_pool.hpp"
 
 namespace dlstore {
@@ -19,7 +20,6 @@ Format parse_format(const std::string& name);
 
 enum class OnError { Raise, Skip };
 
-constexpr uint32_t kRecordIOMagic = 0xced7230a;
 
 struct ScanOptions {
   Format format = Format::TFRecord;
