@@ -294,6 +294,14 @@ class Dataset:
         emit = None if emission is None else emission[emitted:] - local
         return ReadOrder(shards[local:], records[local:], emit)
 
+    def _places(self, shard: int, block: int) -> Tuple[int, ...]:
+        """The mounts block ``block`` of ``shard`` can be read through, best first (``mount_for``: this
+        rank's choice, then its failover order); ``(0,)``, the one place, without mounts."""
+        if self._layout is None:
+            return (0,)
+        first, fallbacks = mount_for(self._layout, shard, self._rank_mounts, block=block)
+        return (first, *fallbacks)
+
     def _mounts(self, shards: np.ndarray, records: np.ndarray, health: MountHealth) -> np.ndarray:
         """The mount each record is read through: its block's, unless that mount failed this pass."""
         blocks = records // self.block_records
@@ -305,8 +313,7 @@ class Dataset:
             keys = np.unique(np.stack([shards[moved], blocks[moved]], axis=1), axis=0)
             table = {}
             for shard, block in keys.tolist():
-                first, fallbacks = mount_for(self._layout, shard, self._rank_mounts, block=block)
-                place = health.choose(shard, (first, *fallbacks))
+                place = health.choose(shard, self._places(shard, block))
                 if place is None:
                     raise _NoPlace(shard, block)
                 table[(shard, block)] = place
@@ -421,12 +428,7 @@ class Dataset:
         record = int(plan.records[k])
         health.fail(shard, mount)
         block = record // self.block_records
-        if self._layout is None:
-            candidates: Tuple[int, ...] = (0,)
-        else:
-            first, fallbacks = mount_for(self._layout, shard, self._rank_mounts, block=block)
-            candidates = (first, *fallbacks)
-        chosen = health.choose(shard, candidates)
+        chosen = health.choose(shard, self._places(shard, block))
         if chosen is None:
             raise self._gave_up(shard, block, health, error, record=record, offset=int(plan.offset[k])) from error
         time.sleep(health.record(shard, mount, chosen, f"record {record} of shard {shard}", error))
@@ -440,8 +442,7 @@ class Dataset:
         if self._layout is None:
             places = [("", self.shards[shard])]
         else:
-            first, fallbacks = mount_for(self._layout, shard, self._rank_mounts, block=block)
-            places = [(self.mounts[m], self._layout.path(shard, m)) for m in (first, *fallbacks)]
+            places = [(self.mounts[m], self._layout.path(shard, m)) for m in self._places(shard, block)]
         last = places[-1][1]
         where = ", ".join(f"{m} ({p})" if m else p for m, p in places)
         why = f": {cause}" if cause is not None else ""

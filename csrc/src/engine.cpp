@@ -30,8 +30,6 @@ struct ChunkReader::OpenFile {
   uint64_t scheduled = 0;          // the offset up to which reads have been queued
 };
 
-static uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
-static uint64_t align_down(uint64_t v, uint64_t a) { return v / a * a; }
 
 ChunkReader::ChunkReader(std::vector<std::string> paths, EngineOptions opts, std::vector<ByteRange> ranges)
     : paths_(std::move(paths)), ranges_(std::move(ranges)), opts_(opts) {

@@ -13,9 +13,6 @@
 namespace dlstore {
 namespace {
 
-uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
-uint64_t align_down(uint64_t v, uint64_t a) { return v / a * a; }
-
 // Chunk and batch buffers are aligned to 64 KiB, the largest direct-I/O alignment accepted
 // (open_for_engine), so any piece slot aligned within them is aligned in memory too.
 constexpr size_t kBufferAlign = 64u << 10;
@@ -304,8 +301,10 @@ PlanReader::PlanReader(ReadPlan plan, PlanOptions opts) : opts_(opts) {
   needed_ = needed;
   done_.assign(n, 0);
   n_emit_ = emit_.empty() ? n : emit_.size();
-  paths_ = std::make_shared<const std::vector<std::string>>(plan.paths);
   plan_ = std::make_shared<const ReadPlan>(std::move(plan));
+  // The plan's file list, shared with the batches (which name their records' files) and the file
+  // cache: a pointer into the plan that keeps the plan alive, not a copy.
+  paths_ = std::shared_ptr<const std::vector<std::string>>(plan_, &plan_->paths);
   plan_chunks();
   files_ = std::make_shared<FileCache>(paths_, opts_.engine.kind, opts_.engine.chunk_size, opts_.sequential,
                                        opts_.max_open_files);

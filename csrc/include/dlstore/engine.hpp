@@ -34,6 +34,10 @@ struct EngineOptions {
 
 constexpr uint64_t kUnknownSize = ~uint64_t(0);
 
+// Direct I/O works in whole aligned blocks: offsets, lengths and buffer addresses rounded to them.
+inline uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+inline uint64_t align_down(uint64_t v, uint64_t a) { return v / a * a; }
+
 // The bytes [start, end) of a file. end == kUnknownSize: to the end of the file. Placement reads
 // shards by record ranges (from the index), so a rank reads just its share of a shard.
 struct ByteRange {
