@@ -9,9 +9,8 @@ cache, records only (no decoding): what a shuffle costs the read path, beside th
 
 Every measurement runs in a fresh interpreter (its own memory and threads): it builds the Dataset
 (one rank, batch ``--batch-size``) and reads one epoch untimed, as a training job has by its second
-epoch (its buffers allocated and touched once: on a VM, fresh memory costs a host fault per page the
-first time, ~0.25 s for a shuffle buffer's 130 MB here; that first epoch's rate is kept as
-``first_epoch_gb_per_s``). Then it prepares the cache (cold: the page cache dropped as root, else the
+epoch (its buffers allocated and touched once: on a VM, fresh memory can cost a host fault per page
+the first time; that first epoch's rate is kept as ``first_epoch_gb_per_s``, the last column). Then it prepares the cache (cold: the page cache dropped as root, else the
 files evicted; warm: every file read once, so it sits in the page cache), reads ``--epochs`` epochs
 and reports for the first of them:
 
@@ -235,9 +234,10 @@ HOW_TO_READ = """
   reads every record where it lies: as fast as the device serves random ~115 kB reads, about half the
   sequential rate here. The device is a shared VM's disk: identical runs vary by a third (`spread`),
   so compare medians over many rounds, and fio on the same files (`docs/read_throughput.md`).
-- **First epoch.** A fresh process pays once for memory it touches the first time (on this VM a host
-  fault per page): a shuffle buffer's ~130 MB of chunks cost it about 0.25 s, which a one-epoch run of a
-  1 GB set shows and a training job pays once. The last column is that first epoch.
+- **First epoch.** A fresh process pays once for memory it touches the first time (on a VM, a host
+  fault per page): the last column is each process's first epoch, read before the measured one. Cold,
+  the block shuffle's first epoch is slower than its later ones by about the time its ~130 MB of held
+  chunks take to touch once; a training job pays that once, not every epoch.
 - **Warm** figures are the read path alone, no decoding: `block` and `buffer` gather each batch by copy
   (a view is impossible once records are reordered), so they top out at the copy rate, ~3.5 GB/s on one
   core; a ResNet-50 pipeline needs ~0.23 GB/s on two cores and BERT ~0.4 GB/s, so in a pipeline the

@@ -77,7 +77,7 @@ SETTINGS: Dict[str, Setting] = {
         Setting("shuffle_window", 128 * MiB, "DLSTORE_SHUFFLE_WINDOW",
                 "Bytes of a consumer's shard-shuffled sequence within which the block shuffle reorders "
                 "its blocks (0: the whole share). Reads jump about within a few shards at a time, which "
-                "storage serves faster than jumps across the whole data set (docs/placement.md).",
+                "seek-bound storage serves faster than jumps across the whole data set (docs/placement.md).",
                 _size, lambda v: v >= 0, "0 or more bytes"),
         Setting("shuffle_buffer", 64 * MiB, "DLSTORE_SHUFFLE_BUFFER",
                 "Bytes of records the shuffle buffer of Dataset's block and buffer shuffles holds (in "
