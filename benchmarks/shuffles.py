@@ -10,9 +10,10 @@ cache, records only (no decoding): what a shuffle costs the read path, beside th
 Every measurement runs in a fresh interpreter (its own memory and threads): it builds the Dataset
 (one rank, batch ``--batch-size``) and reads one epoch untimed, as a training job has by its second
 epoch (its buffers allocated and touched once: on a VM, fresh memory can cost a host fault per page
-the first time; that first epoch's rate is kept as ``first_epoch_gb_per_s``, the last column). Then it prepares the cache (cold: the page cache dropped as root, else the
-files evicted; warm: every file read once, so it sits in the page cache), reads ``--epochs`` epochs
-and reports for the first of them:
+the first time; that first epoch's rate is kept as ``first_epoch_gb_per_s``, the last column).
+Then it prepares the cache (cold: the page cache dropped as root, else the files evicted; warm:
+every file read once, so it sits in the page cache), reads ``--epochs`` epochs and reports for the
+first of them:
 
 - **GB/s** of record payload and records/s over the epoch's wall time, and the process's CPU seconds
   per GB; **vs none**: the rate over the unshuffled read of the same engine and cache state.
