@@ -29,7 +29,7 @@ from dlstore.errors import DlstoreError, DlstoreIOError, PlacementError
 from dlstore.indexing import ensure_index
 from dlstore.io.failover import MountHealth
 from dlstore.io.select import EngineChoice, resolve_engine
-from dlstore.placement.mounts import assign_mounts, interleave_by_mount, mount_for, mounts_for
+from dlstore.placement.mounts import assign_mounts, mount_for, mounts_for, read_in_turns
 from dlstore.placement.sharding import SHUFFLES, EpochPlan, ReadOrder, SamplerState
 from dlstore.placement.world import World, detect_world
 from dlstore.reader import CorruptionWarnings, detect_files, expand_paths
@@ -275,24 +275,11 @@ class Dataset:
         # Several mounts: the plan's blocks are read with the mounts taking turns, so that every mount
         # has reads in flight (in the plan's order a run of blocks on one mount would leave the others
         # idle). The turns follow each block's mount without failures, so every resume and failover of
-        # the epoch sees the same sequence; an emission order is over read positions, so it holds as is.
-        shards, records, _ = plan.read_plan(c, 0)
-        if len(shards):
-            blocks = records // self.block_records
-            mounts = mounts_for(self._layout, shards, self._rank_mounts, blocks)
-            new_run = np.ones(len(shards), dtype=bool)
-            new_run[1:] = ((shards[1:] != shards[:-1]) | (blocks[1:] != blocks[:-1]) |
-                           (records[1:] != records[:-1] + 1))
-            starts = np.flatnonzero(new_run)
-            lengths = np.diff(np.append(starts, len(shards)))
-            turns = interleave_by_mount(mounts[starts])
-            step = np.arange(len(shards)) - np.repeat(np.cumsum(lengths[turns]) - lengths[turns], lengths[turns])
-            order = np.repeat(starts[turns], lengths[turns]) + step
-            shards, records = shards[order], records[order]
-        local = plan.restart(c, emitted).local
-        emission = plan.order(c)
-        emit = None if emission is None else emission[emitted:] - local
-        return ReadOrder(shards[local:], records[local:], emit)
+        # the epoch sees the same sequence.
+        shards, records = plan.read_sequence(c)
+        blocks = records // self.block_records
+        turns = read_in_turns(shards, records, blocks, mounts_for(self._layout, shards, self._rank_mounts, blocks))
+        return plan.read_plan(c, emitted, reorder=turns)
 
     def _places(self, shard: int, block: int) -> Tuple[int, ...]:
         """The mounts block ``block`` of ``shard`` can be read through, best first (``mount_for``: this

@@ -18,11 +18,11 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from dlstore.errors import PlacementError
-from dlstore.placement.sharding import EpochPlan, Piece
+from dlstore.placement.sharding import EpochPlan, Piece, expand_runs
 from dlstore.placement.world import World
 
 __all__ = ["Layout", "LAYOUT_KINDS", "ASSIGNMENTS", "assign_mounts", "assign_all_mounts", "mount_for",
-           "mounts_for", "interleave_by_mount", "MountPlan", "plan_mounts"]
+           "mounts_for", "interleave_by_mount", "read_in_turns", "MountPlan", "plan_mounts"]
 
 LAYOUT_KINDS = ("replicated", "striped", "mixed")
 
@@ -309,8 +309,26 @@ def interleave_by_mount(mounts: Sequence[int]) -> np.ndarray:
     by_mount = np.argsort(which, kind="stable")
     counts = np.bincount(which)
     nth = np.empty(len(mounts), dtype=np.int64)  # each run's place in its mount's queue
-    nth[by_mount] = np.arange(len(mounts)) - np.repeat(np.cumsum(counts) - counts, counts)
+    nth[by_mount] = expand_runs(np.zeros(len(counts), dtype=np.int64), counts)
     return np.lexsort((turn, nth))
+
+
+def read_in_turns(shards: np.ndarray, records: np.ndarray, blocks: np.ndarray, mounts: np.ndarray) -> np.ndarray:
+    """The order to read a sequence of records in so that a rank's mounts take turns.
+
+    Record ``i`` is ``records[i]`` of ``shards[i]``, in block ``blocks[i]`` of its shard, read through
+    ``mounts[i]``. The sequence's runs (neighbouring records of one block) keep their records together
+    and their order per mount (:func:`interleave_by_mount`), so every mount has reads in flight where
+    the sequence's own order would leave all but one idle. Returns indices into the sequence.
+    """
+    if len(shards) == 0:
+        return np.zeros(0, dtype=np.int64)
+    new_run = np.ones(len(shards), dtype=bool)
+    new_run[1:] = (shards[1:] != shards[:-1]) | (blocks[1:] != blocks[:-1]) | (records[1:] != records[:-1] + 1)
+    starts = np.flatnonzero(new_run)
+    lengths = np.diff(np.append(starts, len(shards)))
+    turns = interleave_by_mount(mounts[starts])
+    return expand_runs(starts[turns], lengths[turns])
 
 
 # ---- the whole world -------------------------------------------------------------------------------

@@ -35,7 +35,7 @@ from dlstore.errors import PlacementError
 
 __all__ = ["Piece", "Restart", "ReadOrder", "EpochPlan", "SamplerState", "IndexSampler", "REMAINDERS",
            "SHUFFLES", "shard_order", "global_permutation", "buffer_order", "random_words", "merge_runs",
-           "cut_blocks"]
+           "cut_blocks", "expand_runs"]
 
 # Purposes of the random streams: each has its own key, so that e.g. turning the shard shuffle on
 # does not change the buffer order.
@@ -179,6 +179,14 @@ def buffer_order(n: int, buffer_size: int, seed: int, epoch: int, consumer: int)
     return out
 
 
+def expand_runs(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Runs of consecutive integers end to end: ``starts[i]``, ``starts[i] + 1``, ... (``lengths[i]``
+    of them) for each run ``i`` in turn, as one int64 array."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    skip = np.repeat(np.asarray(starts, dtype=np.int64) - (np.cumsum(lengths) - lengths), lengths)
+    return skip + np.arange(int(lengths.sum()), dtype=np.int64)
+
+
 def cut_blocks(shards: np.ndarray, starts: np.ndarray, stops: np.ndarray,
                block_records: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Record runs ``(shard, start, stop)`` cut where they cross a block boundary of their shard.
@@ -191,9 +199,9 @@ def cut_blocks(shards: np.ndarray, starts: np.ndarray, stops: np.ndarray,
     k = int(block_records)
     first, last = starts // k, (stops - 1) // k
     parts = last - first + 1
-    run = np.repeat(np.arange(len(shards)), parts)
-    block = first[run] + (np.arange(int(parts.sum())) - np.repeat(np.cumsum(parts) - parts, parts))
-    return shards[run], np.maximum(starts[run], block * k), np.minimum(stops[run], (block + 1) * k)
+    block = expand_runs(first, parts)
+    shards, starts, stops = (np.repeat(a, parts) for a in (shards, starts, stops))
+    return shards, np.maximum(starts, block * k), np.minimum(stops, (block + 1) * k)
 
 
 # ---- remainder policies: who gets which span of the global sequence ---------------------------------
@@ -489,12 +497,7 @@ class EpochPlan:
     def read_sequence(self, consumer: int) -> Tuple[np.ndarray, np.ndarray]:
         """``(shard, record)`` of every record the consumer reads, in reading order."""
         shards, starts, stops = self.piece_arrays(consumer)
-        lengths = stops - starts
-        total = int(lengths.sum())
-        piece_of = np.repeat(np.arange(len(lengths)), lengths)
-        first = np.cumsum(lengths) - lengths
-        records = starts[piece_of] + np.arange(total, dtype=np.int64) - first[piece_of]
-        return shards[piece_of], records
+        return np.repeat(shards, stops - starts), expand_runs(starts, stops - starts)
 
     def samples(self, consumer: int) -> Tuple[np.ndarray, np.ndarray]:
         """``(shard, record)`` of every sample the consumer emits, in emission order."""
@@ -541,15 +544,22 @@ class EpochPlan:
         piece, offset = self.locate(consumer, local)
         return Restart(emitted, local, piece, offset, skip)
 
-    def read_plan(self, consumer: int, emitted: int = 0) -> ReadOrder:
+    def read_plan(self, consumer: int, emitted: int = 0, reorder: Optional[np.ndarray] = None) -> ReadOrder:
         """What the consumer reads after emitting ``emitted`` samples, and in which order it emits it.
 
         The read sequence from :meth:`restart`'s point on and, under a shuffle buffer, the rest of
         the emission order over it (records already emitted are left out of it: read again, not
         emitted). Arrays only, for the C++ reader.
+
+        ``reorder``, indices into :meth:`read_sequence`, reads the sequence in that order instead (the
+        mounts of a rank taking turns, :func:`~dlstore.placement.mounts.read_in_turns`). An emission
+        order is over read positions, so it holds as it is: the records emitted are those at its
+        positions of the reordered sequence.
         """
         r = self.restart(consumer, emitted)
         shards, records = self.read_sequence(consumer)
+        if reorder is not None:
+            shards, records = shards[reorder], records[reorder]
         order = self.order(consumer)
         emit = None if order is None else order[emitted:] - r.local
         return ReadOrder(shards[r.local:], records[r.local:], emit)
