@@ -18,7 +18,7 @@ from typing import Any, Dict, Iterator, Mapping, MutableMapping, Optional, Proto
 
 from dlstore import settings
 
-__all__ = ["Source", "ReadOptions", "ON_ERROR"]
+__all__ = ["Source", "ReadOptions", "ON_ERROR", "state_at", "start_at"]
 
 #: What a source does with a corrupt record: raise, skip (counted), or skip with a warning each.
 ON_ERROR = ("raise", "skip", "warn")
@@ -196,3 +196,18 @@ class Source(Protocol):
 
     def stats(self) -> Dict[str, Any]:
         """Counters of the last pass, with ``engine`` and ``engine_reason``."""
+
+
+def state_at(source: Source, epoch: int, sample_in_epoch: int) -> Dict[str, Any]:
+    """``source``'s state with its position moved to sample ``sample_in_epoch`` of ``epoch``: what a
+    consumer (a loader, an adapter) that prefetches saves for it, at the position it has really used."""
+    return dict(source.state_dict(), epoch=int(epoch), sample_in_epoch=int(sample_in_epoch))
+
+
+def start_at(source: Source, epoch: int, sample_in_epoch: int = 0) -> None:
+    """Puts ``source`` at sample ``sample_in_epoch`` of ``epoch``: its next :meth:`~Source.batches`
+    starts there (the epoch's start through ``set_epoch``, mid-epoch through ``load_state_dict``)."""
+    if sample_in_epoch:
+        source.load_state_dict(state_at(source, epoch, sample_in_epoch))
+    else:
+        source.set_epoch(epoch)

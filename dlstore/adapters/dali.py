@@ -32,6 +32,7 @@ from dlstore.adapters.base import LastBatch, check_last_batch, current_world, im
 from dlstore.errors import DlstoreError
 from dlstore.pipeline.decode import IMAGENET_MEAN, IMAGENET_STD
 from dlstore.pipeline.stages import available_cores
+from dlstore.source import start_at, state_at
 
 __all__ = ["dali_pipeline", "EncodedSamples"]
 
@@ -98,13 +99,12 @@ class EncodedSamples:
     def state_dict(self) -> dict:
         """``epoch``, ``sample_in_epoch`` and the source's state: where the next iteration starts."""
         return {"epoch": self.epoch, "sample_in_epoch": self.sample_in_epoch,
-                "source": dict(self.source.state_dict(), epoch=self.epoch, sample_in_epoch=self.sample_in_epoch)}
+                "source": state_at(self.source, self.epoch, self.sample_in_epoch)}
 
     def load_state_dict(self, state: dict) -> None:
         """Resumes at a :meth:`state_dict`: the next iteration goes on from there."""
         self.epoch, self.sample_in_epoch = int(state["epoch"]), int(state["sample_in_epoch"])
-        self.source.load_state_dict(state.get("source") or dict(self.source.state_dict(), epoch=self.epoch,
-                                                                 sample_in_epoch=self.sample_in_epoch))
+        self.source.load_state_dict(state.get("source") or state_at(self.source, self.epoch, self.sample_in_epoch))
 
     def _samples(self, source) -> Iterator[Tuple[List[np.ndarray], np.ndarray]]:
         """Per chunk of records: image views and labels."""
@@ -121,10 +121,7 @@ class EncodedSamples:
 
     def __iter__(self) -> Iterator[Tuple[List[np.ndarray], np.ndarray]]:
         source = self.source
-        if self.sample_in_epoch:  # resumed mid-epoch
-            source.load_state_dict(dict(source.state_dict(), epoch=self.epoch, sample_in_epoch=self.sample_in_epoch))
-        else:
-            source.set_epoch(self.epoch)
+        start_at(source, self.epoch, self.sample_in_epoch)  # mid-epoch when resumed
         size = self.batch_size
         images: List[np.ndarray] = []
         labels: List[np.ndarray] = []

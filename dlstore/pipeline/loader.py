@@ -20,7 +20,7 @@ import numpy as np
 from dlstore.errors import DlstoreError
 from dlstore.pipeline.prefetch import BatchRing, Prefetcher
 from dlstore.pipeline.stages import Pipeline, check_last_batch
-from dlstore.source import ReadOptions, Source
+from dlstore.source import ReadOptions, Source, start_at, state_at
 
 __all__ = ["Loader"]
 
@@ -249,13 +249,8 @@ class Loader:
         ``"source"`` with its ``epoch`` and ``sample_in_epoch`` set to the consumer's, so the source
         can be put back there.
         """
-        state: Dict[str, Any] = {"epoch": self._epoch, "sample_in_epoch": self._position, "seed": self.seed}
-        state["source"] = self._source_state(self._epoch, self._position)
-        return state
-
-    def _source_state(self, epoch: int, position: int) -> Dict[str, Any]:
-        """The source's state at the consumer's ``epoch`` and ``position``."""
-        return dict(self.source.state_dict(), epoch=epoch, sample_in_epoch=position)
+        return {"epoch": self._epoch, "sample_in_epoch": self._position, "seed": self.seed,
+                "source": state_at(self.source, self._epoch, self._position)}
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Resumes at a :meth:`state_dict`: the next iteration starts at its epoch and sample.
@@ -282,7 +277,7 @@ class Loader:
         if seed != self.seed:
             raise ValueError(f"the state was saved with seed {seed}; this loader has seed {self.seed}: "
                              f"its samples would differ")
-        self.source.load_state_dict(state.get("source") or self._source_state(epoch, position))
+        self.source.load_state_dict(state.get("source") or state_at(self.source, epoch, position))
         self._epoch, self._position = epoch, position
 
     # ---- what happened ----
@@ -343,10 +338,7 @@ class _Producer:
             first = epoch == self.first_epoch
             position = self.first_position if first else 0
             # The source starts where the consumer is: mid-epoch after a resume or a loop broken off.
-            if position:
-                self.source.load_state_dict(dict(self.source.state_dict(), epoch=epoch, sample_in_epoch=position))
-            else:
-                self.source.set_epoch(epoch)
+            start_at(self.source, epoch, position)
             self._epoch(prefetcher, epoch, position)
             if prefetcher.stopping:
                 return
