@@ -63,12 +63,14 @@ def measure(plan: Dict) -> Dict:
 
     from dlstore.bench import cache
     from dlstore.dataset import Dataset
+    from dlstore.placement import expand_runs
 
     ds = Dataset(plan["files"], io=plan["engine"], shuffle=plan["shuffle"], batch_size=plan["batch_size"],
                  remainder="uneven", seed=plan["seed"])
     # Every frame of the dataset as one sorted key (shard, offset), to tell which record a batch holds.
-    shard_of = np.repeat(np.arange(len(ds.shards)), ds.counts + 1)
-    keys = (shard_of << 40) | ds._frames[:-1]
+    shard_of = np.repeat(np.arange(len(ds.shards)), ds.counts)
+    offsets, _ = ds.index.frames(shard_of, expand_runs(np.zeros(len(ds.counts), np.int64), ds.counts))
+    keys = (shard_of << 40) | offsets
     if plan["cache"] == "cold":  # the untimed epoch is cold too, for its rate
         cache.make_cold(plan["files"])
     t0 = time.perf_counter()

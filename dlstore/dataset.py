@@ -25,14 +25,14 @@ from typing import Any, Dict, Iterator, List, Mapping, NamedTuple, Optional, Seq
 import numpy as np
 
 from dlstore import settings
-from dlstore.errors import DlstoreError, DlstoreIOError, PlacementError
-from dlstore.indexing import ensure_index
+from dlstore.errors import DlstoreIOError, PlacementError
+from dlstore.indexing import index_dataset
 from dlstore.io.failover import MountHealth
 from dlstore.io.select import EngineChoice, resolve_engine
 from dlstore.placement.mounts import assign_mounts, mount_for, mounts_for, read_in_turns
 from dlstore.placement.sharding import SHUFFLES, EpochPlan, ReadOrder, SamplerState
 from dlstore.placement.world import World, detect_world
-from dlstore.reader import CorruptionWarnings, detect_files, expand_paths
+from dlstore.reader import CorruptionWarnings, expand_paths
 from dlstore.source import ReadOptions
 
 __all__ = ["Dataset"]
@@ -133,16 +133,14 @@ class Dataset:
         self.seed, self.shuffle_shards, self.shuffle, self.remainder = seed, shuffle_shards, shuffle, remainder
         self.batch_size = None if batch_size is None else int(batch_size)
         self.block_size = settings.get("block_size", block_size)
-        # Indexes and the format come from each shard's first copy (replicas are the same bytes).
+        # Indexes and the format come from each shard's first copy (replicas are the same bytes): one
+        # manifest per directory, built (once, under a lock) where there is none.
         first = (self.shards if self._layout is None else
                  [self._layout.path(i, self._layout.holders[i][0]) for i in range(len(self.shards))])
-        self.format, comps = detect_files(first, format)
-        compressed = [p for p, c in zip(first, comps) if c != "none"]
-        if compressed:
-            raise DlstoreError(f"{compressed[0]}: compressed shards cannot be split by record between ranks; "
-                               f"read them with dlstore.open_records, or store them uncompressed")
-        self.counts = self._index(first, progress)
-        total_bytes = int(self._frames[self._frame_base[-1]]) if len(self.shards) else 0
+        self.index = index_dataset(first, format, progress)
+        self.format = self.index.format
+        self.counts = self.index.counts
+        total_bytes = int(self.index.sizes.sum())
         total = int(self.counts.sum())
         #: Mean bytes of a record's frame: blocks and the shuffle buffer are sized in records from it.
         self.mean_record_bytes = total_bytes / total if total else 0.0
@@ -205,35 +203,6 @@ class Dataset:
     def rank_mounts(self) -> List[str]:
         """The mount points this rank reads through."""
         return [self.mounts[m] for m in self._rank_mounts]
-
-    def _index(self, paths: List[str], progress: bool) -> np.ndarray:
-        from dlstore._progress import Progress
-
-        counts = np.zeros(len(paths), dtype=np.int64)
-        frames = []
-        bar = Progress(len(paths), "indexing shards", unit="shards") if progress else None
-        for i, path in enumerate(paths):
-            try:
-                _, offsets = ensure_index(path, self.format)
-            except DlstoreError:
-                raise
-            except (OSError, ValueError) as e:
-                raise DlstoreError(f"{path}: cannot index the shard: {e}", path=path) from e
-            # Frame starts and, last, the end of the file: record r is bytes [f[r], f[r + 1]).
-            frames.append(np.append(np.asarray(offsets, dtype=np.int64), os.path.getsize(path)))
-            counts[i] = len(offsets)
-            if bar:
-                bar.update(1)
-        if bar:
-            bar.close()
-        # All shards' frame tables end to end; shard s's starts at _frame_base[s]. The last entry of
-        # _frame_base is past the end and _frames there holds the total bytes of all shards.
-        self._frame_base = np.zeros(len(paths) + 1, dtype=np.int64)
-        self._frame_base[1:] = np.cumsum(counts + 1)
-        self._frames = np.concatenate(frames + [np.zeros(1, np.int64)]) if frames else np.zeros(1, np.int64)
-        sizes = np.array([f[-1] for f in frames], dtype=np.int64)
-        self._frames[-1] = int(sizes.sum())
-        return counts
 
     # ---- the epoch --------------------------------------------------------------------------------
 
@@ -311,9 +280,7 @@ class Dataset:
 
     def _reader_plan(self, epoch: int, emitted: int, health: MountHealth) -> _ReaderPlan:
         shards, records, emit = self.read_order(epoch, emitted)
-        frame = self._frame_base[shards] + records
-        offset = self._frames[frame]
-        size = self._frames[frame + 1] - offset
+        offset, size = self.index.frames(shards, records)
         if self._layout is None:  # one place per shard: a failed read is retried there (_fail_over)
             return _ReaderPlan(self.shards, None, shards, offset, size, emit, shards, records,
                                [(s, 0) for s in range(len(self.shards))])
@@ -425,7 +392,7 @@ class Dataset:
         if record is None:
             record = block * self.block_records
         if offset is None:
-            offset = int(self._frames[self._frame_base[shard] + record])
+            offset = int(self.index.frames([shard], [record])[0][0])
         if self._layout is None:
             places = [("", self.shards[shard])]
         else:

@@ -1,17 +1,29 @@
 """Index files built on the fly: one sequential pass over a file, written beside it, or in the cache
-directory when the data is read-only, and checked against the data before use."""
+directory when the data is read-only, and checked against the data before use.
+
+Two kinds: a per-file index (``x.idx``, in the text formats DALI and MXNet read), and a dataset
+manifest per directory (:mod:`dlstore.formats.manifest`), which is what :class:`dlstore.Dataset`
+opens: one file for every shard of the directory, checked against the shards' sizes and mtimes,
+brought up to date under a lock when shards were added, rewritten or removed."""
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
+import mmap
 import os
-from typing import Optional, Tuple
+import warnings
+from typing import Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
 from dlstore import settings
+from dlstore.errors import DlstoreError
 from dlstore.formats import index as index_format
+from dlstore.formats.manifest import MANIFEST_NAME, Manifest, decode_manifest, encode_manifest
 
-__all__ = ["index_path_for", "build_index", "load_index", "find_index", "ensure_index"]
+__all__ = ["index_path_for", "build_index", "scan_offsets", "load_index", "find_index", "ensure_index",
+           "manifest_path_for", "read_manifest", "write_manifest", "DatasetIndex", "index_dataset"]
 
 
 def index_path_for(path: str, fmt: str = "tfrecord", writable: Optional[bool] = None) -> str:
@@ -51,7 +63,7 @@ def build_index(path: str, fmt: str = "auto", out: Optional[str] = None, verify:
         When ``path`` names more than one file (an index describes one file), or the file is
         compressed.
     """
-    from dlstore.reader import expand_paths, open_records
+    from dlstore.reader import expand_paths
 
     files = expand_paths(path)
     if len(files) != 1:
@@ -59,6 +71,31 @@ def build_index(path: str, fmt: str = "auto", out: Optional[str] = None, verify:
         raise ValueError(f"{path!r} names {len(files)} files ({shown}); an index describes one file: "
                          f"build one per file")
     path = files[0]
+    fmt, offs, lens = scan_offsets(path, fmt, verify)
+    if fmt == "tfrecord":
+        text = index_format.format_tfrecord_index(offs, index_format.frame_sizes(lens))
+    else:
+        text = index_format.format_recordio_index(range(len(offs)), offs)
+    dest = out or index_path_for(path, fmt)
+    os.makedirs(os.path.dirname(os.path.abspath(dest)), exist_ok=True)
+    tmp = dest + f".tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, dest)  # a reader never sees half an index
+    return dest, len(offs)
+
+
+def scan_offsets(path: str, fmt: str = "auto", verify: bool = True) -> Tuple[str, np.ndarray, np.ndarray]:
+    """``(format, frame offsets, payload lengths)`` of one uncompressed record file, from one
+    sequential pass (CRCs checked when ``verify``).
+
+    Raises
+    ------
+    ValueError
+        When the file is compressed (its records have no byte offsets).
+    """
+    from dlstore.reader import open_records
+
     reader = open_records(path, format=fmt, io="buffered", verify=verify)
     if reader.compression[0] != "none":
         raise ValueError(f"{path}: compressed files cannot be indexed by byte offset")
@@ -68,17 +105,7 @@ def build_index(path: str, fmt: str = "auto", out: Optional[str] = None, verify:
         lengths.append(np.array(batch.lengths))
     offs = np.concatenate(offsets) if offsets else np.zeros(0, np.uint64)
     lens = np.concatenate(lengths) if lengths else np.zeros(0, np.uint64)
-    if reader.format == "tfrecord":
-        text = index_format.format_tfrecord_index(offs, index_format.frame_sizes(lens))
-    else:
-        text = index_format.format_recordio_index(range(len(offs)), offs)
-    dest = out or index_path_for(path, reader.format)
-    os.makedirs(os.path.dirname(os.path.abspath(dest)), exist_ok=True)
-    tmp = dest + f".tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, dest)  # a reader never sees half an index
-    return dest, len(offs)
+    return reader.format, offs, lens
 
 
 def load_index(path: str, index_path: str, fmt: str = "tfrecord") -> np.ndarray:
@@ -152,3 +179,267 @@ def ensure_index(path: str, fmt: str = "tfrecord") -> Tuple[str, np.ndarray]:
         return found, offsets
     dest, _ = build_index(path, fmt)
     return dest, load_index(path, dest, fmt)
+
+
+# ---- dataset manifests ------------------------------------------------------------------------------
+
+def manifest_path_for(directory: str, writable: Optional[bool] = None) -> str:
+    """Where the manifest of ``directory`` lives: inside it (``.dlstore-manifest``), or under
+    ``<cache_dir>/manifests/`` when the directory is not writable."""
+    directory = os.path.abspath(directory)
+    if writable is None:
+        writable = os.access(directory, os.W_OK)
+    if writable:
+        return os.path.join(directory, MANIFEST_NAME)
+    digest = hashlib.sha1(directory.encode()).hexdigest()[:16]
+    return os.path.join(os.path.expanduser(settings.get("cache_dir")), "manifests", digest + MANIFEST_NAME)
+
+
+def read_manifest(directory: str) -> Tuple[Optional[str], Optional[Manifest], Optional[str]]:
+    """The manifest of ``directory`` (inside it, else in the cache), mapped, not checked against the
+    shards. Returns ``(path, manifest, None)``; ``(path, None, why)`` for one that cannot be read;
+    ``(None, None, None)`` when there is none."""
+    refused: Tuple[Optional[str], Optional[Manifest], Optional[str]] = (None, None, None)
+    for candidate in (manifest_path_for(directory), manifest_path_for(directory, writable=False)):
+        try:
+            with open(candidate, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                buffer = mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ) if size else b""
+            return candidate, decode_manifest(buffer, candidate), None
+        except FileNotFoundError:
+            continue
+        except (OSError, ValueError) as e:
+            refused = (candidate, None, str(e))
+    return refused
+
+
+def write_manifest(dest: str, fmt: str, names: Sequence[str], sizes, mtimes, counts, offsets) -> str:
+    """Writes a manifest to ``dest`` atomically (a reader sees the old one or the new one)."""
+    os.makedirs(os.path.dirname(dest), exist_ok=True)
+    tmp = f"{dest}.tmp{os.getpid()}"
+    with open(tmp, "wb") as f:
+        for piece in encode_manifest(fmt, names, sizes, mtimes, counts, offsets):
+            f.write(piece)
+    os.replace(tmp, dest)
+    return dest
+
+
+@contextlib.contextmanager
+def _locked(dest: str) -> Iterator[None]:
+    """Holds an exclusive lock beside ``dest`` while one process builds it; the others wait here."""
+    os.makedirs(os.path.dirname(dest), exist_ok=True)
+    fd = os.open(dest + ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock; the file stays, so that no two processes lock different inodes
+
+
+class _Stale(NamedTuple):
+    """How a manifest differs from the shards asked for: per shard its entry (-1: none), and what
+    changed, in words naming each shard."""
+
+    where: np.ndarray
+    problems: List[str]
+
+
+def _compare(manifest: Manifest, directory: str, names: List[str], stats: List[os.stat_result],
+             fmt: str) -> _Stale:
+    lookup = {n: i for i, n in enumerate(manifest.names)}
+    where = np.array([lookup.get(n, -1) for n in names], dtype=np.int64)
+    problems: List[str] = []
+    if fmt != "auto" and manifest.format != fmt:
+        problems.append(f"it describes {manifest.format} shards, not {fmt}")
+    known = where >= 0
+    size = np.array([s.st_size for s in stats], dtype=np.int64)
+    mtime = np.array([s.st_mtime_ns for s in stats], dtype=np.int64)
+    changed = known.copy()
+    changed[known] = (manifest.sizes[where[known]] != size[known]) | (manifest.mtimes[where[known]] != mtime[known])
+    problems += [f"shard {names[i]} is not in it (added)" for i in np.flatnonzero(~known)]
+    problems += [f"shard {names[i]} was rewritten (size or mtime changed)" for i in np.flatnonzero(changed)]
+    present = set(os.listdir(directory))
+    problems += [f"shard {n} was removed" for n in manifest.names if n not in present]
+    return _Stale(np.where(changed, -1, where), problems)
+
+
+def _scan_shards(paths: List[str], fmt: str, verify: bool, bar=None) -> Tuple[str, List[np.ndarray]]:
+    """The format and each shard's frame offsets: from valid per-file indexes where there are, the
+    rest in one sequential pass of one reader over all of them."""
+    from dlstore.reader import RecordReader, detect_files, open_records
+
+    if not paths:
+        return fmt, []
+    fmt, comps = detect_files(paths, fmt)
+    squeezed = [p for p, c in zip(paths, comps) if c != "none"]
+    if squeezed:
+        raise DlstoreError(f"{squeezed[0]}: compressed shards cannot be split by record between ranks; read them "
+                           f"with dlstore.open_records, or store them uncompressed", path=squeezed[0])
+    found = [find_index(p, fmt)[1] for p in paths]
+    todo = [i for i, offs in enumerate(found) if offs is None]
+    if todo:
+        reader: RecordReader = open_records([paths[i] for i in todo], format=fmt, io="buffered", verify=verify)
+        files, offsets = [], []
+        for batch in reader.batches():
+            files.append(np.array(batch.file_indices, dtype=np.int64))
+            offsets.append(np.array(batch.file_offsets, dtype=np.uint64))
+            if bar is not None:
+                bar.update(batch.nbytes)
+        file = np.concatenate(files) if files else np.zeros(0, np.int64)
+        offset = np.concatenate(offsets) if offsets else np.zeros(0, np.uint64)
+        order = np.lexsort((offset, file))
+        file, offset = file[order], offset[order]
+        bounds = np.searchsorted(file, np.arange(len(todo) + 1))
+        for k, i in enumerate(todo):
+            found[i] = offset[bounds[k]:bounds[k + 1]]
+    return fmt, [np.asarray(o, dtype=np.uint64) for o in found]
+
+
+def _build(directory: str, dest: str, old: Optional[Manifest], stale: Optional[_Stale], names: List[str],
+           stats: List[os.stat_result], fmt: str, progress: bool, verify: bool) -> Manifest:
+    """A manifest for ``names`` (and the old one's entries whose shards are unchanged), written to ``dest``."""
+    from dlstore._progress import Progress
+
+    entries: Dict[str, Tuple[int, int, np.ndarray]] = {}  # name -> (size, mtime, offsets)
+    fmts = set()
+    if old is not None:  # unchanged entries stay, including shards of the directory not asked for now
+        asked = dict(zip(names, stats))
+        for i, name in enumerate(old.names):
+            try:
+                st = asked.get(name) or os.stat(os.path.join(directory, name))
+            except FileNotFoundError:
+                continue
+            if (st.st_size, st.st_mtime_ns) == (int(old.sizes[i]), int(old.mtimes[i])):
+                entries[name] = (st.st_size, st.st_mtime_ns, old.shard_offsets(i).astype(np.uint64))
+                fmts.add(old.format)
+    todo = [(n, s) for n, s in zip(names, stats) if n not in entries]
+    if todo:
+        total = sum(st.st_size for _, st in todo)
+        with Progress(total, f"indexing {len(todo)} shards", unit="B", enabled=None if progress else False) as bar:
+            shard_fmt, scans = _scan_shards([os.path.join(directory, n) for n, _ in todo], fmt, verify, bar)
+        fmts.add(shard_fmt)
+        for (name, st), offsets in zip(todo, scans):
+            entries[name] = (st.st_size, st.st_mtime_ns, offsets)
+    if len(fmts) > 1:
+        raise DlstoreError(f"{directory}: the shards mix formats {sorted(fmts)}; read each format apart",
+                           path=directory)
+    order = sorted(entries)
+    offsets = [entries[n][2] for n in order]
+    write_manifest(dest, fmts.pop() if fmts else (fmt if fmt != "auto" else "tfrecord"), order,
+                   [entries[n][0] for n in order], [entries[n][1] for n in order],
+                   [len(o) for o in offsets], np.concatenate(offsets) if offsets else np.zeros(0, np.uint64))
+    found, manifest, why = read_manifest(directory)
+    if manifest is None or found != dest:
+        raise DlstoreError(f"{dest}: the manifest just written cannot be read back: {why}", path=dest)
+    return manifest
+
+
+def _directory_manifest(directory: str, names: List[str], stats: List[os.stat_result], fmt: str,
+                        progress: bool, verify: bool) -> Tuple[str, Manifest, np.ndarray, List[str]]:
+    """The manifest of one directory covering ``names``, up to date: ``(path, manifest, entry of each
+    name, notes)``. Built or brought up to date under a lock when it is missing or stale."""
+    found, manifest, why = read_manifest(directory)
+    if manifest is not None:
+        stale = _compare(manifest, directory, names, stats, fmt)
+        if not stale.problems:
+            return found, manifest, stale.where, []
+    dest = manifest_path_for(directory)
+    try:
+        with _locked(dest):
+            # Another process may have built it while this one waited for the lock.
+            found, manifest, why = read_manifest(directory)
+            stale = _compare(manifest, directory, names, stats, fmt) if manifest is not None else None
+            if stale is not None and not stale.problems:
+                return found, manifest, stale.where, []
+            if stale is not None:
+                shown = "; ".join(stale.problems[:3]) + (f"; and {len(stale.problems) - 3} more"
+                                                         if len(stale.problems) > 3 else "")
+                notes = [f"{found} no longer matches its shards: {shown}; rebuilt it"]
+                warnings.warn(notes[0], stacklevel=4)
+            else:
+                refused = f" (the one found was refused: {why})" if why else ""
+                notes = [f"indexed {len(names)} shards of {directory} into {dest}{refused}"]
+            built = _build(directory, dest, manifest if fmt in ("auto", getattr(manifest, "format", fmt)) else None,
+                           stale, names, stats, fmt, progress, verify)
+    except PermissionError as e:
+        raise DlstoreError(f"{directory}: no manifest can be written ({e}); set DLSTORE_CACHE to a writable "
+                           f"directory", path=directory) from e
+    where = _compare(built, directory, names, stats, fmt)
+    if where.problems:  # a shard changed while it was being indexed
+        raise DlstoreError(f"{directory}: the shards changed while they were indexed ({where.problems[0]}); "
+                           f"try again", path=directory)
+    return dest, built, where.where, notes
+
+
+class DatasetIndex:
+    """Where every record of a dataset's shards lies, from one manifest per directory.
+
+    Attributes
+    ----------
+    format : str
+    counts, sizes : numpy.ndarray
+        Per shard (in the order given): records, bytes.
+    manifests : list of str
+        The manifest files read (one per directory).
+    notes : list of str
+        Manifests built or rebuilt, and why.
+    """
+
+    def __init__(self, paths: Sequence[str], fmt: str = "auto", progress: bool = False, verify: bool = True):
+        groups: Dict[str, List[int]] = {}
+        for i, p in enumerate(paths):
+            groups.setdefault(os.path.dirname(os.path.abspath(p)), []).append(i)
+        self._group = np.zeros(len(paths), dtype=np.int64)
+        self._entry = np.zeros(len(paths), dtype=np.int64)
+        self._manifests: List[Manifest] = []
+        self.manifests: List[str] = []
+        self.notes: List[str] = []
+        formats = set()
+        for g, (directory, members) in enumerate(groups.items()):
+            names = [os.path.basename(paths[i]) for i in members]
+            try:
+                stats = [os.stat(paths[i]) for i in members]
+            except FileNotFoundError as e:
+                raise DlstoreError(f"{e.filename}: no such file", path=e.filename) from None
+            found, manifest, where, notes = _directory_manifest(directory, names, stats, fmt, progress, verify)
+            self._group[members] = g
+            self._entry[members] = where
+            self._manifests.append(manifest)
+            self.manifests.append(found)
+            self.notes += notes
+            formats.add(manifest.format)
+        if len(formats) > 1:
+            raise DlstoreError(f"the shards mix formats {sorted(formats)}; read each format apart")
+        self.format = formats.pop() if formats else (fmt if fmt != "auto" else "tfrecord")
+        self.counts = np.zeros(len(paths), dtype=np.int64)
+        self.sizes = np.zeros(len(paths), dtype=np.int64)
+        for g, m in enumerate(self._manifests):
+            mine = self._group == g
+            self.counts[mine] = m.counts[self._entry[mine]]
+            self.sizes[mine] = m.sizes[self._entry[mine]]
+
+    def frames(self, shards: np.ndarray, records: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+        """``(offset, size)`` of record ``records[i]`` of shard ``shards[i]`` (int64 arrays)."""
+        shards = np.asarray(shards, dtype=np.int64)
+        records = np.asarray(records, dtype=np.int64)
+        if len(self._manifests) == 1:
+            return self._manifests[0].frames(self._entry[shards], records)
+        offset = np.empty(len(shards), dtype=np.int64)
+        size = np.empty(len(shards), dtype=np.int64)
+        group = self._group[shards]
+        for g, m in enumerate(self._manifests):
+            mine = np.flatnonzero(group == g)
+            if len(mine):
+                offset[mine], size[mine] = m.frames(self._entry[shards[mine]], records[mine])
+        return offset, size
+
+    def describe(self) -> str:
+        n = len(self.manifests)
+        return f"{self.manifests[0]}" if n == 1 else f"{n} manifests ({self.manifests[0]}, ...)"
+
+
+def index_dataset(paths: Sequence[str], fmt: str = "auto", progress: bool = False,
+                  verify: bool = True) -> DatasetIndex:
+    """The :class:`DatasetIndex` of ``paths``: their directories' manifests, built or brought up to
+    date where they are missing or no longer match the shards (with a warning naming the shards)."""
+    return DatasetIndex(paths, fmt, progress, verify)

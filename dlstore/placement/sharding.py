@@ -34,7 +34,7 @@ import numpy as np
 from dlstore.errors import PlacementError
 
 __all__ = ["Piece", "Restart", "ReadOrder", "EpochPlan", "SamplerState", "IndexSampler", "REMAINDERS",
-           "SHUFFLES", "shard_order", "global_permutation", "buffer_order", "random_words", "merge_runs",
+           "SHUFFLES", "shard_order", "global_permutation", "permute", "buffer_order", "random_words", "merge_runs",
            "cut_blocks", "expand_runs"]
 
 # Purposes of the random streams: each has its own key, so that e.g. turning the shard shuffle on
@@ -128,9 +128,61 @@ def shard_order(num_shards: int, seed: int, epoch: int, shuffle: bool = True) ->
     return _permutation(num_shards, seed, epoch, _STREAM_SHARDS)
 
 
+# A Feistel network over the smallest even number of bits that covers the domain, walked until it
+# lands inside it: a seeded bijection of 0..total-1 computed at any position without the others.
+_FEISTEL_ROUNDS = 6
+_MIX_1 = np.uint64(0x9E3779B97F4A7C15)
+_MIX_2 = np.uint64(0xBF58476D1CE4E5B9)
+_MIX_3 = np.uint64(0x94D049BB133111EB)
+
+
+def _feistel_round(half: np.ndarray, key: np.uint64, mask: np.uint64) -> np.ndarray:
+    x = (half ^ key) * _MIX_1  # splitmix64's finaliser: every input bit reaches every output bit
+    x = (x ^ (x >> np.uint64(30))) * _MIX_2
+    x = (x ^ (x >> np.uint64(27))) * _MIX_3
+    return (x ^ (x >> np.uint64(31))) & mask
+
+
+def permute(positions: np.ndarray, total: int, seed: int, epoch: int, stream: int = _STREAM_GLOBAL,
+            *more: int) -> np.ndarray:
+    """Where a seeded permutation of ``0..total-1`` sends each of ``positions``, each computed on its
+    own: a cost in the positions asked for, not in ``total``.
+
+    The permutation is a six-round Feistel network keyed by (seed, epoch, stream, *more) over the
+    smallest even number of bits covering ``total`` (at most four times as many values), applied
+    again to a value that lands outside ``0..total-1`` until it lands inside (cycle walking), which
+    keeps it a bijection of ``0..total-1``.
+    """
+    x = np.asarray(positions, dtype=np.int64)
+    if total < 0 or (len(x) and (x.min() < 0 or x.max() >= total)):
+        raise PlacementError(f"positions must lie in 0..{total - 1}")
+    if total <= 1:
+        return x.copy()
+    bits = max(2, int(total - 1).bit_length())
+    half = np.uint64((bits + 1) // 2)
+    mask = np.uint64((1 << int(half)) - 1)
+    keys = random_words(_FEISTEL_ROUNDS, seed, epoch, stream, *more)
+    bound = np.uint64(total)
+
+    def encrypt(v: np.ndarray) -> np.ndarray:
+        left, right = v >> half, v & mask
+        for key in keys:
+            left, right = right, left ^ _feistel_round(right, key, mask)
+        return (left << half) | right
+
+    out = encrypt(x.astype(np.uint64))
+    outside = np.flatnonzero(out >= bound)
+    while len(outside):
+        out[outside] = encrypt(out[outside])
+        outside = outside[out[outside] >= bound]
+    return out.astype(np.int64)
+
+
 def global_permutation(total: int, seed: int, epoch: int) -> np.ndarray:
-    """A seeded permutation of all ``total`` records of the epoch (positions in shard index order)."""
-    return _permutation(total, seed, epoch, _STREAM_GLOBAL)
+    """A seeded permutation of all ``total`` records of the epoch (positions in shard index order):
+    position ``i`` of the epoch holds record ``global_permutation(...)[i]``. A consumer computes only
+    its own positions with :func:`permute`; this materialises all of them."""
+    return permute(np.arange(total, dtype=np.int64), total, seed, epoch)
 
 
 def buffer_order(n: int, buffer_size: int, seed: int, epoch: int, consumer: int) -> np.ndarray:
@@ -296,13 +348,11 @@ def _global_pieces(plan: "EpochPlan", start: int, stop: int,
     """The consumer's part of the epoch's global permutation, consecutive records merged."""
     if stop <= start:
         return _no_pieces()
-    all_shards, all_records = plan._permuted_records
-    if stop <= plan.total:
-        shards, records = all_shards[start:stop], all_records[start:stop]
-    else:  # pad: wraps around
-        where = np.arange(start, stop, dtype=np.int64) % plan.total
-        shards, records = all_shards[where], all_records[where]
-    return merge_runs(shards, records)
+    where = np.arange(start, stop, dtype=np.int64) % plan.total  # pad: wraps around
+    picked = permute(where, plan.total, plan.seed, plan.epoch)
+    ends = np.cumsum(plan.counts)  # shards in index order
+    shards = np.searchsorted(ends, picked, "right")
+    return merge_runs(shards, picked - (ends - plan.counts)[shards])
 
 
 def merge_runs(shards: np.ndarray, records: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -436,16 +486,6 @@ class EpochPlan:
                 or not 0 <= consumer < self.num_consumers:
             raise PlacementError(f"consumer {consumer!r} is outside 0..{self.num_consumers - 1}")
         return int(consumer)
-
-    @property
-    def _permuted_records(self) -> Tuple[np.ndarray, np.ndarray]:
-        """``(shard, record)`` at each position of the epoch's global permutation (``global`` shuffle)."""
-        if ("perm", 0) not in self._cache:
-            q = global_permutation(self.total, self.seed, self.epoch)
-            shard_at = np.repeat(np.arange(len(self.counts), dtype=np.int64), self.counts)
-            shards = shard_at[q]
-            self._cache[("perm", 0)] = (shards, q - (np.cumsum(self.counts) - self.counts)[shards])
-        return self._cache[("perm", 0)]  # type: ignore[return-value]
 
     def span(self, consumer: int) -> Tuple[int, int]:
         """The consumer's positions ``[start, stop)`` in the global sequence (``pad``: may pass ``total``)."""
