@@ -30,8 +30,10 @@ def cmd_gen(args: argparse.Namespace) -> int:
 
 
 def cmd_index(args: argparse.Namespace) -> int:
-    """Builds index files (``offset size`` for TFRecord, ``key<TAB>offset`` for RecordIO)."""
-    from dlstore.indexing import build_index
+    """Builds index files (``offset size`` for TFRecord, ``key<TAB>offset`` for RecordIO, which DALI and
+    MXNet read) and one dataset manifest per directory (what dlstore.Dataset opens: one file for all
+    its shards). A read-only directory's go to the cache directory ($DLSTORE_CACHE)."""
+    from dlstore.indexing import build_index, index_dataset
     from dlstore.reader import expand_paths
 
     files = expand_paths(args.paths)
@@ -39,6 +41,14 @@ def cmd_index(args: argparse.Namespace) -> int:
         out = os.path.join(args.out_dir, os.path.basename(f) + ".idx") if args.out_dir else None
         dest, n = build_index(f, args.format, out=out)
         print(f"{f}: {n} records -> {dest}")
+    index = index_dataset(files, args.format)  # from the indexes just written: nothing is read again
+    for manifest in index.manifests:
+        where = os.path.dirname(manifest)
+        described = sorted({os.path.dirname(os.path.abspath(f)) for f in files})
+        if where not in described:
+            print(f"manifest: {manifest} (the data's directory is read-only: written to the cache directory)")
+        else:
+            print(f"manifest: {manifest}")
     return 0
 
 
@@ -108,12 +118,21 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     """Shows which rank reads which shard through which mount in one epoch: the layout the mounts
-    hold (replicated, striped or mixed), each rank's mounts, and its shards as shard@mount."""
+    hold (replicated, striped or mixed), each rank's mounts, and its shards as shard@mount. With
+    --simulate, plans one rank of a dataset given as counts only, and what that costs."""
     import json
 
     from dlstore.io.layout import record_counts, scan_layout
     from dlstore.placement.mounts import plan_mounts
 
+    if args.simulate:
+        from dlstore.tools.simulate import run_simulate
+
+        return run_simulate(args)
+    if not args.mounts:
+        print("dlstore plan: give --mounts (the mount points holding the dataset), or --simulate "
+              "SHARDS:RECORDS_PER_SHARD", file=sys.stderr)
+        return 2
     layout = scan_layout(args.mounts, args.shards)
     counts, counted = record_counts(layout)
     remainder = args.remainder or ("pad" if counts is not None else "uneven")
@@ -124,8 +143,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
                        shuffle_shards=not args.no_shard_shuffle, shuffle=args.shuffle, remainder=remainder,
                        batch_size=args.batch_size)
     if args.json:
-        print(json.dumps(dict(plan.to_dict(), record_counts=counted), indent=1))
-        return 0
+        text = json.dumps(dict(plan.to_dict(), record_counts=counted), indent=1)
+        if args.json == "-":
+            print(text)
+            return 0
+        with open(args.json, "w") as f:
+            f.write(text)
     ep = plan.epoch_plan
     print(f"layout: {layout.describe()}")
     print(counted)
@@ -200,10 +223,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_plan_parser(sub) -> None:
     from dlstore.placement import ASSIGNMENTS, REMAINDERS, SHUFFLES
+    from dlstore.tools.simulate import parse_simulate
 
     pl = sub.add_parser("plan", help=cmd_plan.__doc__, description=cmd_plan.__doc__)
-    pl.add_argument("--mounts", nargs="+", required=True, help="mount point directories (the dataset root on each)")
+    pl.add_argument("--mounts", nargs="+", help="mount point directories (the dataset root on each)")
     pl.add_argument("--world-size", type=int, required=True, help="number of ranks")
+    pl.add_argument("--simulate", type=parse_simulate, metavar="SHARDS:RECORDS_PER_SHARD",
+                    help="plan one rank (--rank) of a dataset that exists only as counts, on --mounts-count "
+                         "mounts that each hold all of it, and say what it costs")
+    pl.add_argument("--mounts-count", type=int, default=1, help="with --simulate: the number of mounts")
+    pl.add_argument("--rank", type=int, default=0, help="with --simulate: the rank to plan")
+    pl.add_argument("--record-bytes", type=int, default=110_000,
+                    help="with --simulate: the mean record size, which sizes blocks and the shuffle buffer "
+                         "(default 110000, ImageNet's)")
     pl.add_argument("--shards", nargs="+", help="shard paths or globs relative to the mounts (default: all record "
                                                 "files under them)")
     pl.add_argument("--policy", default="rank", choices=sorted(ASSIGNMENTS), help="how ranks get mounts")
@@ -218,7 +250,8 @@ def _add_plan_parser(sub) -> None:
     pl.add_argument("--remainder", choices=sorted(REMAINDERS),
                     help="default: pad with record counts, uneven when whole shards are assigned")
     pl.add_argument("--batch-size", type=int, default=1)
-    pl.add_argument("--json", action="store_true", help="the full plan as JSON")
+    pl.add_argument("--json", nargs="?", const="-", metavar="FILE",
+                    help="the plan as JSON, to FILE or (without one) instead of the text")
 
 
 def main(argv: Optional[List[str]] = None) -> int:

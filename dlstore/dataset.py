@@ -30,7 +30,7 @@ from dlstore.indexing import index_dataset
 from dlstore.io.failover import MountHealth
 from dlstore.io.select import EngineChoice, resolve_engine
 from dlstore.placement.mounts import assign_mounts, mount_for, mounts_for, read_in_turns
-from dlstore.placement.sharding import SHUFFLES, EpochPlan, ReadOrder, SamplerState
+from dlstore.placement.sharding import SHUFFLES, EpochPlan, ReadOrder, SamplerState, shuffle_sizes
 from dlstore.placement.world import World, detect_world
 from dlstore.reader import CorruptionWarnings, expand_paths
 from dlstore.source import ReadOptions
@@ -144,13 +144,11 @@ class Dataset:
         total = int(self.counts.sum())
         #: Mean bytes of a record's frame: blocks and the shuffle buffer are sized in records from it.
         self.mean_record_bytes = total_bytes / total if total else 0.0
-        self.block_records = max(1, int(round(self.block_size / self.mean_record_bytes))) if total else 1
-        window = settings.get("shuffle_window", shuffle_window)
-        #: Blocks the block shuffle reorders among (0: the whole share).
-        self.block_window = max(2, int(round(window / self.block_size))) if window else 0
+        self.block_records, self.block_window, default_buffer = shuffle_sizes(
+            self.mean_record_bytes, self.block_size, settings.get("shuffle_window", shuffle_window),
+            settings.get("shuffle_buffer"))
         if buffer_size is None:
-            budget = settings.get("shuffle_buffer")
-            buffer_size = max(1, int(budget // self.mean_record_bytes)) if total else 1
+            buffer_size = default_buffer
         elif isinstance(buffer_size, bool) or int(buffer_size) < 1:
             raise ValueError(f"buffer_size must be at least 1 record, not {buffer_size!r}")
         self.buffer_size = int(buffer_size)
@@ -434,6 +432,7 @@ class Dataset:
         rank's mounts."""
         out = dict(self._last)
         out.update(engine=self.choice.engine, engine_reason=self.choice.reason, shuffle=self.describe_shuffle(),
+                   manifests=list(self.index.manifests), index_notes=list(self.index.notes),
                    mounts=self.rank_mounts, layout=self._layout.kind if self._layout is not None else "files",
                    world=repr(self.world))
         return out

@@ -23,7 +23,8 @@ from dlstore.formats import index as index_format
 from dlstore.formats.manifest import MANIFEST_NAME, Manifest, decode_manifest, encode_manifest
 
 __all__ = ["index_path_for", "build_index", "scan_offsets", "load_index", "find_index", "ensure_index",
-           "manifest_path_for", "read_manifest", "write_manifest", "DatasetIndex", "index_dataset"]
+           "manifest_path_for", "read_manifest", "write_manifest", "record_manifest", "DatasetIndex",
+           "index_dataset"]
 
 
 def index_path_for(path: str, fmt: str = "tfrecord", writable: Optional[bool] = None) -> str:
@@ -183,6 +184,9 @@ def ensure_index(path: str, fmt: str = "tfrecord") -> Tuple[str, np.ndarray]:
 
 # ---- dataset manifests ------------------------------------------------------------------------------
 
+_MAP_MANIFESTS_OVER = 64 << 20  # bytes
+
+
 def manifest_path_for(directory: str, writable: Optional[bool] = None) -> str:
     """Where the manifest of ``directory`` lives: inside it (``.dlstore-manifest``), or under
     ``<cache_dir>/manifests/`` when the directory is not writable."""
@@ -204,7 +208,13 @@ def read_manifest(directory: str) -> Tuple[Optional[str], Optional[Manifest], Op
         try:
             with open(candidate, "rb") as f:
                 size = os.fstat(f.fileno()).st_size
-                buffer = mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ) if size else b""
+                # A large manifest is mapped: a rank's pages are those of its own records, shared with
+                # the other ranks of the host through the page cache. A small one is read, so that no
+                # mapping holds the data's mount busy while a Dataset lives.
+                if size > _MAP_MANIFESTS_OVER:
+                    buffer = mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ)
+                else:
+                    buffer = f.read()
             return candidate, decode_manifest(buffer, candidate), None
         except FileNotFoundError:
             continue
@@ -295,9 +305,10 @@ def _scan_shards(paths: List[str], fmt: str, verify: bool, bar=None) -> Tuple[st
     return fmt, [np.asarray(o, dtype=np.uint64) for o in found]
 
 
-def _build(directory: str, dest: str, old: Optional[Manifest], stale: Optional[_Stale], names: List[str],
-           stats: List[os.stat_result], fmt: str, progress: bool, verify: bool) -> Manifest:
-    """A manifest for ``names`` (and the old one's entries whose shards are unchanged), written to ``dest``."""
+def _build(directory: str, dest: str, old: Optional[Manifest], names: List[str], stats: List[os.stat_result],
+           fmt: str, progress: bool, verify: bool, given: Optional[Dict[str, np.ndarray]] = None) -> Manifest:
+    """A manifest for ``names`` (and the old one's entries whose shards are unchanged), written to ``dest``;
+    the frame offsets of the shards in ``given`` are taken from it rather than read."""
     from dlstore._progress import Progress
 
     entries: Dict[str, Tuple[int, int, np.ndarray]] = {}  # name -> (size, mtime, offsets)
@@ -312,6 +323,10 @@ def _build(directory: str, dest: str, old: Optional[Manifest], stale: Optional[_
             if (st.st_size, st.st_mtime_ns) == (int(old.sizes[i]), int(old.mtimes[i])):
                 entries[name] = (st.st_size, st.st_mtime_ns, old.shard_offsets(i).astype(np.uint64))
                 fmts.add(old.format)
+    for name, st in zip(names, stats):
+        if given is not None and name in given:
+            entries[name] = (st.st_size, st.st_mtime_ns, np.asarray(given[name], dtype=np.uint64))
+            fmts.add(fmt)
     todo = [(n, s) for n, s in zip(names, stats) if n not in entries]
     if todo:
         total = sum(st.st_size for _, st in todo)
@@ -355,12 +370,13 @@ def _directory_manifest(directory: str, names: List[str], stats: List[os.stat_re
                 shown = "; ".join(stale.problems[:3]) + (f"; and {len(stale.problems) - 3} more"
                                                          if len(stale.problems) > 3 else "")
                 notes = [f"{found} no longer matches its shards: {shown}; rebuilt it"]
-                warnings.warn(notes[0], stacklevel=4)
+                if any(not p.endswith("(added)") for p in stale.problems):  # shards new to it are no news
+                    warnings.warn(notes[0], stacklevel=4)
             else:
                 refused = f" (the one found was refused: {why})" if why else ""
                 notes = [f"indexed {len(names)} shards of {directory} into {dest}{refused}"]
             built = _build(directory, dest, manifest if fmt in ("auto", getattr(manifest, "format", fmt)) else None,
-                           stale, names, stats, fmt, progress, verify)
+                           names, stats, fmt, progress, verify)
     except PermissionError as e:
         raise DlstoreError(f"{directory}: no manifest can be written ({e}); set DLSTORE_CACHE to a writable "
                            f"directory", path=directory) from e
@@ -369,6 +385,19 @@ def _directory_manifest(directory: str, names: List[str], stats: List[os.stat_re
         raise DlstoreError(f"{directory}: the shards changed while they were indexed ({where.problems[0]}); "
                            f"try again", path=directory)
     return dest, built, where.where, notes
+
+
+def record_manifest(directory: str, fmt: str, offsets: Dict[str, np.ndarray]) -> str:
+    """Adds shards whose frame offsets are known (copies of indexed shards) to the manifest of
+    ``directory`` without reading them; returns the manifest's path."""
+    dest = manifest_path_for(directory)
+    names = sorted(offsets)
+    stats = [os.stat(os.path.join(directory, n)) for n in names]
+    with _locked(dest):
+        _, old, _ = read_manifest(directory)
+        _build(directory, dest, old if old is not None and old.format == fmt else None, names, stats, fmt,
+               False, False, given=offsets)
+    return dest
 
 
 class DatasetIndex:
@@ -432,6 +461,10 @@ class DatasetIndex:
             if len(mine):
                 offset[mine], size[mine] = m.frames(self._entry[shards[mine]], records[mine])
         return offset, size
+
+    def shard_offsets(self, shard: int) -> np.ndarray:
+        """The frame offsets of shard ``shard`` (int64)."""
+        return self._manifests[int(self._group[shard])].shard_offsets(int(self._entry[shard]))
 
     def describe(self) -> str:
         n = len(self.manifests)

@@ -22,7 +22,7 @@ from dlstore.placement.sharding import EpochPlan, Piece, expand_runs
 from dlstore.placement.world import World
 
 __all__ = ["Layout", "LAYOUT_KINDS", "ASSIGNMENTS", "assign_mounts", "assign_all_mounts", "mount_for",
-           "mounts_for", "interleave_by_mount", "read_in_turns", "MountPlan", "plan_mounts"]
+           "mounts_for", "replicated_mounts", "interleave_by_mount", "read_in_turns", "MountPlan", "plan_mounts"]
 
 LAYOUT_KINDS = ("replicated", "striped", "mixed")
 
@@ -83,12 +83,17 @@ class Layout:
     def kind(self) -> str:
         """``replicated`` (every mount holds every shard), ``striped`` (every shard on one mount)
         or ``mixed``. One mount is ``replicated``."""
-        everywhere = len(self.mounts)
-        if all(len(h) == everywhere for h in self.holders):
+        if self.everywhere:
             return "replicated"
         if all(len(h) == 1 for h in self.holders):
             return "striped"
         return "mixed"
+
+    @functools.cached_property
+    def everywhere(self) -> bool:
+        """Whether every mount holds every shard."""
+        everywhere = len(self.mounts)
+        return all(len(h) == everywhere for h in self.holders)
 
     @functools.cached_property
     def holder_matrix(self) -> np.ndarray:
@@ -257,6 +262,8 @@ def mounts_for(layout: Layout, shards: Sequence[int], rank_mounts: Sequence[int]
     rank_mounts = np.asarray(rank_mounts, dtype=np.int64)
     if len(rank_mounts) and (rank_mounts.min() < 0 or rank_mounts.max() >= len(layout.mounts)):
         raise PlacementError(f"rank mounts {rank_mounts.tolist()} outside 0..{len(layout.mounts) - 1}")
+    if layout.everywhere and len(rank_mounts):
+        return replicated_mounts(pick, rank_mounts)
     held = layout.holder_matrix[shards]
     mine = held[:, rank_mounts] if len(rank_mounts) else np.zeros((len(shards), 0), bool)
     mine_count = mine.sum(axis=1)
@@ -268,6 +275,13 @@ def mounts_for(layout: Layout, shards: Sequence[int], rank_mounts: Sequence[int]
         other = held[~ok]
         chosen[~ok] = _nth_true(other, pick[~ok] % other.sum(axis=1))
     return chosen
+
+
+def replicated_mounts(picks: np.ndarray, rank_mounts: Sequence[int]) -> np.ndarray:
+    """:func:`mounts_for` when every mount holds every shard: the ``pick % k``-th of the rank's ``k``
+    mounts, for each ``pick`` (a shard index plus its block number). No layout needed."""
+    rank_mounts = np.asarray(rank_mounts, dtype=np.int64)
+    return rank_mounts[np.asarray(picks, dtype=np.int64) % len(rank_mounts)]
 
 
 def mount_for(layout: Layout, shard: Union[int, str], rank_mounts: Sequence[int],

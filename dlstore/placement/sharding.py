@@ -35,7 +35,7 @@ from dlstore.errors import PlacementError
 
 __all__ = ["Piece", "Restart", "ReadOrder", "EpochPlan", "SamplerState", "IndexSampler", "REMAINDERS",
            "SHUFFLES", "shard_order", "global_permutation", "permute", "buffer_order", "random_words", "merge_runs",
-           "cut_blocks", "expand_runs"]
+           "cut_blocks", "expand_runs", "shuffle_sizes"]
 
 # Purposes of the random streams: each has its own key, so that e.g. turning the shard shuffle on
 # does not change the buffer order.
@@ -254,6 +254,17 @@ def cut_blocks(shards: np.ndarray, starts: np.ndarray, stops: np.ndarray,
     block = expand_runs(first, parts)
     shards, starts, stops = (np.repeat(a, parts) for a in (shards, starts, stops))
     return shards, np.maximum(starts, block * k), np.minimum(stops, (block + 1) * k)
+
+
+def shuffle_sizes(mean_record_bytes: float, block_bytes: int, window_bytes: int,
+                  buffer_bytes: int) -> Tuple[int, int, int]:
+    """``(block_records, block_window, buffer_size)``: the byte sizes of a block, of the block
+    shuffle's window (0: the whole share) and of the shuffle buffer, in records of the mean size."""
+    window = max(2, int(round(window_bytes / block_bytes))) if window_bytes else 0
+    if mean_record_bytes <= 0:
+        return 1, window, 1
+    return (max(1, int(round(block_bytes / mean_record_bytes))), window,
+            max(1, int(buffer_bytes // mean_record_bytes)))
 
 
 # ---- remainder policies: who gets which span of the global sequence ---------------------------------

@@ -197,6 +197,8 @@ def run_expand(args: argparse.Namespace) -> int:
     print(f"{args.mode}: {made} of {len(r.outputs)} copies made ({sources} shards x {args.copies}) in "
           f"{os.path.abspath(args.out)}, {r.written_bytes / _MB:.1f} MB in {r.seconds:.1f} s ({rate:.0f} MB/s); "
           f"{r.skipped} already there; {r.indexes} indexes placed")
+    if r.manifest:
+        print(f"manifest: {r.manifest} (the copies' record offsets, taken from the sources)")
     for note in r.notes:
         print(f"note: {note}")
     if args.mode == "hardlink":

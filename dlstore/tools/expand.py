@@ -51,6 +51,9 @@ class ExpandResult:
         Copies that already existed with the source's size and were left alone.
     indexes : int
         Index files placed beside copies.
+    manifest : str or None
+        The manifest of ``out_dir`` the copies were added to (from the sources' offsets, without
+        reading the copies); None for compressed shards, which have none.
     notes : list of str
         Sources whose index could not be copied, and why.
     seconds : float
@@ -61,6 +64,7 @@ class ExpandResult:
     written_bytes: int = 0
     skipped: int = 0
     indexes: int = 0
+    manifest: Optional[str] = None
     notes: List[str] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -230,6 +234,13 @@ def expand_shards(paths: Union[str, Sequence[str]], out_dir: str, copies: int, *
         if note:
             result.notes.append(note)
 
+    try:  # the sources' record offsets, for the copies' manifest (one pass over the sources if unindexed)
+        from dlstore.indexing import index_dataset
+
+        source_index = index_dataset(sources)
+    except DlstoreError as e:
+        source_index = None
+        result.notes.append(f"no manifest for the copies: {e}")
     todo_set = set(d for _, d in todo)
     total = sum(sizes[s] for s, _ in todo)
     with Progress(total, f"expand x{copies}", unit="B", enabled=progress) as bar:
@@ -243,6 +254,12 @@ def expand_shards(paths: Union[str, Sequence[str]], out_dir: str, copies: int, *
             if indexes[s] is not None:
                 _place_index(indexes[s][0], indexes[s][1], d, mode)
                 result.indexes += 1
+    if source_index is not None:
+        from dlstore.indexing import record_manifest
+
+        where = {s: i for i, s in enumerate(sources)}
+        result.manifest = record_manifest(out_dir, source_index.format, {
+            os.path.basename(d): source_index.shard_offsets(where[s]) for s, d in plan})
     result.seconds = time.monotonic() - start
     return result
 

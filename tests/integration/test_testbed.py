@@ -261,7 +261,13 @@ def test_expand_command(tmp_path):
     out = dlstore("expand", "--copies", 3, tmp_path / "src", "--out", tmp_path / "out", "--quiet")
     assert out.returncode == 0, out.stderr
     assert "6 of 6 copies made (2 shards x 3)" in out.stdout and "6 indexes placed" in out.stdout
-    assert len(os.listdir(tmp_path / "out")) == 12
+    made = os.listdir(tmp_path / "out")
+    assert len([n for n in made if not n.startswith(".dlstore")]) == 12  # 6 copies and 6 indexes
+    assert ".dlstore-manifest" in made and "manifest: " in out.stdout
+    from dlstore.indexing import read_manifest
+
+    _, manifest, _ = read_manifest(str(tmp_path / "out"))
+    assert len(manifest.names) == 6 and all(".copy" in n for n in manifest.names)
     out = dlstore("expand", "--copies", 2, tmp_path / "src", "--out", tmp_path / "h", "--mode", "hardlink")
     assert out.returncode == 0 and "do NOT defeat caches" in out.stdout
 

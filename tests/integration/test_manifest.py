@@ -1,0 +1,171 @@
+"""Dataset manifests on real files: built once (one process under a lock), used by every later Dataset,
+checked against the shards, rebuilt naming the shard that changed; `dlstore index` and read-only data."""
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import dlstore
+from dlstore import indexing
+from dlstore.dataset import Dataset
+from dlstore.placement.world import World
+from tests.conftest import batch_records
+
+
+def _write(root, shards=5, records=12, tag=""):
+    os.makedirs(root, exist_ok=True)
+    data = {}
+    for s in range(shards):
+        recs = [f"{tag}s{s}r{i}|".encode() * (1 + (i * 7 + s) % 50) for i in range(records)]
+        with dlstore.TFRecordWriter(os.path.join(root, f"train-{s:03d}")) as w:
+            for r in recs:
+                w.write(r)
+        data[f"train-{s:03d}"] = recs
+    return data
+
+
+def _read_all(ds):
+    out = []
+    for batch in ds.batches():
+        out += batch_records(batch)
+    return out
+
+
+def test_one_manifest_no_per_file_indexes_and_the_data_read_back(tmp_path):
+    data = _write(tmp_path / "d")
+    ds = Dataset(str(tmp_path / "d" / "train-*"), shuffle="global", batch_size=4, remainder="uneven")
+    assert set(os.listdir(tmp_path / "d")) == set(data) | {".dlstore-manifest", ".dlstore-manifest.lock"}
+    assert ds.index.manifests == [str(tmp_path / "d" / ".dlstore-manifest")] and "indexed 5 shards" in ds.index.notes[0]
+    assert sorted(_read_all(ds)) == sorted(r for recs in data.values() for r in recs)
+    again = Dataset(str(tmp_path / "d" / "train-*"), shuffle="global", batch_size=4, remainder="uneven")
+    assert again.index.notes == [] and again.counts.tolist() == [12] * 5
+
+
+def test_a_subset_then_the_rest_of_a_directory(tmp_path):
+    _write(tmp_path / "d", shards=4)
+    Dataset(str(tmp_path / "d" / "train-00[01]"))
+    ds = Dataset(str(tmp_path / "d"))  # two more shards: added to the manifest, the first two kept
+    assert "train-002 is not in it (added)" in ds.index.notes[0]
+    _, m, _ = indexing.read_manifest(str(tmp_path / "d"))
+    assert m.names == [f"train-{s:03d}" for s in range(4)]
+
+
+@pytest.mark.parametrize("change", ["rewritten", "added", "removed"])
+def test_a_manifest_that_no_longer_matches_is_rebuilt_naming_the_shard(tmp_path, change):
+    _write(tmp_path / "d")
+    Dataset(str(tmp_path / "d" / "train-*"))
+    if change == "rewritten":  # same name, other records (and another size)
+        time.sleep(0.01)
+        new = _write(tmp_path / "new", shards=3, records=3, tag="X")["train-002"]
+        os.replace(tmp_path / "new" / "train-002", tmp_path / "d" / "train-002")
+        name = "train-002"
+    elif change == "added":
+        new = _write(tmp_path / "new", shards=6, records=2, tag="Y")["train-005"]
+        os.replace(tmp_path / "new" / "train-005", tmp_path / "d" / "train-005")
+        name = "train-005"
+    else:
+        os.remove(tmp_path / "d" / "train-001")
+        name, new = "train-001", []
+    if change == "added":  # a shard new to the manifest is added to it, with a note but no warning
+        ds = Dataset(str(tmp_path / "d" / "train-*"), batch_size=3, remainder="uneven")
+        assert f"shard {name} is not in it (added)" in ds.index.notes[0]
+    else:
+        with pytest.warns(UserWarning, match=f"no longer matches its shards: shard {name} was {change}"):
+            ds = Dataset(str(tmp_path / "d" / "train-*"), batch_size=3, remainder="uneven")
+    got = _read_all(ds)
+    assert all(r in got for r in new) and len(got) == int(ds.counts.sum())
+    _, m, _ = indexing.read_manifest(str(tmp_path / "d"))
+    assert (name in m.names) == (change != "removed")
+    assert Dataset(str(tmp_path / "d" / "train-*")).index.notes == []  # up to date now
+
+
+def test_a_damaged_manifest_is_rebuilt(tmp_path):
+    _write(tmp_path / "d")
+    Dataset(str(tmp_path / "d"))
+    with open(tmp_path / "d" / ".dlstore-manifest", "r+b") as f:
+        f.truncate(100)
+    ds = Dataset(str(tmp_path / "d"))
+    assert "was refused" in ds.index.notes[0] and int(ds.counts.sum()) == 60
+
+
+def test_read_only_data_gets_its_manifest_in_the_cache(tmp_path, monkeypatch):
+    # As root every directory is writable to os.access: the decision is simulated here, and made for
+    # real on a read-only mount in test_index_on_a_read_only_mount.
+    _write(tmp_path / "d")
+    monkeypatch.setenv("DLSTORE_CACHE", str(tmp_path / "cache"))
+    real = os.access
+    monkeypatch.setattr(indexing.os, "access", lambda p, m: False if str(p).endswith("/d") else real(p, m))
+    ds = Dataset(str(tmp_path / "d"))
+    assert ds.index.manifests[0].startswith(str(tmp_path / "cache" / "manifests"))
+    assert not any(n.startswith(".dlstore") for n in os.listdir(tmp_path / "d"))
+
+
+def test_ranks_starting_together_build_it_once(tmp_path):
+    _write(tmp_path / "d", shards=30, records=40)
+    script = ("import sys, dlstore\nfrom dlstore.placement.world import World\n"
+              "ds = dlstore.Dataset(sys.argv[1], world=World(rank=int(sys.argv[2]), size=4), shuffle='global')\n"
+              "print(len(ds.index.notes), sum(len(b) for b in ds.batches()))\n")
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "d"), str(r)], stdout=subprocess.PIPE,
+                              text=True) for r in range(4)]
+    outs = [p.communicate(timeout=120)[0].split() for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    assert sum(int(o[0]) for o in outs) == 1  # one built it, three waited and read it
+    assert sum(int(o[1]) for o in outs) == 1200
+
+
+def test_dlstore_index_writes_the_manifest(tmp_path):
+    _write(tmp_path / "d", shards=3)
+    out = subprocess.run([sys.executable, "-m", "dlstore", "index", str(tmp_path / "d")], capture_output=True,
+                         text=True)
+    assert out.returncode == 0, out.stderr
+    assert f"manifest: {tmp_path / 'd' / '.dlstore-manifest'}" in out.stdout
+    ds = Dataset(str(tmp_path / "d"), world=World(rank=1, size=2))
+    assert ds.index.notes == [] and int(ds.counts.sum()) == 36
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a read-only tmpfs needs root")
+def test_index_on_a_read_only_mount(tmp_path):
+    mnt = tmp_path / "ro"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mnt)]).returncode != 0:
+        pytest.skip("mount -t tmpfs failed here (no mount privilege in this container)")
+    try:
+        _write(mnt, shards=2)
+        subprocess.run(["mount", "-o", "remount,ro", str(mnt)], check=True)
+        env = dict(os.environ, DLSTORE_CACHE=str(tmp_path / "cache"))
+        out = subprocess.run([sys.executable, "-m", "dlstore", "index", str(mnt)], capture_output=True, text=True,
+                             env=env)
+        assert out.returncode == 0, out.stderr
+        assert "read-only: written to the cache directory" in out.stdout
+        assert str(tmp_path / "cache" / "manifests") in out.stdout
+    finally:
+        subprocess.run(["umount", str(mnt)])
+
+
+def test_expand_gives_the_copies_a_manifest_without_reading_them(tmp_path):
+    from dlstore.tools.expand import expand_shards
+
+    data = _write(tmp_path / "src", shards=2)
+    result = expand_shards(str(tmp_path / "src"), str(tmp_path / "big"), 3, progress=False)
+    assert result.manifest == str(tmp_path / "big" / ".dlstore-manifest")
+    ds = Dataset(str(tmp_path / "big"), shuffle="global", batch_size=5, remainder="uneven")
+    assert ds.index.notes == [] and len(ds.shards) == 6
+    assert sorted(_read_all(ds)) == sorted(r for recs in data.values() for r in recs for _ in range(3))
+
+
+def test_simulated_plan_json(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "dlstore", "plan", "--simulate", "1000:50", "--mounts-count", "4",
+                          "--world-size", "16", "--rank", "3", "--shuffle", "global", "--json",
+                          str(tmp_path / "p.json")], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    got = json.loads((tmp_path / "p.json").read_text())
+    assert got["records"] == 3125 and got["mounts"] == [3] and got["seconds"] > 0
+    assert "rank 3: mounts [3]; 3,125 records" in out.stdout
+    bad = subprocess.run([sys.executable, "-m", "dlstore", "plan", "--simulate", "1000", "--world-size", "2"],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "SHARDS:RECORDS_PER_SHARD" in bad.stderr and "Traceback" not in bad.stderr
+    assert np.isfinite(got["max_rss_mb"])

@@ -1,0 +1,46 @@
+"""The manifest's bytes (dlstore.formats.manifest): round trip, both offset widths, refusals."""
+import numpy as np
+import pytest
+
+from dlstore.formats.manifest import MAGIC, decode_manifest, encode_manifest
+
+
+def _pack(sizes, counts, offsets, names=None):
+    names = names or [f"s{i}" for i in range(len(sizes))]
+    return b"".join(bytes(p) for p in encode_manifest("tfrecord", names, sizes, [7] * len(sizes), counts, offsets))
+
+
+def test_round_trip_and_frames():
+    # Shard 0: frames at 0, 20, 50 in 80 bytes; shard 1: empty; shard 2: one frame of 16 bytes.
+    blob = _pack([80, 0, 16], [3, 0, 1], np.array([0, 20, 50, 0], np.uint64))
+    m = decode_manifest(blob)
+    assert m.format == "tfrecord" and m.names == ["s0", "s1", "s2"] and m.offsets.dtype == np.dtype("<u4")
+    assert m.first.tolist() == [0, 3, 3, 4] and m.mtimes.tolist() == [7, 7, 7]
+    offset, size = m.frames(np.array([0, 0, 0, 2]), np.array([0, 1, 2, 0]))
+    assert offset.tolist() == [0, 20, 50, 0] and size.tolist() == [20, 30, 30, 16]
+    assert m.shard_offsets(0).tolist() == [0, 20, 50] and m.shard_offsets(1).tolist() == []
+
+
+def test_wide_offsets_for_shards_over_4_gib():
+    big = 5 << 30
+    m = decode_manifest(_pack([big], [2], np.array([0, big - 100], np.uint64)))
+    assert m.offsets.dtype == np.dtype("<u8")
+    assert m.frames(np.array([0, 0]), np.array([0, 1]))[1].tolist() == [big - 100, 100]
+
+
+@pytest.mark.parametrize("damage, match", [
+    (lambda b: b"XXXXXXXX" + b[8:], "bad magic"),
+    (lambda b: b[:-4], "has .* bytes, its header describes"),
+    (lambda b: b[:20], "cut short"),
+    (lambda b: MAGIC + b[8:16] + b"{" * (len(b) - 16), "unreadable header"),
+])
+def test_damage_is_refused_naming_the_file(damage, match):
+    blob = _pack([80], [3], np.array([0, 20, 50], np.uint64))
+    with pytest.raises(ValueError, match=match) as e:
+        decode_manifest(damage(blob), "/data/.dlstore-manifest")
+    assert "/data/.dlstore-manifest" in str(e.value)
+
+
+def test_counts_must_match_offsets():
+    with pytest.raises(ValueError, match="3 records counted but 2 offsets"):
+        encode_manifest("tfrecord", ["a"], [10], [0], [3], np.array([0, 5], np.uint64))
