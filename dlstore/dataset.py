@@ -167,7 +167,7 @@ class Dataset:
 
     def _find_layout(self, shards: PathSpec, mounts: Optional[Sequence[str]]):
         if not mounts:
-            files = [os.path.abspath(p) for p in expand_paths(shards)]
+            files = [p if p.startswith(os.sep) else os.path.abspath(p) for p in expand_paths(shards)]
             return None, files
         from dlstore.io.layout import scan_layout
 

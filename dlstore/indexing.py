@@ -416,8 +416,11 @@ class DatasetIndex:
 
     def __init__(self, paths: Sequence[str], fmt: str = "auto", progress: bool = False, verify: bool = True):
         groups: Dict[str, List[int]] = {}
+        names: List[str] = []
         for i, p in enumerate(paths):
-            groups.setdefault(os.path.dirname(os.path.abspath(p)), []).append(i)
+            directory, _, name = (p if p.startswith(os.sep) else os.path.abspath(p)).rpartition(os.sep)
+            groups.setdefault(directory or os.sep, []).append(i)
+            names.append(name)
         self._group = np.zeros(len(paths), dtype=np.int64)
         self._entry = np.zeros(len(paths), dtype=np.int64)
         self._manifests: List[Manifest] = []
@@ -425,12 +428,12 @@ class DatasetIndex:
         self.notes: List[str] = []
         formats = set()
         for g, (directory, members) in enumerate(groups.items()):
-            names = [os.path.basename(paths[i]) for i in members]
             try:
                 stats = [os.stat(paths[i]) for i in members]
             except FileNotFoundError as e:
                 raise DlstoreError(f"{e.filename}: no such file", path=e.filename) from None
-            found, manifest, where, notes = _directory_manifest(directory, names, stats, fmt, progress, verify)
+            found, manifest, where, notes = _directory_manifest(directory, [names[i] for i in members], stats, fmt,
+                                                                progress, verify)
             self._group[members] = g
             self._entry[members] = where
             self._manifests.append(manifest)

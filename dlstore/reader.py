@@ -7,6 +7,7 @@ one consumer; :class:`dlstore.Dataset` places records over ranks, workers and mo
 """
 from __future__ import annotations
 
+import fnmatch
 import glob
 import os
 import warnings
@@ -43,6 +44,23 @@ def _list_directory(path: str) -> List[str]:
                   if _is_record_file_name(n) and os.path.isfile(os.path.join(path, n)))
 
 
+def _glob_files(pattern: str) -> List[str]:
+    """The files ``pattern`` matches, sorted. A pattern with wildcards in its last part only is matched
+    against one directory listing, whose entries say whether they are files without a ``stat`` each
+    (a glob over 20,000 shards on a cold cache costs a listing, not 20,000 inode reads)."""
+    directory, name = os.path.split(pattern)
+    if any(ch in directory for ch in "*?[") or not name:
+        return sorted(m for m in glob.glob(pattern) if os.path.isfile(m))
+    hidden_too = name.startswith(".")  # as glob: a leading dot is matched only by a leading dot
+    try:
+        with os.scandir(directory or ".") as entries:
+            return sorted(os.path.join(directory, e.name) for e in entries
+                          if (hidden_too or not e.name.startswith(".")) and fnmatch.fnmatchcase(e.name, name)
+                          and e.is_file())
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
 def expand_paths(paths: PathSpec) -> List[str]:
     """Files named by a path, a glob, a directory or a list of them.
 
@@ -62,7 +80,7 @@ def expand_paths(paths: PathSpec) -> List[str]:
     for p in paths:
         p = os.fspath(p)
         if any(ch in p for ch in "*?["):
-            matches = sorted(m for m in glob.glob(p) if os.path.isfile(m))
+            matches = _glob_files(p)
             if not matches:
                 raise DlstoreError(f"no file matches {p!r}", path=p)
             out.extend(matches)
