@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import glob
 import json
 import os
@@ -19,7 +20,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Dict, List, Mapping, Optional, Tuple
 
-__all__ = ["CudaFacts", "GdsVerdict", "probe_cuda", "gds_verdict", "device_missing", "parse_device",
+__all__ = ["CudaFacts", "GdsVerdict", "probe_cuda", "cuda_facts", "gds_verdict", "device_missing", "parse_device",
            "load_cuda_library", "kvikio_compat_env", "cufile_allows_compat", "find_library_file"]
 
 _NVFS_PROC = "/proc/driver/nvidia-fs"
@@ -288,6 +289,12 @@ def probe_cuda(*, init: bool = True, load: Loader = ctypes.CDLL, environ: Option
     except OSError:
         facts.cufile_json = ""
     return facts
+
+
+@functools.lru_cache(maxsize=1)
+def cuda_facts() -> CudaFacts:
+    """:func:`probe_cuda` once per process (``io="gds"``, ``io="auto"`` with a GPU target, the loader)."""
+    return probe_cuda()
 
 
 # ---- what the facts allow -----------------------------------------------------------------------
