@@ -288,7 +288,10 @@ class RecordReader:
         batches = self._batches(warn_stacklevel=3, positioned=False)
         try:
             for batch in batches:
-                mv = memoryview(batch)
+                if getattr(batch, "on_gpu", False):
+                    raise DlstoreError("io='gds' puts records in GPU memory: read them with batches() (each "
+                                       "batch's buffer is a CuPy array), not record by record")
+                mv = memoryview(getattr(batch, "buffer", batch))
                 for o, n in zip(batch.offsets.tolist(), batch.lengths.tolist()):
                     yield mv[o:o + n]
         finally:

@@ -431,10 +431,23 @@ class GdsCore:
             self._inflight.append((k, buf, self.backend.read(self._handle(f), buf, stop - start, start)))
 
     def close(self) -> None:
+        """Waits for reads in flight (their buffers must not go while the device writes them) and
+        closes the files."""
+        for _, _, future in self._inflight:
+            try:
+                future.get()
+            except Exception:  # noqa: BLE001 - closing after an error: the first one was raised
+                pass
         self._inflight = []
         for h in self._handles.values():
             self.backend.close(h)
         self._handles = {}
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - at interpreter exit
+            pass
 
     def next_batch(self) -> Optional[DeviceBatch]:
         while True:

@@ -242,3 +242,9 @@ def test_kvikio_reads_into_gpu_memory(tmp_path, payloads):
         got += [host[o:o + n] for o, n in zip(batch.offsets.tolist(), batch.lengths.tolist())]
     assert got == payloads
     assert reader.stats()["gds_mode"] == verdict.mode and "GPU" in reader.stats()["crc"]
+
+
+def test_reader_of_gds_iterates_records_through_the_stand_in(tmp_path, payloads, stand_in_gds):
+    path = indexed(tmp_path, "it.tfrecord", payloads)
+    assert [bytes(r) for r in dlstore.open_records(path, io="gds", chunk_size=64 << 10)] == payloads
+    assert dlstore.open_records(path, io="gds").count()["records"] == len(payloads)
