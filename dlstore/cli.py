@@ -1,4 +1,4 @@
-"""``dlstore <command>``: gen, index, verify, plan, testbed, expand.
+"""``dlstore <command>``: gen, index, verify, plan, testbed, expand, info.
 
 Each command is a function registered in :data:`COMMANDS`; ``main`` parses arguments and dispatches.
 """
@@ -177,6 +177,18 @@ def cmd_expand(args: argparse.Namespace) -> int:
     return run_expand(args)
 
 
+def cmd_info(args: argparse.Namespace) -> int:
+    """Reports what this machine offers dlstore: CPU CRC-32C, JPEG decoding, O_DIRECT on the given
+    paths, MPI, and the GPU path (CUDA driver and devices, kvikio, libcufile, nvidia-fs, compat mode)."""
+    import json
+
+    from dlstore.tools.info import collect_info, format_info
+
+    info = collect_info(args.paths)
+    print(json.dumps({k: v for k, v in info.items() if k != "rows"}, indent=1) if args.json else format_info(info))
+    return 0
+
+
 COMMANDS: Dict[str, Callable[[argparse.Namespace], int]] = {
     "gen": cmd_gen,
     "index": cmd_index,
@@ -184,6 +196,7 @@ COMMANDS: Dict[str, Callable[[argparse.Namespace], int]] = {
     "plan": cmd_plan,
     "testbed": cmd_testbed,
     "expand": cmd_expand,
+    "info": cmd_info,
 }
 
 
@@ -218,6 +231,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_testbed_arguments(sub.add_parser("testbed", help=cmd_testbed.__doc__, description=cmd_testbed.__doc__))
     add_expand_arguments(sub.add_parser("expand", help=cmd_expand.__doc__, description=cmd_expand.__doc__))
+    n = sub.add_parser("info", help=cmd_info.__doc__, description=cmd_info.__doc__)
+    n.add_argument("paths", nargs="*", help="files or directories to check O_DIRECT on")
+    n.add_argument("--json", action="store_true", help="the report as JSON")
     return p
 
 

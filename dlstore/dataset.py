@@ -154,6 +154,9 @@ class Dataset:
         self.buffer_size = int(buffer_size)
         self.choice: EngineChoice = resolve_engine(self.options.get("io"), first, total_bytes,
                                                    random_reads=shuffle == "global")
+        if self.engine == "gds":  # GdsUnavailableError was raised above where it cannot run at all
+            raise DlstoreError("io='gds' reads files in order (dlstore.open_records) in this build; a Dataset's "
+                               "read plan through gds is not wired yet: use a host engine here")
         self._rank_mounts = self._assign(mount_policy, mounts_per_rank, throughput)
         self._core_options = self.options.core(self.engine, in_order=False, mounts=len(self._rank_mounts),
                                                reorders=SHUFFLES[shuffle].buffered)

@@ -179,6 +179,8 @@ class RecordReader:
         self.compression = compression
         self.choice = choice
         self.options = options
+        #: The CUDA device records are read into (``io="gds"``), else None.
+        self.device_index: Optional[int] = None
         self.epoch = 0
         self.sample_in_epoch = 0
         self._core = None
@@ -201,10 +203,23 @@ class RecordReader:
         return self.options.on_error
 
     def _new_core(self):
+        if self.engine == "gds":
+            self._core = self._new_gds_core()
+            return self._core
         from dlstore import _C
 
         self._core = _C.Reader(self.paths, self.format, self.compression, self.options.core(self.engine))
         return self._core
+
+    def _new_gds_core(self):
+        # Records into GPU memory (dlstore.io.gds): located from the indexes, checked on the device.
+        from dlstore.io import gds
+
+        file, offset, size = gds.file_plan(self.paths)
+        backend = gds.default_backend(self.choice.gds_mode, self.choice.reason, self.device_index or 0)
+        return gds.GdsCore(self.paths, file, offset, size, backend, chunk_size=self.options.get("chunk_size"),
+                           depth=self.options.get("depth"), verify=self.verify,
+                           on_error="skip" if self.on_error == "warn" else self.on_error)
 
     # ---- the Source protocol ----
 
@@ -291,7 +306,10 @@ class RecordReader:
         batches = self._batches(warn_stacklevel=3, positioned=False)
         try:
             for batch in batches:
-                mv = memoryview(batch)
+                if getattr(batch, "on_gpu", False):
+                    raise DlstoreError("io='gds' puts records in GPU memory: read them with batches() (each "
+                                       "batch's buffer is a CuPy array), not record by record")
+                mv = memoryview(getattr(batch, "buffer", batch))
                 for o, n in zip(batch.offsets.tolist(), batch.lengths.tolist()):
                     yield mv[o:o + n]
         finally:
@@ -333,7 +351,8 @@ class RecordReader:
 
 
 def open_records(paths: PathSpec, *, format: str = "auto", compression: str = "auto",
-                 options: Optional[ReadOptions] = None, **read_options: Any) -> RecordReader:
+                 options: Optional[ReadOptions] = None, device: Optional[str] = None,
+                 **read_options: Any) -> RecordReader:
     """Opens TFRecord or RecordIO files for reading, front to back.
 
     Parameters
@@ -346,6 +365,9 @@ def open_records(paths: PathSpec, *, format: str = "auto", compression: str = "a
         TFRecord compression; ``auto`` tells per file by name and magic bytes.
     options : ReadOptions, optional
         How to read (engine, CRC checks, error policy, read sizes, threads, timeouts).
+    device : str, optional
+        Where the records are going: ``cuda:N`` lets ``io="auto"`` pick ``gds`` (true GPUDirect
+        Storage only), and is the device ``io="gds"`` reads into (default ``cuda:0``).
     **read_options
         Or the same as keyword arguments: ``io``, ``verify``, ``on_error``, ``chunk_size``, ``depth``,
         ``io_threads``, ``verify_threads``, ``read_timeout``; see :class:`~dlstore.ReadOptions`.
@@ -360,7 +382,8 @@ def open_records(paths: PathSpec, *, format: str = "auto", compression: str = "a
         When a path does not exist or cannot be read (:class:`~dlstore.DlstoreIOError`), or the
         files mix formats.
     GdsUnavailableError
-        For ``io="gds"``, saying why it cannot run here.
+        For ``io="gds"`` where it cannot run, naming what is missing (no CUDA driver, no GPU, kvikio
+        not installed, libcufile not found).
     ValueError
         For an unknown format, setting or ``on_error``.
     TypeError
@@ -377,8 +400,18 @@ def open_records(paths: PathSpec, *, format: str = "auto", compression: str = "a
         raise TypeError(f"open_records() got unexpected keyword arguments {', '.join(sorted(read_options))}")
     files = expand_paths(paths)
     fmt, comps = detect_files(files, format, compression)
-    choice = resolve_engine(options.get("io"), files, sum(os.path.getsize(f) for f in files))
-    return RecordReader(files, format=fmt, compression=comps, choice=choice, options=options)
+    choice = resolve_engine(options.get("io"), files, sum(os.path.getsize(f) for f in files), device=device)
+    if choice.engine == "gds":
+        refused = [(f, c) for f, c in zip(files, comps) if c != "none"]
+        if fmt != "tfrecord" or refused:
+            what = f"{files[0]} is {fmt}" if fmt != "tfrecord" else f"{refused[0][0]} is {refused[0][1]}-compressed"
+            raise DlstoreError(f"io='gds' reads uncompressed TFRecord files; {what}: use a host engine",
+                               path=files[0] if fmt != "tfrecord" else refused[0][0])
+    reader = RecordReader(files, format=fmt, compression=comps, choice=choice, options=options)
+    from dlstore.io.cuda import parse_device
+
+    reader.device_index = parse_device(device) if device is not None else (0 if choice.engine == "gds" else None)
+    return reader
 
 
 def detect_files(files: Sequence[str], format: str = "auto", compression: str = "auto") -> Tuple[str, List[str]]:

@@ -44,7 +44,7 @@ SETTINGS: Dict[str, Setting] = {
     for s in [
         Setting("io", "auto", "DLSTORE_IO",
                 "I/O engine: auto, buffered, mmap or direct. auto picks and says why. gds (GPUDirect "
-                "Storage) is refused by this build with the reason.",
+                "Storage into GPU memory through kvikio) names what is missing where it cannot run.",
                 str, lambda v: v in _IO_REQUESTS, "one of " + ", ".join(_IO_REQUESTS)),
         Setting("chunk_size", 8 * MiB, "DLSTORE_CHUNK_SIZE",
                 "Bytes per read. Large reads keep O_DIRECT streaming; records are split out in C++.",

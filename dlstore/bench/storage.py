@@ -22,6 +22,8 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+import numpy as np
+
 from dlstore._progress import Progress
 from dlstore.bench import cache as cache_control
 from dlstore.bench import report, sysinfo
@@ -47,7 +49,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--size", choices=SIZES, default="default",
                    help="size of the generated set when --data is not given: tiny ~4 MB, small ~300 MB, "
                         "default ~1 GB, 3gb ~3 GB (default: %(default)s)")
-    p.add_argument("--io", choices=("auto",) + ENGINES, default="auto", help=settings.SETTINGS["io"].help)
+    p.add_argument("--io", choices=("auto",) + ENGINES + ("gds",), default="auto", help=settings.SETTINGS["io"].help)
+    p.add_argument("--device", metavar="cuda:N",
+                   help="deliver the records to this GPU: with --io gds they are read into its memory; with a "
+                        "host engine each batch is staged in pinned memory and copied. kvikio's own "
+                        "CuFile.pread of the same files is measured beside it. Without a GPU: exit 2, saying "
+                        "what is missing")
     p.add_argument("--cache", choices=CACHE_MODES, default="both",
                    help="cold: the page cache dropped (root) or the files evicted before every timed "
                         "pass; warm: not; both: cold, then warm (default). Each starts with an untimed "
@@ -148,11 +155,12 @@ class _BatchBarrier:
 
 
 def count_records(readers: Sequence, sync: bool = False,
-                  progress: Optional[Callable[[int], None]] = None) -> Tuple[int, int]:
+                  progress: Optional[Callable[[int], None]] = None,
+                  sink: Optional[Callable[[Any], None]] = None) -> Tuple[int, int]:
     """Reads every record of ``readers`` once (at the same time when several): ``(records, bytes)``.
 
     Only batches reach Python, one per chunk read; with ``sync`` the readers wait for each other
-    after every batch.
+    after every batch. ``sink(batch)``, when given, takes each batch where it goes (a GPU).
     """
     counts = [(0, 0)] * len(readers)
     errors: List[BaseException] = []
@@ -162,6 +170,8 @@ def count_records(readers: Sequence, sync: bool = False,
         records = nbytes = 0
         try:
             for batch in readers[i].batches():
+                if sink is not None:
+                    sink(batch)
                 records += batch.num_records
                 nbytes += batch.nbytes
                 if progress is not None:
@@ -258,7 +268,7 @@ def measure_passes(prepare: Callable[[], Callable[[], Tuple[int, int]]], paths: 
 def timed_passes(paths: Sequence[str], *, io: str = "auto", cache: str = "cold", repeat: int = 3,
                  verify: bool = True, readers: int = 1, sync: bool = False, quiet: bool = True,
                  after_pass: Optional[Callable[[int], None]] = None,
-                 log: Callable[[str], None] = print) -> Dict:
+                 log: Callable[[str], None] = print, sink: Optional[Callable[[Any], None]] = None) -> Dict:
     """dlstore's passes through :func:`measure_passes`, with fresh readers for every pass.
 
     Returns
@@ -281,7 +291,7 @@ def timed_passes(paths: Sequence[str], *, io: str = "auto", cache: str = "cold",
 
         def one_pass() -> Tuple[int, int]:
             try:
-                return count_records(rs, sync=sync, progress=bar.update if bar.enabled else None)
+                return count_records(rs, sync=sync, progress=bar.update if bar.enabled else None, sink=sink)
             finally:
                 bar.close()
         return one_pass
@@ -293,6 +303,90 @@ def timed_passes(paths: Sequence[str], *, io: str = "auto", cache: str = "cold",
     measured["notes"] = sorted({n for r in rs for n in r.stats().get("notes", [])})
     held["readers"] = None
     return measured
+
+
+# ---- into GPU memory ---------------------------------------------------------------------------------
+# None of this has run on a GPU yet (docs/gpu.md); without one, run() exits 2 before reaching it.
+
+def check_gpu_request(io: str, device: Optional[str]) -> Optional[int]:
+    """The CUDA device index of ``--device`` (0 for ``--io gds`` without one), or None for host memory.
+
+    Raises
+    ------
+    GdsUnavailableError, DlstoreError, ValueError
+        One line naming what is missing, before any data is generated or read.
+    """
+    from dlstore.io.cuda import cuda_facts, gds_verdict, parse_device
+    from dlstore.io.memory import device_copier
+
+    index = parse_device(device)
+    if io == "gds":
+        verdict = gds_verdict(cuda_facts(), index or 0)
+        if verdict.missing:
+            from dlstore.errors import GdsUnavailableError
+
+            raise GdsUnavailableError(verdict.missing)
+        return index or 0
+    if index is not None:
+        device_copier(device)  # raises without a GPU or CuPy
+    return index
+
+
+def pinned_copy_sink(index: int, chunk_bytes: int) -> Callable[[Any], None]:
+    """``sink(batch)``: a host batch copied into a pinned staging buffer, then to GPU ``index`` on a
+    stream (waited for, so the pass counts the copy)."""
+    import cupy
+
+    from dlstore.io.memory import PinnedPool
+
+    pool = PinnedPool()
+    held = {"staging": pool.acquire(chunk_bytes)}
+    with cupy.cuda.Device(index):
+        stream = cupy.cuda.Stream(non_blocking=True)
+        target = {"dev": cupy.empty(chunk_bytes, dtype=cupy.uint8)}
+
+    def sink(batch: Any) -> None:
+        if getattr(batch, "on_gpu", False):
+            return
+        view = memoryview(batch).cast("B")
+        n = len(view)
+        if n > held["staging"].capacity:
+            pool.release(held["staging"])
+            held["staging"] = pool.acquire(n)
+            with cupy.cuda.Device(index):
+                target["dev"] = cupy.empty(n, dtype=cupy.uint8)
+        host = held["staging"].array[:n]
+        host[:] = np.frombuffer(view, dtype=np.uint8)
+        target["dev"][:n].set(host, stream=stream)
+        stream.synchronize()
+
+    sink.pool = pool  # type: ignore[attr-defined]  # kept alive with the sink
+    return sink
+
+
+def kvikio_passes(paths: Sequence[str], index: int, chunk_bytes: int, *, cache: str, repeat: int,
+                  log: Callable[[str], None] = print) -> Dict:
+    """kvikio's own ``CuFile.pread`` of the same files into one GPU buffer, ``chunk_bytes`` at a time:
+    the reference the gds engine is compared with. Timed by :func:`measure_passes`, like dlstore."""
+    import cupy
+    import kvikio
+
+    with cupy.cuda.Device(index):
+        buf = cupy.empty(chunk_bytes, dtype=cupy.uint8)
+
+    def prepare() -> Callable[[], Tuple[int, int]]:
+        def one_pass() -> Tuple[int, int]:
+            total = 0
+            for path in paths:
+                size = os.path.getsize(path)
+                with kvikio.CuFile(path, "r") as f:
+                    for start in range(0, size, chunk_bytes):
+                        n = min(chunk_bytes, size - start)
+                        total += f.pread(buf[:n], n, start).get()
+            return 0, total
+        return one_pass
+
+    return measure_passes(prepare, paths, cache=cache, repeat=repeat, log=log)
 
 
 # ---- the scenario --------------------------------------------------------------------------------
@@ -323,13 +417,19 @@ def _summary(cache: str, io: str, measured: Dict, verify: bool, readers: int, sy
 def run_storage(paths: Sequence[str], *, io: str = "auto", cache: str = "both", repeat: int = 3,
                 verify: bool = True, readers: int = 1, sync: bool = False, fio: bool = True,
                 fio_ioengine: str = "psync", fio_iodepth: int = 1, quiet: bool = True,
-                log: Callable[[str], None] = print) -> List[Dict]:
+                log: Callable[[str], None] = print, device: Optional[int] = None) -> List[Dict]:
     """Runs the storage benchmark in each requested cache state; returns one result dict per state.
 
     fio runs ``repeat`` times, interleaved with the passes of the first state, with as many jobs as
-    dlstore has reading threads (readers x ``io_threads``); every result carries its median.
+    dlstore has reading threads (readers x ``io_threads``); every result carries its median. With a
+    GPU ``device`` (``--io gds``, or a host engine whose batches are copied through pinned memory),
+    kvikio's own ``CuFile.pread`` of the same files is timed in each state too (``kvikio_gb_per_s``,
+    ``ratio_vs_kvikio``).
     """
     from dlstore import settings
+
+    chunk = settings.get("chunk_size")
+    sink = pinned_copy_sink(device, chunk) if device is not None and io != "gds" else None
 
     modes = ["cold", "warm"] if cache == "both" else [cache]
     fio_jobs = max(1, min(readers, len(paths))) * settings.get("io_threads")
@@ -349,11 +449,20 @@ def run_storage(paths: Sequence[str], *, io: str = "auto", cache: str = "both", 
     results = []
     for k, mode in enumerate(modes):
         measured = timed_passes(paths, io=io, cache=mode, repeat=repeat, verify=verify, readers=readers,
-                                sync=sync, quiet=quiet, after_pass=fio_after if k == 0 else None, log=log)
+                                sync=sync, quiet=quiet, after_pass=fio_after if k == 0 else None, log=log,
+                                sink=sink)
         if k == 0:  # each pass beside the fio run that followed it, for the per-pass ratio
             for p, f in zip(measured["passes"], fio_runs):
                 p["fio_gb_per_s"] = f.gb_per_s
-        results.append(_summary(mode, io, measured, verify, readers, sync))
+        result = _summary(mode, io, measured, verify, readers, sync)
+        if device is not None:
+            ref = kvikio_passes(paths, device, chunk, cache=mode, repeat=repeat, log=log)
+            kv = report.summarize([p["gb_per_s"] for p in ref["passes"]])["median"]
+            result.update(device=f"cuda:{device}", kvikio_gb_per_s=kv,
+                          ratio_vs_kvikio=result["gb_per_s"] / kv if kv else None,
+                          delivery="read into GPU memory (gds)" if io == "gds" else
+                          "host batches staged in pinned memory, then copied to the GPU")
+        results.append(result)
     for r in results:
         if fio_runs:
             fio_gb = report.summarize([f.gb_per_s for f in fio_runs])["median"]
@@ -410,6 +519,10 @@ def format_results(results: Sequence[Dict]) -> str:
     else:
         lines.append(f"\nfio: skipped ({first.get('fio_skipped')})")
     for r in results:
+        if r.get("device"):
+            lines.append(f"{r['cache']:<5} into {r['device']}: {r['delivery']}; kvikio CuFile.pread of the same files "
+                         f"{r['kvikio_gb_per_s']:.2f} GB/s, dlstore {r['ratio_vs_kvikio']:.2f}x that")
+    for r in results:
         ratio = f" = {r['ratio_vs_fio']:.2f}x fio" if r.get("ratio_vs_fio") else ""
         lines.append(f"{r['cache']:<5} io={r['io']}: {r['gb_per_s']:.2f} GB/s{ratio}, "
                      f"{r['records_per_s']:,.0f} records/s, CPU {r['cpu_seconds_per_gb']:.3f} s/GB "
@@ -425,6 +538,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--repeat must be at least 1")
     if args.readers < 1:
         raise ValueError("--readers must be at least 1")
+    device = check_gpu_request(args.io, args.device)  # says what is missing before generating any data
     paths = dataset_paths(args.data, args.size)
     probe = open_readers(paths, io=args.io, verify=args.verify)[0]
     info = sysinfo.collect(paths, probe.engine, probe.engine_reason)
@@ -439,7 +553,7 @@ def run(args: argparse.Namespace) -> int:
     results = run_storage(paths, io=args.io, cache=args.cache, repeat=args.repeat, verify=args.verify,
                           readers=args.readers, sync=args.sync, fio=args.fio, fio_ioengine=args.fio_ioengine,
                           fio_iodepth=args.fio_iodepth, quiet=args.quiet,
-                          log=lambda s: print(s, file=sys.stderr, flush=True))
+                          log=lambda s: print(s, file=sys.stderr, flush=True), device=device)
     print(format_results(results))
     if args.json:
         doc = dict(results[0])

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import platform
 import resource
-import shutil
 import sys
 from typing import List, Optional, Sequence, Tuple
 
@@ -35,13 +34,16 @@ def cpu_model() -> str:
 
 
 def gpu_status() -> str:
-    """A line on the GPU and GPUDirect Storage as far as the host memory engines are concerned."""
-    has_gpu = os.path.exists("/dev/nvidia0") or shutil.which("nvidia-smi") is not None
-    if not has_gpu:
-        return "none (no NVIDIA GPU); GDS: not applicable"
-    has_nvfs = os.path.exists("/proc/driver/nvidia-fs")
-    return ("NVIDIA GPU present; GDS: " + ("nvidia-fs loaded" if has_nvfs else "nvidia-fs not loaded")
-            + "; this benchmark reads into host memory")
+    """A line on the GPU and GPUDirect Storage: the devices, and what ``io="gds"`` would do here or
+    what it lacks (:func:`dlstore.io.cuda.gds_verdict`, as ``dlstore info`` says it)."""
+    from dlstore.io.cuda import cuda_facts, gds_verdict
+
+    facts = cuda_facts()
+    verdict = gds_verdict(facts)
+    gpus = ", ".join(facts.devices) if facts.devices else "no GPU"
+    gds = (f"gds cannot run ({verdict.reason})" if verdict.missing
+           else f"gds runs in {verdict.mode} mode ({verdict.reason})")
+    return f"{gpus}; {gds}"
 
 
 def _crc_status() -> str:

@@ -6,19 +6,24 @@
   records are read one by one in random order (a global shuffle): each is copied out of the page
   cache without a system call.
 - O_DIRECT refused by the filesystem (tmpfs, some FUSE mounts): ``buffered``, saying so.
+- A GPU target (``device="cuda:N"``): ``gds`` when cuFile would read true GPUDirect Storage there
+  (:func:`dlstore.io.cuda.gds_verdict`); else the host choice above, saying why not gds (no GPU,
+  no kvikio, nvidia-fs not loaded: a compat mode is no faster than reading into pinned memory).
 """
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from dlstore.io.system import available_page_cache_bytes, filesystem_of, format_gb
 
 __all__ = ["ENGINES", "REQUESTS", "EngineChoice", "resolve_engine", "probe_direct"]
 
+#: The engines that read into host memory (the C++ core's).
 ENGINES = ("buffered", "mmap", "direct")
-# What ``io=`` accepts: the engines, ``auto``, and ``gds``, which this build refuses with the reason.
+# What ``io=`` accepts: the host engines, ``auto``, and ``gds`` (GPU memory, through kvikio), which
+# raises GdsUnavailableError naming what is missing where it cannot run.
 REQUESTS = ("auto",) + ENGINES + ("gds",)
 
 
@@ -29,6 +34,8 @@ class EngineChoice:
     engine: str
     requested: str
     reason: str
+    #: For ``gds``: ``gds`` (true GPUDirect Storage) or ``compat`` (through host memory).
+    gds_mode: str = ""
 
     def __str__(self) -> str:
         return f"{self.engine} ({self.reason})"
@@ -48,13 +55,14 @@ def probe_direct(path: str) -> Optional[str]:
 
 
 def resolve_engine(requested: str, paths: Sequence[str], total_bytes: int,
-                   available: Optional[int] = None, random_reads: bool = False) -> EngineChoice:
+                   available: Optional[int] = None, random_reads: bool = False, device: Optional[str] = None,
+                   probe: Optional[Callable[[], object]] = None) -> EngineChoice:
     """Resolves ``requested`` (``auto`` or an engine name) for these files, once.
 
     Parameters
     ----------
     requested : str
-        ``auto``, ``buffered``, ``mmap``, ``direct`` or ``gds`` (refused by this build, with why).
+        ``auto``, ``buffered``, ``mmap``, ``direct`` or ``gds`` (GPU memory through kvikio).
     paths : sequence of str
         The files to be read (the first one is probed for O_DIRECT).
     total_bytes : int
@@ -63,6 +71,10 @@ def resolve_engine(requested: str, paths: Sequence[str], total_bytes: int,
         Memory available to the page cache; read from /proc/meminfo when omitted.
     random_reads : bool
         Records are read one by one in random order (a global shuffle) rather than in large runs.
+    device : str, optional
+        Where the records go: ``cuda:N`` makes ``auto`` consider ``gds``.
+    probe : callable, optional
+        Returns the :class:`~dlstore.io.cuda.CudaFacts` (default: :func:`~dlstore.io.cuda.cuda_facts`).
 
     Returns
     -------
@@ -71,17 +83,34 @@ def resolve_engine(requested: str, paths: Sequence[str], total_bytes: int,
     Raises
     ------
     GdsUnavailableError
-        For ``gds``: this build reads into host memory only.
+        For ``gds`` where it cannot run, naming what is missing (no CUDA driver, no GPU, kvikio not
+        installed, libcufile not found...).
     ValueError
         For any other name.
     """
-    if requested == "gds":
-        from dlstore.errors import GdsUnavailableError
-
-        raise GdsUnavailableError("io='gds' reads into GPU memory through kvikio; this build reads into host "
-                                  "memory only (buffered, mmap, direct). Use one of those.")
     if requested not in REQUESTS:
         raise ValueError(f"io must be one of {', '.join(REQUESTS)}, not {requested!r}")
+    from dlstore.io.cuda import cuda_facts, gds_verdict, parse_device
+
+    gpu = parse_device(device)
+    not_gds = ""
+    if requested == "gds" or (requested == "auto" and gpu is not None):
+        verdict = gds_verdict((probe or cuda_facts)(), gpu or 0)
+        if requested == "gds":
+            if verdict.missing:
+                from dlstore.errors import GdsUnavailableError
+
+                raise GdsUnavailableError(verdict.missing)
+            return EngineChoice("gds", requested, f"requested; {verdict.reason}", verdict.mode)
+        if verdict.mode == "gds":
+            return EngineChoice("gds", requested, f"GPU target cuda:{gpu}, and {verdict.reason}", "gds")
+        not_gds = (f"GPU target cuda:{gpu}, but not gds ({verdict.reason}): read into host memory and copied; ")
+    choice = _resolve_host(requested, paths, total_bytes, available, random_reads)
+    return EngineChoice(choice.engine, requested, not_gds + choice.reason) if not_gds else choice
+
+
+def _resolve_host(requested: str, paths: Sequence[str], total_bytes: int, available: Optional[int],
+                  random_reads: bool) -> EngineChoice:
     if requested in ("buffered", "mmap"):
         return EngineChoice(requested, requested, "requested")
     refused = probe_direct(paths[0]) if paths else None

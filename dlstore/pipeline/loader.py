@@ -87,6 +87,11 @@ class Loader:
     allocator : callable, optional
         ``allocator(shape, dtype) -> numpy.ndarray`` for the output buffers, e.g. one returning
         page-locked memory; see :class:`~dlstore.pipeline.prefetch.BatchRing`.
+    device : str, optional
+        ``cuda:N``: batches are assembled in pinned host memory (:class:`~dlstore.io.memory.PinnedPool`)
+        and yielded as CuPy arrays on that GPU, copied asynchronously on a stream of their own while
+        the next batches are read. A batch's device arrays stay valid until the next one is drawn.
+        Without CUDA or CuPy it raises a :class:`~dlstore.DlstoreError` naming what is missing.
 
     Notes
     -----
@@ -106,7 +111,8 @@ class Loader:
     def __init__(self, source: Any, pipeline: Pipeline, batch_size: int, *, prefetch: int = 2,
                  last_batch: str = "DROP", threads: Optional[int] = None, seed: int = 0,
                  epochs: Optional[int] = 1, copy: bool = False, on_error: str = "raise",
-                 allocator: Optional[Callable[[Tuple[int, ...], Any], np.ndarray]] = None):
+                 allocator: Optional[Callable[[Tuple[int, ...], Any], np.ndarray]] = None,
+                 device: Optional[str] = None):
         if not isinstance(source, Source):
             raise TypeError(f"source must be a dlstore Source (dlstore.Dataset, dlstore.open_records, or "
                             f"anything with the methods of dlstore.source.Source), got {type(source).__name__}")
@@ -141,6 +147,14 @@ class Loader:
         self.format = source.format
         self._fields = pipeline.fields()
         self._run = pipeline.bind(format=self.format, seed=self.seed, threads=self.threads)
+        from dlstore.io import memory
+
+        self.device = device
+        self._device_index, self._copier, self._device_path = memory.device_copier(device)
+        self._pool = None
+        if self._copier is not None and allocator is None:
+            self._pool = memory.PinnedPool()
+            allocator = self._pool.allocator
         self._allocator = allocator
         self._ring: Optional[BatchRing] = None
         # The consumer's position: the epoch under way and the samples of it already yielded.
@@ -192,6 +206,8 @@ class Loader:
             while True:
                 item = prefetcher.get()
                 if held is not None:  # the consumer asked for the next batch: the last one is free
+                    if self._copier is not None:
+                        self._copier.done_with_host()  # its copy to the GPU has read the slot
                     prefetcher.release(held)
                     held = None
                 if item is None:
@@ -210,6 +226,8 @@ class Loader:
                     arrays = {name: a[:item.rows] for name, a in arrays.items()}
                 elif not self.copy:
                     arrays = dict(arrays)  # the consumer may add to or pop from it
+                if self._copier is not None:
+                    arrays = self._copier.send(arrays)
                 if self.copy:
                     arrays = {name: a.copy() for name, a in arrays.items()}
                 yield arrays
@@ -307,6 +325,12 @@ class Loader:
         out.update(batch_size=self.batch_size, prefetch=self.prefetch, last_batch=self.last_batch,
                    threads=self.threads)
         out["engine"], out["engine_reason"] = self.source.engine, self.source.engine_reason
+        if self._copier is not None:
+            out["device"] = f"cuda:{self._device_index}"
+            out["device_path"] = self._device_path
+            out["device_copies"] = self._copier.copies
+            if self._pool is not None:
+                out["pinned"] = self._pool.stats()
         out["source"] = self.source.stats()
         return out
 

@@ -122,13 +122,56 @@ def test_unreadable_file_is_a_dlstore_error_naming_it(tmp_path, make_unreadable)
     assert e.value.path == path and str(e.value).startswith(path)
 
 
-def test_gds_is_refused_with_the_reason(tmp_path, monkeypatch):
+def test_gds_is_refused_naming_what_is_missing(tmp_path, monkeypatch):
+    from dlstore.io import cuda
+
     path = write_tfrecord(tmp_path / "g.tfrecord", [b"x"])
-    with pytest.raises(dlstore.GdsUnavailableError, match="host memory only"):
+    no_driver = cuda.CudaFacts(driver_error="no CUDA driver (libcuda.so.1 cannot be loaded)",
+                               kvikio_error="kvikio is not installed", cupy_error="cupy is not installed")
+    monkeypatch.setattr(cuda, "cuda_facts", lambda: no_driver)
+    with pytest.raises(dlstore.GdsUnavailableError, match="no CUDA driver.*kvikio is not installed.*libcufile "
+                                                          "not found"):
+        dlstore.open_records(path, io="gds")
+    no_kvikio = cuda.CudaFacts(driver="13.0", devices=["GPU"], cupy="14.0", kvikio_error="kvikio is not installed")
+    monkeypatch.setattr(cuda, "cuda_facts", lambda: no_kvikio)
+    with pytest.raises(dlstore.GdsUnavailableError, match="^io='gds' cannot run: kvikio is not installed"):
         dlstore.open_records(path, io="gds")
     monkeypatch.setenv("DLSTORE_IO", "gds")
     with pytest.raises(dlstore.GdsUnavailableError):
         dlstore.open_records(path)
+    with pytest.raises(dlstore.GdsUnavailableError):
+        dlstore.Dataset(path)
+
+
+def test_gds_here_says_what_this_machine_lacks(tmp_path):
+    from dlstore.io.cuda import cuda_facts, gds_verdict
+
+    verdict = gds_verdict(cuda_facts())
+    if verdict.runs:
+        pytest.skip(f"gds can run on this machine ({verdict.reason}); the gds-marked tests cover it")
+    path = write_tfrecord(tmp_path / "g.tfrecord", [b"x"])
+    with pytest.raises(dlstore.GdsUnavailableError) as e:
+        dlstore.open_records(path, io="gds")
+    assert str(e.value) == verdict.missing and "\n" not in str(e.value)
+
+
+def test_auto_with_a_gpu_target_picks_gds_only_for_true_gds(tmp_path):
+    from dlstore.io import cuda
+
+    path = write_tfrecord(tmp_path / "g.tfrecord", [b"x"])
+    true_gds = cuda.CudaFacts(driver="13.0", devices=["GPU"], kvikio="26.10", cupy="14.0", libcufile="libcufile.so.0",
+                              nvidia_fs=True)
+    choice = resolve_engine("auto", [path], 10, available=1 << 30, device="cuda:0", probe=lambda: true_gds)
+    assert choice.engine == "gds" and choice.gds_mode == "gds" and "GPUDirect Storage" in choice.reason
+    compat = cuda.CudaFacts(**dict(true_gds.as_dict(), nvidia_fs=False))
+    choice = resolve_engine("auto", [path], 10, available=1 << 30, device="cuda:0", probe=lambda: compat)
+    assert choice.engine == "buffered" and "but not gds" in choice.reason and "nvidia-fs not loaded" in choice.reason
+    none = cuda.CudaFacts(driver_error="no CUDA driver")
+    choice = resolve_engine("auto", [path], 10, available=1 << 30, device="cuda:1", probe=lambda: none)
+    assert choice.engine == "buffered" and "cuda:1, but not gds (no CUDA driver" in choice.reason
+    # No GPU target: the host choice, and CUDA is not even probed.
+    choice = resolve_engine("auto", [path], 10, available=1 << 30, probe=lambda: 1 / 0)
+    assert choice.engine == "buffered" and "GPU" not in choice.reason
 
 
 def test_unknown_format_is_named(tmp_path):

@@ -1,0 +1,513 @@
+"""``io="gds"``: TFRecord records read straight into GPU memory through kvikio's ``CuFile``.
+
+The engine is written so that everything but the CUDA calls runs anywhere:
+
+- :func:`plan_reads` (pure numpy) groups a read plan (per record: file, frame offset, frame size,
+  as the index gives them) into large reads, each starting on a 4096-byte boundary, as cuFile needs
+  for true GDS; :func:`frame_positions` says where each record lies in its read's buffer.
+- A *device backend* does the rest: opens files, allocates buffers, reads ranges into them, and
+  checks each record's frame, returning one status byte per record (:data:`FRAME_OK` ...).
+  :class:`KvikioBackend` reads with ``CuFile.pread`` into CuPy buffers and checks frames with a
+  small CUDA kernel (:data:`FRAME_KERNEL`: length against the index, then the length and data
+  CRC-32C, one thread per record), so only the status bytes come back to the host.
+  :class:`HostBackend` is its stand-in: numpy buffers, ``os.preadv``, and the C++ core's CRC-32C.
+  Tests run the same :class:`GdsCore` over it.
+- :class:`GdsCore` has the C++ reader's interface (``next_batch``, ``count_all``, ``stats``,
+  ``notes``, ``corruptions``), so :class:`dlstore.RecordReader` runs it as it runs the C++ core.
+  Its batches (:class:`DeviceBatch`) hold the buffer (``buffer``: a CuPy array, which frameworks
+  take without a copy through ``__cuda_array_interface__`` or DLPack), and the record ``offsets``
+  and ``lengths`` into it as host numpy arrays.
+
+Whether cuFile ran true GDS or a compat mode is :func:`dlstore.io.cuda.gds_verdict`'s, and goes into
+``engine_reason`` and ``stats()["gds_mode"]``. NOT YET RUN ON A GPU: see docs/gpu.md.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from dlstore.errors import CorruptRecordError, DlstoreError, DlstoreIOError, GdsUnavailableError
+
+__all__ = ["ALIGN", "FRAME_OK", "FRAME_LENGTH", "FRAME_LENGTH_CRC", "FRAME_DATA_CRC", "FRAME_KERNEL", "ReadPlan",
+           "plan_reads", "frame_positions", "frame_problem", "DeviceBatch", "HostBackend", "KvikioBackend",
+           "GdsCore", "file_plan", "default_backend"]
+
+#: Reads start on this boundary: cuFile reads GPU pages of 4 KiB, and O_DIRECT needs the block size.
+ALIGN = 4096
+#: Frame status codes, the same from the CUDA kernel and the host stand-in.
+FRAME_OK, FRAME_LENGTH, FRAME_LENGTH_CRC, FRAME_DATA_CRC = 0, 1, 2, 3
+_HEADER, _FOOTER = 12, 4  # TFRecord: u64 length + u32 masked CRC of it; u32 masked CRC of the data
+
+# One thread per record; the CRC-32C table is built in shared memory by each block. The device
+# functions are plain C so that tests compile the same text for the host (tests/unit/test_gds.py).
+FRAME_KERNEL = r"""
+DLSTORE_DEVICE void dlstore_crc_table(unsigned int* table, int first, int step) {
+  for (int i = first; i < 256; i += step) {
+    unsigned int c = (unsigned int)i;
+    for (int k = 0; k < 8; ++k) c = (c >> 1) ^ (0x82F63B78u & (0u - (c & 1u)));
+    table[i] = c;
+  }
+}
+
+DLSTORE_DEVICE unsigned int dlstore_masked_crc(const unsigned int* table, const unsigned char* p,
+                                               unsigned long long n) {
+  unsigned int c = 0xFFFFFFFFu;
+  for (unsigned long long i = 0; i < n; ++i) c = table[(c ^ p[i]) & 0xFFu] ^ (c >> 8);
+  c ^= 0xFFFFFFFFu;
+  return ((c >> 15) | (c << 17)) + 0xA282EAD8u;
+}
+
+DLSTORE_DEVICE unsigned int dlstore_load_u32(const unsigned char* p) {
+  return (unsigned int)p[0] | ((unsigned int)p[1] << 8) | ((unsigned int)p[2] << 16) | ((unsigned int)p[3] << 24);
+}
+
+/* rel: where each frame starts in buf; size: its frame size from the index. */
+DLSTORE_DEVICE unsigned char dlstore_frame_status(const unsigned int* table, const unsigned char* buf,
+                                                  long long rel, long long size, int verify) {
+  const unsigned char* p = buf + rel;
+  unsigned long long len = 0;
+  for (int k = 0; k < 8; ++k) len |= (unsigned long long)p[k] << (8 * k);
+  if (size < 16 || len != (unsigned long long)(size - 16)) return 1;
+  if (!verify) return 0;
+  if (dlstore_masked_crc(table, p, 8) != dlstore_load_u32(p + 8)) return 2;
+  if (dlstore_masked_crc(table, p + 12, len) != dlstore_load_u32(p + 12 + len)) return 3;
+  return 0;
+}
+"""
+
+_CUDA_WRAPPER = r"""
+#define DLSTORE_DEVICE __device__
+""" + FRAME_KERNEL + r"""
+extern "C" __global__ void dlstore_tfrecord_frames(const unsigned char* buf, const long long* rel,
+                                                   const long long* size, int n, int verify,
+                                                   unsigned char* status) {
+  __shared__ unsigned int table[256];
+  dlstore_crc_table(table, threadIdx.x, blockDim.x);
+  __syncthreads();
+  int r = blockIdx.x * blockDim.x + threadIdx.x;
+  if (r < n) status[r] = dlstore_frame_status(table, buf, rel[r], size[r], verify);
+}
+"""
+
+
+# ---- the plan: pure functions ------------------------------------------------------------------------
+
+class ReadPlan:
+    """Reads of a plan: read ``k`` takes ``[start[k], stop[k])`` of file ``file[k]``, and holds the
+    plan's records ``first[k] .. first[k] + count[k] - 1``."""
+
+    __slots__ = ("file", "start", "stop", "first", "count")
+
+    def __init__(self, file: np.ndarray, start: np.ndarray, stop: np.ndarray, first: np.ndarray, count: np.ndarray):
+        self.file, self.start, self.stop, self.first, self.count = file, start, stop, first, count
+
+    def __len__(self) -> int:
+        return len(self.file)
+
+    @property
+    def max_bytes(self) -> int:
+        """The largest read: the buffer size a read needs."""
+        return int((self.stop - self.start).max()) if len(self) else 0
+
+
+def plan_reads(file: np.ndarray, offset: np.ndarray, size: np.ndarray, file_sizes: Sequence[int],
+               chunk_size: int, align: int = ALIGN) -> ReadPlan:
+    """Groups records into reads of about ``chunk_size`` bytes, each starting on an ``align`` boundary.
+
+    Records join a read while they follow each other in the same file; a read takes the records
+    starting within ``chunk_size`` bytes of its first one's aligned start, so it covers at most
+    ``chunk_size`` plus one record. Its end is rounded up to ``align`` but not past the file's end.
+
+    Parameters
+    ----------
+    file, offset, size : numpy.ndarray
+        Per record, in read order: file index, frame offset and frame size (header and footer included).
+    file_sizes : sequence of int
+        Bytes per file.
+    chunk_size : int
+    align : int
+        A power of two.
+    """
+    file = np.asarray(file, dtype=np.int64)
+    offset = np.asarray(offset, dtype=np.int64)
+    size = np.asarray(size, dtype=np.int64)
+    n = len(file)
+    if n == 0:
+        e = np.zeros(0, dtype=np.int64)
+        return ReadPlan(e, e, e, e, e)
+    if chunk_size < align:
+        raise ValueError(f"chunk_size {chunk_size} is below the {align}-byte alignment of gds reads")
+    mask = ~np.int64(align - 1)
+    # Runs: records that follow each other in one file.
+    new_run = np.ones(n, dtype=bool)
+    new_run[1:] = (file[1:] != file[:-1]) | (offset[1:] != offset[:-1] + size[:-1])
+    run_id = np.cumsum(new_run) - 1
+    run_start = (offset[new_run] & mask)[run_id]
+    # Within a run, the chunk_size window a record starts in.
+    window = (offset - run_start) // chunk_size
+    new_read = new_run.copy()
+    new_read[1:] |= window[1:] != window[:-1]
+    first = np.flatnonzero(new_read).astype(np.int64)
+    last = np.append(first[1:], n) - 1
+    sizes = np.asarray(file_sizes, dtype=np.int64)
+    rfile = file[first]
+    start = offset[first] & mask
+    stop = np.minimum((offset[last] + size[last] + align - 1) & mask, sizes[rfile])
+    return ReadPlan(rfile, start, stop, first, last - first + 1)
+
+
+def frame_positions(plan: ReadPlan, k: int, offset: np.ndarray) -> np.ndarray:
+    """Where each frame of read ``k`` starts in its buffer (int64)."""
+    a, b = int(plan.first[k]), int(plan.first[k] + plan.count[k])
+    return np.asarray(offset[a:b], dtype=np.int64) - int(plan.start[k])
+
+
+def frame_problem(status: int, length_in_index: int) -> str:
+    """What a frame status code means, for the error message."""
+    if status == FRAME_LENGTH:
+        return f"record length differs from the index's frame size ({length_in_index} bytes of payload expected)"
+    if status == FRAME_LENGTH_CRC:
+        return "corrupt record: the length CRC does not match"
+    if status == FRAME_DATA_CRC:
+        return "corrupt record: the data CRC does not match"
+    return f"unknown frame status {status}"
+
+
+def file_plan(paths: Sequence[str]) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The read plan of whole files in order, from their indexes: ``(file, offset, size)``.
+
+    Raises
+    ------
+    DlstoreError
+        When a file has no valid index (gds locates records from the index rather than by reading
+        the file on the host first): the message says to build one.
+    """
+    from dlstore.indexing import find_index
+
+    files, offsets, sizes = [], [], []
+    for i, path in enumerate(paths):
+        found, offs, why = find_index(path, "tfrecord")
+        if offs is None:
+            raise DlstoreError(f"{path}: io='gds' locates records from the index, and "
+                               f"{'its index ' + found + ' is refused: ' + why if found else 'it has none'}; "
+                               f"build one with `dlstore index {path}`", path=path)
+        offs = np.asarray(offs, dtype=np.int64)
+        size = np.diff(np.append(offs, os.path.getsize(path)))
+        files.append(np.full(len(offs), i, dtype=np.int64))
+        offsets.append(offs)
+        sizes.append(size)
+    if not files:
+        return (np.zeros(0, dtype=np.int64),) * 3
+    return np.concatenate(files), np.concatenate(offsets), np.concatenate(sizes)
+
+
+# ---- batches ---------------------------------------------------------------------------------------
+
+class DeviceBatch:
+    """Records of one read, in one buffer: on the GPU (a CuPy array) or, with the host stand-in, numpy.
+
+    Record ``i`` is ``buffer[offsets[i]:offsets[i] + lengths[i]]``. The buffer goes to any framework
+    without a copy: ``torch.from_dlpack(batch)`` or ``cupy.asarray(batch)``.
+    """
+
+    def __init__(self, buffer: Any, offsets: np.ndarray, lengths: np.ndarray, file_offsets: np.ndarray,
+                 file_index: int, paths: Sequence[str]):
+        self.buffer = buffer
+        self.offsets, self.lengths, self.file_offsets = offsets, lengths, file_offsets
+        self.file_index = int(file_index)
+        self.file_indices = np.full(len(offsets), self.file_index, dtype=np.int64)
+        self._paths = paths
+
+    @property
+    def num_records(self) -> int:
+        return len(self.offsets)
+
+    def __len__(self) -> int:
+        return self.num_records
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.lengths.sum())
+
+    @property
+    def on_gpu(self) -> bool:
+        return hasattr(self.buffer, "__cuda_array_interface__")
+
+    @property
+    def __cuda_array_interface__(self) -> Dict[str, Any]:
+        if not self.on_gpu:
+            raise AttributeError("__cuda_array_interface__: this batch's buffer is in host memory")
+        return self.buffer.__cuda_array_interface__
+
+    def __dlpack__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.buffer.__dlpack__(*args, **kwargs)
+
+    def __dlpack_device__(self) -> Any:
+        return self.buffer.__dlpack_device__()
+
+    def path(self, i: int) -> Optional[str]:
+        return self._paths[self.file_index] if 0 <= i < self.num_records else None
+
+    def slice(self, start: int, stop: int) -> "DeviceBatch":
+        return DeviceBatch(self.buffer, self.offsets[start:stop], self.lengths[start:stop],
+                           self.file_offsets[start:stop], self.file_index, self._paths)
+
+    def take(self, keep: np.ndarray) -> "DeviceBatch":
+        return DeviceBatch(self.buffer, self.offsets[keep], self.lengths[keep], self.file_offsets[keep],
+                           self.file_index, self._paths)
+
+
+# ---- device backends --------------------------------------------------------------------------------
+
+class _Done:
+    """A finished read, as the host stand-in returns it (kvikio returns an IOFuture)."""
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def get(self) -> int:
+        return self.n
+
+
+class HostBackend:
+    """The stand-in for the GPU: numpy buffers, ``os.preadv``, and the C++ core's CRC-32C.
+
+    It runs :class:`GdsCore`'s code path where there is no GPU (CI). Its frame checks loop over
+    records in Python, calling the C++ CRC per record: it is a test stand-in, not a fast path.
+    """
+
+    name = "host stand-in"
+    crc_where = "host (stand-in: C++ CRC-32C per record)"
+
+    def __init__(self, mode: str = "host", reason: str = "host stand-in: numpy buffers and os.preadv, no GPU"):
+        self.mode, self.reason = mode, reason
+
+    def open(self, path: str) -> int:
+        return os.open(path, os.O_RDONLY)
+
+    def close(self, handle: int) -> None:
+        os.close(handle)
+
+    def alloc(self, nbytes: int) -> np.ndarray:
+        return np.empty(nbytes, dtype=np.uint8)
+
+    def read(self, handle: int, buf: np.ndarray, size: int, file_offset: int) -> _Done:
+        done = 0
+        while done < size:  # a short read is retried until EOF
+            n = os.preadv(handle, [memoryview(buf[done:size])], file_offset + done)
+            if n == 0:
+                break
+            done += n
+        return _Done(done)
+
+    def frame_status(self, buf: np.ndarray, rel: np.ndarray, size: np.ndarray, verify: bool) -> np.ndarray:
+        from dlstore import _C
+
+        status = np.zeros(len(rel), dtype=np.uint8)
+        view = memoryview(buf)
+        for i, (r, s) in enumerate(zip(rel.tolist(), size.tolist())):
+            length = int.from_bytes(view[r:r + 8], "little")
+            if s < 16 or length != s - 16:
+                status[i] = FRAME_LENGTH
+            elif verify and _C.masked_crc32c(view[r:r + 8]) != int.from_bytes(view[r + 8:r + 12], "little"):
+                status[i] = FRAME_LENGTH_CRC
+            elif verify and (_C.masked_crc32c(view[r + 12:r + 12 + length])
+                             != int.from_bytes(view[r + 12 + length:r + 16 + length], "little")):
+                status[i] = FRAME_DATA_CRC
+        return status
+
+
+class KvikioBackend:
+    """Reads with kvikio's ``CuFile.pread`` into CuPy buffers on device ``device``, and checks frames
+    with :data:`FRAME_KERNEL` on the GPU. NOT YET RUN ON A GPU (docs/gpu.md).
+
+    Parameters
+    ----------
+    mode, reason : str
+        What :func:`dlstore.io.cuda.gds_verdict` said: ``gds`` or ``compat``, and why.
+    """
+
+    name = "kvikio CuFile"
+    crc_where = "GPU (CuPy kernel, one thread per record)"
+
+    def __init__(self, mode: str, reason: str, device: int = 0):
+        try:
+            import cupy
+            import kvikio
+        except ImportError as e:
+            raise GdsUnavailableError(f"io='gds' needs kvikio and CuPy: {e} (pip install 'dlstore[gpu]')") from e
+        self.mode, self.reason = mode, reason
+        self._cupy, self._kvikio = cupy, kvikio
+        self._device = cupy.cuda.Device(device)
+        with self._device:
+            self._kernel = cupy.RawKernel(_CUDA_WRAPPER, "dlstore_tfrecord_frames")
+
+    def open(self, path: str) -> Any:
+        return self._kvikio.CuFile(path, "r")
+
+    def close(self, handle: Any) -> None:
+        handle.close()
+
+    def alloc(self, nbytes: int) -> Any:
+        with self._device:
+            return self._cupy.empty(nbytes, dtype=self._cupy.uint8)
+
+    def read(self, handle: Any, buf: Any, size: int, file_offset: int) -> Any:
+        # Non-blocking: kvikio splits the read into tasks on its thread pool; .get() waits.
+        return handle.pread(buf[:size], size, file_offset)
+
+    def frame_status(self, buf: Any, rel: np.ndarray, size: np.ndarray, verify: bool) -> np.ndarray:
+        cp = self._cupy
+        n = len(rel)
+        if n == 0:
+            return np.zeros(0, dtype=np.uint8)
+        with self._device:
+            status = cp.empty(n, dtype=cp.uint8)
+            threads = 128
+            self._kernel(((n + threads - 1) // threads,), (threads,),
+                         (buf, cp.asarray(rel, dtype=cp.int64), cp.asarray(size, dtype=cp.int64), np.int32(n),
+                          np.int32(1 if verify else 0), status))
+            return cp.asnumpy(status)
+
+
+def default_backend(mode: str, reason: str, device: int = 0) -> Any:
+    """The backend ``io="gds"`` runs: kvikio on the GPU (tests replace this function)."""
+    return KvikioBackend(mode, reason, device)
+
+
+# ---- the engine -------------------------------------------------------------------------------------
+
+class GdsCore:
+    """Reads a plan of TFRecord frames into device buffers, ``depth`` reads in flight; the C++
+    reader's interface.
+
+    Parameters
+    ----------
+    paths : list of str
+    file, offset, size : numpy.ndarray
+        The plan: per record, in read order (:func:`file_plan` for whole files).
+    backend : HostBackend or KvikioBackend
+    chunk_size, depth : int
+    verify : bool
+        Check the length and data CRCs (the length against the index always).
+    on_error : {"raise", "skip"}
+    """
+
+    def __init__(self, paths: Sequence[str], file: np.ndarray, offset: np.ndarray, size: np.ndarray, backend: Any,
+                 *, chunk_size: int, depth: int = 2, verify: bool = True, on_error: str = "raise"):
+        self.paths = list(paths)
+        self.offset = np.asarray(offset, dtype=np.int64)
+        self.size = np.asarray(size, dtype=np.int64)
+        self.backend = backend
+        self.verify = bool(verify)
+        self.on_error = on_error
+        self.depth = max(1, int(depth))
+        self.plan = plan_reads(file, self.offset, self.size, [os.path.getsize(p) for p in self.paths], chunk_size)
+        self._next = 0  # the next read to issue
+        self._inflight: List[Tuple[int, Any, Any]] = []  # (read, buffer, future)
+        self._handles: Dict[int, Any] = {}
+        self._corruptions: List[Tuple[str, int, str]] = []
+        self._stats = {"records": 0, "bytes": 0, "bytes_read": 0, "skipped": 0, "reads": 0, "buffers_allocated": 0}
+
+    def _handle(self, f: int) -> Any:
+        h = self._handles.get(f)
+        if h is None:
+            try:
+                h = self._handles[f] = self.backend.open(self.paths[f])
+            except OSError as e:
+                raise DlstoreIOError(f"{self.paths[f]}: cannot open: {e.strerror} (errno {e.errno})",
+                                     path=self.paths[f]) from e
+        return h
+
+    def _issue(self) -> None:
+        while self._next < len(self.plan) and len(self._inflight) < self.depth:
+            k = self._next
+            self._next += 1
+            f, start, stop = int(self.plan.file[k]), int(self.plan.start[k]), int(self.plan.stop[k])
+            buf = self.backend.alloc(stop - start)
+            self._stats["buffers_allocated"] += 1
+            self._inflight.append((k, buf, self.backend.read(self._handle(f), buf, stop - start, start)))
+
+    def close(self) -> None:
+        """Waits for reads in flight (their buffers must not go while the device writes them) and
+        closes the files."""
+        for _, _, future in self._inflight:
+            try:
+                future.get()
+            except Exception:  # noqa: BLE001 - closing after an error: the first one was raised
+                pass
+        self._inflight = []
+        for h in self._handles.values():
+            self.backend.close(h)
+        self._handles = {}
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - at interpreter exit
+            pass
+
+    def next_batch(self) -> Optional[DeviceBatch]:
+        while True:
+            self._issue()
+            if not self._inflight:
+                self.close()
+                return None
+            k, buf, future = self._inflight.pop(0)
+            self._issue()  # the next read is under way while this one is checked
+            batch = self._finish(k, buf, future)
+            if batch is not None and batch.num_records:
+                return batch
+
+    def _finish(self, k: int, buf: Any, future: Any) -> Optional[DeviceBatch]:
+        f, start, stop = int(self.plan.file[k]), int(self.plan.start[k]), int(self.plan.stop[k])
+        path = self.paths[f]
+        got = int(future.get())
+        if got != stop - start:
+            raise DlstoreIOError(f"{path}: short read at byte {start}: {got} of {stop - start} bytes (the file "
+                                 f"shrank, or the index is stale)", path=path, offset=start)
+        self._stats["reads"] += 1
+        self._stats["bytes_read"] += got
+        a, b = int(self.plan.first[k]), int(self.plan.first[k] + self.plan.count[k])
+        rel = frame_positions(self.plan, k, self.offset)
+        size = self.size[a:b]
+        status = self.backend.frame_status(buf, rel, size, self.verify)
+        batch = DeviceBatch(buf, rel + _HEADER, size - _HEADER - _FOOTER, self.offset[a:b], f, self.paths)
+        bad = np.flatnonzero(status != FRAME_OK)
+        if len(bad):
+            if self.on_error == "raise":
+                i = int(bad[0])
+                raise CorruptRecordError(f"{path}: at byte {int(self.offset[a + i])}: "
+                                         f"{frame_problem(int(status[i]), int(size[i]) - 16)}",
+                                         path=path, offset=int(self.offset[a + i]))
+            for i in bad.tolist():
+                self._corruptions.append((path, int(self.offset[a + i]), frame_problem(int(status[i]),
+                                                                                         int(size[i]) - 16)))
+            self._stats["skipped"] += len(bad)
+            batch = batch.take(status == FRAME_OK)
+        self._stats["records"] += batch.num_records
+        self._stats["bytes"] += batch.nbytes
+        return batch
+
+    def count_all(self) -> None:
+        while self.next_batch() is not None:
+            pass
+
+    def stats(self) -> Dict[str, Any]:
+        return dict(self._stats, gds_mode=self.backend.mode, gds_backend=self.backend.name,
+                    crc=self.backend.crc_where if self.verify else "off (verify=False; lengths still checked)")
+
+    def notes(self) -> List[str]:
+        return []
+
+    def corruptions(self) -> List[Tuple[str, int, str]]:
+        return list(self._corruptions)
+
+    def __iter__(self) -> Iterator[DeviceBatch]:
+        while True:
+            batch = self.next_batch()
+            if batch is None:
+                return
+            yield batch

@@ -1,0 +1,250 @@
+"""The gds engine's code path through the host stand-in backend (numpy buffers, os.preadv, C++ CRC),
+its pure read planning, and its CUDA frame kernel compiled for the host. The real kvikio/CuPy path
+is the ``gds``-marked test at the end, skipped without a GPU."""
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+import dlstore
+from dlstore.indexing import build_index
+from dlstore.io import cuda, gds
+from tests.conftest import oracle_read_tfrecord, oracle_tfrecord_bytes, write_tfrecord
+
+
+def frames_of(records):
+    sizes = np.array([len(r) + 16 for r in records], dtype=np.int64)
+    return np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64), sizes
+
+
+def test_plan_reads_covers_every_record_once_with_aligned_starts():
+    rng = np.random.default_rng(3)
+    file, offset, size, file_sizes = [], [], [], []
+    for f in range(3):
+        s = rng.integers(16, 30_000, 200).astype(np.int64)
+        s[50] = 300_000  # a record larger than a chunk
+        o = np.concatenate([[0], np.cumsum(s)[:-1]])
+        file.append(np.full(len(s), f))
+        offset.append(o)
+        size.append(s)
+        file_sizes.append(int(s.sum()))
+    file, offset, size = map(np.concatenate, (file, offset, size))
+    plan = gds.plan_reads(file, offset, size, file_sizes, chunk_size=64 << 10)
+    assert np.all(plan.start % gds.ALIGN == 0)
+    assert np.array_equal(np.concatenate([np.arange(a, a + c) for a, c in zip(plan.first, plan.count)]),
+                          np.arange(len(file)))
+    for k in range(len(plan)):
+        a, b = plan.first[k], plan.first[k] + plan.count[k]
+        assert np.all(file[a:b] == plan.file[k])
+        assert plan.start[k] <= offset[a] and offset[b - 1] + size[b - 1] <= plan.stop[k]
+        assert plan.stop[k] <= file_sizes[plan.file[k]]
+        assert plan.stop[k] % gds.ALIGN == 0 or plan.stop[k] == file_sizes[plan.file[k]]
+        assert offset[b - 1] - plan.start[k] < 64 << 10  # each record starts within the chunk
+    assert plan.max_bytes >= 300_000
+
+
+def test_plan_reads_breaks_at_gaps_and_keeps_plan_order():
+    # A shuffled plan (records not following each other) gives one read per record, in plan order.
+    offset = np.array([8192, 0, 4096], dtype=np.int64)
+    size = np.array([100, 100, 100], dtype=np.int64)
+    plan = gds.plan_reads(np.zeros(3), offset, size, [9000], chunk_size=1 << 20)
+    assert plan.first.tolist() == [0, 1, 2] and plan.start.tolist() == [8192, 0, 4096]
+    assert plan.stop.tolist() == [9000, 4096, 8192]
+    with pytest.raises(ValueError, match="alignment"):
+        gds.plan_reads(np.zeros(3), offset, size, [9000], chunk_size=100)
+
+
+def indexed(tmp_path, name, records):
+    path = write_tfrecord(tmp_path / name, records)
+    build_index(path, "tfrecord")
+    return path
+
+
+def read_all(core):
+    out = []
+    for batch in core:
+        buf = batch.buffer.tobytes()
+        out += [buf[o:o + n] for o, n in zip(batch.offsets.tolist(), batch.lengths.tolist())]
+    return out
+
+
+@pytest.mark.parametrize("chunk_size", [4096, 64 << 10, 8 << 20])
+def test_host_stand_in_reads_what_the_oracle_reads(tmp_path, payloads, chunk_size):
+    paths = [indexed(tmp_path, "a.tfrecord", payloads), indexed(tmp_path, "b.tfrecord", payloads[::-1])]
+    core = gds.GdsCore(paths, *gds.file_plan(paths), gds.HostBackend(), chunk_size=chunk_size, depth=3)
+    assert read_all(core) == payloads + payloads[::-1]
+    stats = core.stats()
+    assert stats["records"] == 2 * len(payloads) and stats["skipped"] == 0
+    assert stats["bytes_read"] >= sum(os.path.getsize(p) for p in paths)
+    assert stats["gds_mode"] == "host" and "host" in stats["crc"]
+
+
+def corrupt(path, at):
+    with open(path, "r+b") as f:
+        f.seek(at)
+        b = f.read(1)
+        f.seek(at)
+        f.write(bytes([b[0] ^ 0xFF]))
+    os.utime(path, (os.path.getmtime(path) - 10,) * 2)  # keep the index newer than the data
+    os.utime(path + ".idx", None)
+
+
+def test_corrupt_data_is_named_or_skipped(tmp_path, payloads):
+    path = indexed(tmp_path, "c.tfrecord", payloads)
+    offsets, sizes = frames_of(payloads)
+    corrupt(path, int(offsets[5]) + 12 + 100)  # in record 5's payload (4097 bytes)
+    core = gds.GdsCore([path], *gds.file_plan([path]), gds.HostBackend(), chunk_size=64 << 10)
+    with pytest.raises(dlstore.CorruptRecordError, match=f"^{path}: at byte {offsets[5]}: .*data CRC") as e:
+        read_all(core)
+    assert e.value.path == path and e.value.offset == offsets[5]
+    core = gds.GdsCore([path], *gds.file_plan([path]), gds.HostBackend(), chunk_size=64 << 10, on_error="skip")
+    assert read_all(core) == payloads[:5] + payloads[6:]
+    assert core.stats()["skipped"] == 1 and core.corruptions() == [(path, int(offsets[5]),
+                                                                    "corrupt record: the data CRC does not match")]
+    # verify=False: the CRC is not checked, so the damaged payload comes through.
+    core = gds.GdsCore([path], *gds.file_plan([path]), gds.HostBackend(), chunk_size=64 << 10, verify=False)
+    got = read_all(core)
+    assert len(got) == len(payloads) and got[5] != payloads[5]
+
+
+def test_length_differing_from_the_index_is_caught(tmp_path):
+    path = indexed(tmp_path, "l.tfrecord", [b"a" * 10, b"b" * 20])
+    corrupt(path, 0)  # record 0's length field
+    core = gds.GdsCore([path], *gds.file_plan([path]), gds.HostBackend(), chunk_size=4096, verify=False)
+    with pytest.raises(dlstore.CorruptRecordError, match="at byte 0: record length differs from the index"):
+        read_all(core)
+
+
+def test_short_read_names_file_offset_and_bytes(tmp_path):
+    path = indexed(tmp_path, "s.tfrecord", [b"x" * 5000, b"y" * 5000])
+
+    class Short(gds.HostBackend):
+        def read(self, handle, buf, size, file_offset):
+            return super().read(handle, buf, size - 7, file_offset)
+
+    core = gds.GdsCore([path], *gds.file_plan([path]), Short(), chunk_size=4096)
+    with pytest.raises(dlstore.DlstoreIOError, match=f"^{path}: short read at byte 0: 8185 of 8192 bytes"):
+        read_all(core)
+
+
+def test_missing_index_says_how_to_build_one(tmp_path):
+    path = write_tfrecord(tmp_path / "n.tfrecord", [b"x"])
+    with pytest.raises(dlstore.DlstoreError, match="locates records from the index.*dlstore index"):
+        gds.file_plan([path])
+
+
+@pytest.fixture
+def stand_in_gds(monkeypatch):
+    """``io="gds"`` resolving as on a GPU machine with true GDS, running the host stand-in backend."""
+    facts = cuda.CudaFacts(driver="13.0", devices=["GPU", "GPU"], kvikio="26.10", cupy="14.0",
+                           libcufile="libcufile.so.0", nvidia_fs=True)
+    monkeypatch.setattr(cuda, "cuda_facts", lambda: facts)
+    made = []
+
+    def backend(mode, reason, device=0):
+        made.append((mode, reason, device))
+        return gds.HostBackend(mode, reason)
+    monkeypatch.setattr(gds, "default_backend", backend)
+    return made
+
+
+def test_open_records_gds_runs_the_engine_and_says_which_mode(tmp_path, payloads, stand_in_gds):
+    path = indexed(tmp_path, "r.tfrecord", payloads)
+    reader = dlstore.open_records(path, io="gds", device="cuda:1", chunk_size=64 << 10)
+    assert reader.engine == "gds" and "GPUDirect Storage" in reader.engine_reason
+    got = [bytes(r) for b in reader.batches() for r in
+           (b.buffer[o:o + n] for o, n in zip(b.offsets.tolist(), b.lengths.tolist()))]
+    assert got == payloads
+    assert stand_in_gds[0][0] == "gds" and stand_in_gds[0][2] == 1
+    stats = reader.stats()
+    assert stats["gds_mode"] == "gds" and stats["records"] == len(payloads) and stats["engine"] == "gds"
+    assert reader.state_dict() == {"epoch": 1, "sample_in_epoch": 0}
+    # Resumes mid-epoch as the host engines do.
+    reader.load_state_dict({"epoch": 1, "sample_in_epoch": 7})
+    rest = [n for b in reader.batches() for n in b.lengths.tolist()]
+    assert rest == [len(p) for p in payloads[7:]]
+
+
+def test_gds_refuses_compressed_and_recordio(tmp_path, stand_in_gds):
+    import gzip
+
+    path = tmp_path / "z.tfrecord.gz"
+    path.write_bytes(gzip.compress(oracle_tfrecord_bytes([b"x"])))
+    with pytest.raises(dlstore.DlstoreError, match="uncompressed TFRecord.*gzip"):
+        dlstore.open_records(path, io="gds")
+    with pytest.raises(dlstore.DlstoreError, match="not wired yet"):
+        dlstore.Dataset(indexed(tmp_path, "d.tfrecord", [b"x"]), io="gds")
+
+
+HARNESS = r"""
+#define DLSTORE_DEVICE static
+%s
+void frames(const unsigned char* buf, const long long* rel, const long long* size, int n, int verify,
+            unsigned char* status) {
+  unsigned int table[256];
+  dlstore_crc_table(table, 0, 1);
+  for (int r = 0; r < n; ++r) status[r] = dlstore_frame_status(table, buf, rel[r], size[r], verify);
+}
+"""
+
+
+def test_the_cuda_frame_kernel_agrees_with_the_host_stand_in(tmp_path):
+    """The kernel's device functions, compiled for the host, on good, damaged and mis-sized frames."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler to build the kernel's device functions for the host")
+    src = tmp_path / "frames.c"
+    src.write_text(HARNESS % gds.FRAME_KERNEL)
+    lib_path = tmp_path / "frames.so"
+    subprocess.run([cc, "-O1", "-shared", "-fPIC", "-o", str(lib_path), str(src)], check=True)
+    lib = ctypes.CDLL(str(lib_path))
+    records = [b"", b"a", b"hello world" * 300, bytes(range(256)) * 20, b"z" * 4096]
+    blob = bytearray(b"\0" * 3 + oracle_tfrecord_bytes(records))  # 3 bytes in: frames misaligned
+    offsets, sizes = frames_of(records)
+    rel = offsets + 3
+    blob[rel[2] + 12 + 7] ^= 1           # data CRC of record 2
+    blob[rel[3] + 9] ^= 1                # length CRC of record 3
+    sizes = sizes.copy()
+    sizes[4] += 1                        # the index disagrees with record 4's length
+    buf = np.frombuffer(bytes(blob), dtype=np.uint8)
+    for verify in (True, False):
+        want = gds.HostBackend().frame_status(buf, rel, sizes, verify)
+        got = np.zeros(len(records), dtype=np.uint8)
+        lib.frames(buf.ctypes.data_as(ctypes.c_void_p), rel.ctypes.data_as(ctypes.c_void_p),
+                   sizes.ctypes.data_as(ctypes.c_void_p), len(records), int(verify),
+                   got.ctypes.data_as(ctypes.c_void_p))
+        assert got.tolist() == want.tolist()
+    assert want.tolist() == [0, 0, 0, 0, gds.FRAME_LENGTH]
+    assert gds.HostBackend().frame_status(buf, rel, sizes, True).tolist() == [0, 0, gds.FRAME_DATA_CRC,
+                                                                             gds.FRAME_LENGTH_CRC, gds.FRAME_LENGTH]
+    assert oracle_read_tfrecord(bytes(blob[3:]))[0] == b""
+
+
+@pytest.mark.gds
+@pytest.mark.gpu
+def test_kvikio_reads_into_gpu_memory(tmp_path, payloads):
+    verdict = cuda.gds_verdict(cuda.cuda_facts())
+    if not verdict.runs:
+        pytest.skip(verdict.missing)
+    import cupy
+
+    path = indexed(tmp_path, "g.tfrecord", payloads)
+    reader = dlstore.open_records(path, io="gds", chunk_size=64 << 10)
+    got = []
+    for batch in reader.batches():
+        assert batch.on_gpu and cupy.asarray(batch.buffer).device.id == 0
+        host = cupy.asnumpy(batch.buffer).tobytes()
+        got += [host[o:o + n] for o, n in zip(batch.offsets.tolist(), batch.lengths.tolist())]
+    assert got == payloads
+    assert reader.stats()["gds_mode"] == verdict.mode and "GPU" in reader.stats()["crc"]
+
+
+def test_reader_of_gds_iterates_records_through_the_stand_in(tmp_path, payloads, stand_in_gds):
+    path = indexed(tmp_path, "it.tfrecord", payloads)
+    assert [bytes(r) for r in dlstore.open_records(path, io="gds", chunk_size=64 << 10)] == payloads
+    assert dlstore.open_records(path, io="gds").count()["records"] == len(payloads)

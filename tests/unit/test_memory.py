@@ -1,0 +1,157 @@
+"""Pinned host memory's bookkeeping and the loader's copies to a GPU, through stand-ins for
+``cudaHostRegister`` and for the device: no CUDA needed. The real path is the ``gpu``-marked test."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import dlstore
+from dlstore.errors import DlstoreError
+from dlstore.formats.example import encode_example
+from dlstore.io import cuda, memory
+from dlstore.pipeline.bert import Bert
+from dlstore.pipeline.loader import Loader
+from tests.conftest import write_tfrecord
+
+
+class Registry:
+    """A stand-in for cudaHostRegister/cudaHostUnregister that remembers what is registered."""
+
+    def __init__(self, fail_above=None):
+        self.live, self.calls, self.fail_above = {}, [], fail_above
+
+    def register(self, address, nbytes):
+        if self.fail_above is not None and nbytes > self.fail_above:
+            raise DlstoreError(f"cudaHostRegister of {nbytes} bytes at 0x{address:x} failed: out of memory")
+        assert address not in self.live
+        self.live[address] = nbytes
+        self.calls.append(("register", nbytes))
+
+    def unregister(self, address, nbytes):
+        assert self.live.pop(address) == nbytes
+        self.calls.append(("unregister", nbytes))
+
+
+def test_buffers_are_page_aligned_rounded_and_registered_once():
+    reg = Registry()
+    pool = memory.PinnedPool(reg.register, reg.unregister, page=4096)
+    a = pool.acquire(10_000)
+    assert a.address % 4096 == 0 and a.capacity == 12_288 and reg.live == {a.address: 12_288}
+    a.array[:5] = 7  # writable host memory
+    b = pool.acquire(0)
+    assert b.capacity == 4096 and b.address != a.address
+    pool.release(a)
+    again = pool.acquire(9000)  # fits in a's 12 KiB, not more than twice as large: reused
+    assert again is a and len(reg.calls) == 2
+    pool.release(again)
+    big = pool.acquire(5000)  # a would do, but 12 KiB is more than twice 8 KiB... it is not: reused
+    assert big is a
+    pool.release(big)
+    small = pool.acquire(100)  # a (12 KiB) is more than twice the 4 KiB needed: a new buffer
+    assert small is not a and pool.stats()["buffers"] == 3
+    stats = pool.stats()
+    assert stats["reused"] == 2 and stats["in_use"] == 2 and stats["free"] == 1
+    assert stats["registered_bytes"] == 12_288 + 4096 + 4096
+    with pytest.raises(ValueError, match="not in use"):
+        pool.release(a)
+    pool.close()
+    assert reg.live == {} and pool.stats()["registered_bytes"] == 0
+
+
+def test_allocator_gives_the_loader_arrays_in_pinned_buffers():
+    reg = Registry()
+    pool = memory.PinnedPool(reg.register, reg.unregister)
+    x = pool.allocator((3, 5), np.float32)
+    assert x.shape == (3, 5) and x.dtype == np.float32 and x.flags.c_contiguous and x.flags.writeable
+    assert x.ctypes.data % memory.PAGE == 0 and x.ctypes.data in reg.live
+    x[:] = 1.5
+    assert float(x.sum()) == 22.5
+
+
+def test_a_failed_registration_is_named():
+    reg = Registry(fail_above=8192)
+    pool = memory.PinnedPool(reg.register, reg.unregister)
+    pool.acquire(8192)
+    with pytest.raises(DlstoreError, match="cudaHostRegister of 12288 bytes .* out of memory"):
+        pool.acquire(9000)
+    assert pool.stats()["buffers"] == 1
+
+
+def test_copier_waits_for_the_copy_before_the_host_slot_is_reused():
+    dev = memory.HostDevice()
+    copier = memory.DeviceCopier(dev, sets=2)
+    host = {"x": np.arange(8, dtype=np.int64).reshape(4, 2)}
+    out1 = copier.send(host)
+    assert np.array_equal(out1["x"], host["x"]) and out1["x"] is not host["x"]
+    assert [k for k, _ in dev.log] == ["wait consumer", "copy", "record", "consumer waits"]
+    copier.done_with_host()
+    assert dev.log[-1][0] == "synchronize"
+    out2 = copier.send({"x": host["x"][:3] + 100})  # a partial batch: the start of the next set
+    assert out2["x"].shape == (3, 2) and out2["x"].base is not out1["x"]
+    assert np.array_equal(out2["x"], host["x"][:3] + 100)
+    out3 = copier.send(host)  # the first set again
+    assert out3["x"] is out1["x"]
+    assert copier.copies == 3
+
+
+def bert_file(tmp_path, n):
+    rows = []
+    for i in range(n):
+        rows.append(encode_example({
+            "input_ids": np.arange(16, dtype=np.int64) + i, "input_mask": np.ones(16, dtype=np.int64),
+            "segment_ids": np.zeros(16, dtype=np.int64), "masked_lm_positions": np.arange(4, dtype=np.int64),
+            "masked_lm_ids": np.full(4, i, dtype=np.int64), "masked_lm_weights": np.ones(4, dtype=np.float32),
+            "next_sentence_labels": np.array([i % 2], dtype=np.int64)}))
+    return write_tfrecord(tmp_path / "bert.tfrecord", rows)
+
+
+def test_loader_on_a_gpu_through_the_stand_ins(tmp_path, monkeypatch):
+    path = bert_file(tmp_path, 37)
+    reg = Registry()
+    monkeypatch.setattr(memory, "cuda_host_register", reg.register)
+    monkeypatch.setattr(memory, "cuda_host_unregister", reg.unregister)
+    dev = memory.HostDevice()
+    monkeypatch.setattr(memory, "device_copier",
+                        lambda device: (0, memory.DeviceCopier(dev), "stand-in copies") if device else (None, None, ""))
+    want = [dict(b) for b in Loader(dlstore.open_records(path), Bert(16, 4), 8, last_batch="PARTIAL", copy=True)]
+    loader = Loader(dlstore.open_records(path), Bert(16, 4), 8, last_batch="PARTIAL", device="cuda:0")
+    got = [{k: v.copy() for k, v in b.items()} for b in loader]
+    assert len(got) == len(want) == 5
+    for g, w in zip(got, want):
+        assert g.keys() == w.keys() and all(np.array_equal(g[k], w[k]) for k in w)
+    stats = loader.stats()
+    assert stats["device"] == "cuda:0" and stats["device_copies"] == 5
+    # Every slot of the ring is in pinned memory; each host slot was freed only after its copy finished.
+    assert stats["pinned"]["in_use"] == len(loader._ring.slots) * len(want[0])
+    assert all(a.ctypes.data in reg.live for slot in loader._ring.slots for a in slot.values())
+    kinds = [k for k, _ in dev.log]
+    assert kinds.count("synchronize") >= 4
+
+
+def test_loader_on_a_gpu_without_cuda_names_what_is_missing(tmp_path, monkeypatch):
+    path = bert_file(tmp_path, 4)
+    monkeypatch.setattr(cuda, "cuda_facts", lambda: cuda.CudaFacts(driver_error="no CUDA driver (libcuda.so.1 "
+                                                                                 "cannot be loaded)"))
+    with pytest.raises(DlstoreError, match=r"^device='cuda:0' needs a CUDA GPU and CuPy: no CUDA driver"):
+        Loader(dlstore.open_records(path), Bert(16, 4), 2, device="cuda:0")
+    monkeypatch.setattr(cuda, "cuda_facts", lambda: cuda.CudaFacts(driver="13.0", devices=["GPU"]))
+    with pytest.raises(DlstoreError, match="CuPy"):
+        Loader(dlstore.open_records(path), Bert(16, 4), 2, device="cuda:0")
+    with pytest.raises(ValueError, match="cuda:N"):
+        Loader(dlstore.open_records(path), Bert(16, 4), 2, device="tpu")
+    # The CPU is no device to copy to.
+    assert Loader(dlstore.open_records(path), Bert(16, 4), 2, device="cpu").stats().get("device") is None
+
+
+@pytest.mark.gpu
+def test_loader_yields_cupy_arrays_on_the_gpu(tmp_path):
+    missing = cuda.device_missing(cuda.cuda_facts())
+    if missing or cuda.cuda_facts().cupy is None:
+        pytest.skip(missing or "CuPy is not installed")
+    import cupy
+
+    path = bert_file(tmp_path, 37)
+    want = [dict(b) for b in Loader(dlstore.open_records(path), Bert(16, 4), 8, copy=True)]
+    got = [{k: cupy.asnumpy(v) for k, v in b.items()}
+           for b in Loader(dlstore.open_records(path), Bert(16, 4), 8, device="cuda:0")]
+    assert all(np.array_equal(g[k], w[k]) for g, w in zip(got, want) for k in w) and len(got) == len(want)
