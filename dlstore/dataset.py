@@ -25,7 +25,7 @@ from typing import Any, Dict, Iterator, List, Mapping, NamedTuple, Optional, Seq
 import numpy as np
 
 from dlstore import settings
-from dlstore.errors import DlstoreIOError, PlacementError
+from dlstore.errors import DlstoreError, DlstoreIOError, PlacementError
 from dlstore.indexing import index_dataset
 from dlstore.io.failover import MountHealth
 from dlstore.io.select import EngineChoice, resolve_engine
