@@ -123,18 +123,31 @@ def scan_layout(mounts: Sequence[str], shards: Optional[Sequence[str]] = None) -
 
 
 def record_counts(layout: Layout) -> Tuple[Optional[np.ndarray], str]:
-    """Records per shard from the shards' existing, valid index files; nothing is built.
+    """Records per shard from the shards' manifests, else their per-file index files, where they are
+    valid; nothing is built.
 
     Returns
     -------
     (numpy.ndarray or None, str)
         The counts, or ``None`` when a shard has no usable index; and a line saying which.
     """
-    from dlstore.indexing import find_index
+    from dlstore.indexing import find_index, read_manifest
 
     counts = np.zeros(len(layout.shards), dtype=np.int64)
+    manifests: dict = {}
     for s, rel in enumerate(layout.shards):
         path = layout.path(s, layout.holders[s][0])
+        directory, name = os.path.split(os.path.abspath(path))
+        if directory not in manifests:
+            _, manifest, _ = read_manifest(directory)
+            manifests[directory] = (manifest, {n: i for i, n in enumerate(manifest.names)} if manifest else {})
+        manifest, entries = manifests[directory]
+        i = entries.get(name)
+        if i is not None:
+            st = os.stat(path)
+            if (st.st_size, st.st_mtime_ns) == (int(manifest.sizes[i]), int(manifest.mtimes[i])):
+                counts[s] = int(manifest.counts[i])
+                continue
         fmt = "recordio" if rel.lower().endswith(".rec") else "tfrecord"
         _, loaded, _ = find_index(path, fmt)
         if loaded is None:

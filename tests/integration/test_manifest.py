@@ -169,3 +169,12 @@ def test_simulated_plan_json(tmp_path):
                          capture_output=True, text=True)
     assert bad.returncode == 2 and "SHARDS:RECORDS_PER_SHARD" in bad.stderr and "Traceback" not in bad.stderr
     assert np.isfinite(got["max_rss_mb"])
+
+
+def test_plan_counts_records_from_the_manifest(tmp_path):
+    _write(tmp_path / "m0", shards=3)
+    Dataset(str(tmp_path / "m0"))  # the manifest only: no per-file .idx
+    out = subprocess.run([sys.executable, "-m", "dlstore", "plan", "--mounts", str(tmp_path / "m0"),
+                          "--world-size", "2"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "record counts from the indexes: 36 records" in out.stdout
