@@ -33,7 +33,8 @@ def detect(name: str, head: bytes, format: str = "auto", compression: str = "aut
     Raises
     ------
     ValueError
-        When the format cannot be told; the message shows the first bytes.
+        When the bytes are neither TFRecord nor RecordIO; the message names the file and shows its
+        first bytes (and advises no format: a file that is not records stays so whatever is passed).
     """
     lower = name.lower()
     if compression == "auto":
@@ -55,8 +56,8 @@ def detect(name: str, head: bytes, format: str = "auto", compression: str = "aut
                 or lower.endswith((".tfrecord", ".tfrec", ".tfrecords")):
             format = "tfrecord"
         else:
-            raise ValueError(f"{name}: cannot tell the record format from its first bytes "
-                             f"({head[:12].hex(' ')}); pass format='tfrecord' or 'recordio'")
+            raise ValueError(f"{name}: does not look like TFRecord or RecordIO (its first bytes are "
+                             f"{head[:12].hex(' ')})")
     if format not in FORMATS:
         raise ValueError(f"format must be one of {FORMATS} or 'auto', not {format!r}")
     if format == "recordio" and compression != "none":

@@ -167,7 +167,7 @@ def expand_shards(paths: Union[str, Sequence[str]], out_dir: str, copies: int, *
     ----------
     paths : str or list of str
         Files, globs or directories (as :func:`dlstore.reader.expand_paths` reads them: indexes and
-        metadata in a directory are not shards).
+        metadata a glob matches or a directory holds are not shards).
     out_dir : str
         Created if missing; must not be a directory that holds a source shard (copies would then
         be taken for sources the next time).

@@ -1,12 +1,13 @@
 """The `dlstore` command line, run as a user would (a subprocess)."""
+import json
+import os
 import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from tests.conftest import REPO, oracle_tfrecord_bytes, write_tfrecord
-
-
 
 def dlstore(*args):
     return subprocess.run([sys.executable, "-m", "dlstore", *map(str, args)], capture_output=True, text=True,
@@ -32,7 +33,7 @@ def test_verify_reports_unreadable_files(tmp_path):
     junk = tmp_path / "junk.bin"
     junk.write_bytes(b"definitely not records")
     out = dlstore("verify", junk, "--quiet")
-    assert out.returncode == 1 and "cannot tell the record format" in out.stdout
+    assert out.returncode == 1 and "does not look like TFRecord or RecordIO" in out.stdout
 
 
 def test_index_writes_offset_size_lines(tmp_path):
@@ -91,3 +92,58 @@ def test_verify_names_offset_zero(tmp_path):
     out = dlstore("verify", path, "--quiet")
     assert out.returncode == 1
     assert f"{path}: at byte 0: bad data CRC in a record of 5000 bytes" in out.stdout
+
+
+# ---- a set made and indexed by the CLI, read through the glob the docs show ----------------------
+
+SHARDS, PER_SHARD = 3, 5
+
+
+@pytest.fixture(scope="module")
+def indexed_set(tmp_path_factory):
+    pytest.importorskip("PIL", reason="dlstore gen imagenet draws its JPEGs with Pillow")
+    out = tmp_path_factory.mktemp("indexed")
+    made = dlstore("gen", "imagenet", "--out", out, "--shards", SHARDS, "--records-per-shard", PER_SHARD, "--quiet")
+    assert made.returncode == 0, made.stderr
+    indexed = dlstore("index", out)
+    assert indexed.returncode == 0, indexed.stderr
+    assert len(list(out.glob("train-*.idx"))) == SHARDS
+    # What else dlstore keeps beside a set: a manifest and a lock file.
+    (out / "train.dlstore-manifest").write_text('{"shards": 3}\n')
+    (out / ".dlstore-lock").write_text("")
+    return out
+
+
+def test_glob_reads_only_the_shards_of_an_indexed_set(indexed_set):
+    import dlstore as ds
+
+    pattern = str(indexed_set / "train-*")
+    reader = ds.open_records(pattern)
+    assert [os.path.basename(p) for p in reader.paths] == [f"train-{i:05d}-of-{SHARDS:05d}" for i in range(SHARDS)]
+    assert reader.count()["records"] == SHARDS * PER_SHARD
+    for shuffle in ("global", "block"):  # the first Dataset may write indexes; the second globs beside them
+        dataset = ds.Dataset(pattern, shuffle=shuffle, batch_size=1)
+        assert len(dataset.shards) == SHARDS
+        assert sum(b.num_records for b in dataset.batches()) == SHARDS * PER_SHARD
+
+
+def test_bench_storage_reads_a_glob_over_an_indexed_set(indexed_set, tmp_path):
+    result = tmp_path / "storage.json"
+    out = subprocess.run([sys.executable, "-m", "dlstore.bench", "storage", "--data", str(indexed_set / "train-*"),
+                          "--cache", "warm", "--repeat", "1", "--no-fio", "--quiet", "--json", str(result)],
+                         capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(result.read_text())["records"] == SHARDS * PER_SHARD
+
+
+def test_a_glob_matching_only_indexes_says_so(indexed_set):
+    import dlstore as ds
+
+    with pytest.raises(ds.DlstoreError, match=r"no record file matches .*3 index, metadata or temporary files"):
+        ds.open_records(str(indexed_set / "*.idx"))
+
+
+def test_an_index_named_explicitly_is_not_advised_a_format(indexed_set):
+    out = dlstore("verify", indexed_set / f"train-00000-of-{SHARDS:05d}.idx", "--quiet")
+    assert out.returncode == 1
+    assert "does not look like TFRecord or RecordIO" in out.stdout and "format=" not in out.stdout

@@ -97,7 +97,7 @@ def test_paths_globs_and_directories(tmp_path):
     assert by_glob == by_dir == [b"\0", b"\1", b"\2"]
     with pytest.raises(dlstore.DlstoreError, match="no such file"):
         dlstore.open_records(tmp_path / "missing")
-    with pytest.raises(dlstore.DlstoreError, match="no file matches"):
+    with pytest.raises(dlstore.DlstoreError, match="no record file matches"):
         dlstore.open_records(str(tmp_path / "nothing-*"))
 
 
@@ -134,7 +134,7 @@ def test_gds_is_refused_with_the_reason(tmp_path, monkeypatch):
 def test_unknown_format_is_named(tmp_path):
     path = tmp_path / "junk.bin"
     path.write_bytes(b"not a record file at all")
-    with pytest.raises(ValueError, match="cannot tell the record format"):
+    with pytest.raises(ValueError, match="does not look like TFRecord or RecordIO"):
         dlstore.open_records(path)
 
 

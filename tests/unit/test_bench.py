@@ -329,7 +329,7 @@ def test_bench_storage_cold_with_synchronised_readers(tiny_set):
 
 def test_bench_storage_bad_data_exits_2(tmp_path):
     r = _bench("storage", "--data", os.fspath(tmp_path / "nothing-*.tfrecord"))
-    assert r.returncode == 2 and "no file matches" in r.stderr
+    assert r.returncode == 2 and "no record file matches" in r.stderr
 
 
 def test_read_throughput_quick(tmp_path):
