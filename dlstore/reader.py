@@ -331,7 +331,7 @@ class RecordReader:
                 f"verify={self.verify})")
 
 
-def open_records(paths: PathSpec, *, format: str = "auto", compression: str = "auto",
+def open_records(paths: PathSpec, *, format: str = "auto", compression: Optional[str] = "auto",
                  options: Optional[ReadOptions] = None, **read_options: Any) -> RecordReader:
     """Opens TFRecord or RecordIO files for reading, front to back.
 
@@ -341,8 +341,9 @@ def open_records(paths: PathSpec, *, format: str = "auto", compression: str = "a
         Files, globs or directories.
     format : {"auto", "tfrecord", "recordio"}
         ``auto`` tells by the first bytes (and the extension).
-    compression : {"auto", "none", "gzip", "zlib"}
-        TFRecord compression; ``auto`` tells per file by name and magic bytes.
+    compression : {"auto", None, "none", "gzip", "zlib"}
+        TFRecord compression. ``auto`` (the default) tells per file by name and magic bytes;
+        ``None`` (or ``"none"``) means uncompressed, as in tf.data and :class:`~dlstore.TFRecordWriter`.
     options : ReadOptions, optional
         How to read (engine, CRC checks, error policy, read sizes, threads, timeouts).
     **read_options
@@ -380,7 +381,8 @@ def open_records(paths: PathSpec, *, format: str = "auto", compression: str = "a
     return RecordReader(files, format=fmt, compression=comps, choice=choice, options=options)
 
 
-def detect_files(files: Sequence[str], format: str = "auto", compression: str = "auto") -> Tuple[str, List[str]]:
+def detect_files(files: Sequence[str], format: str = "auto",
+                 compression: Optional[str] = "auto") -> Tuple[str, List[str]]:
     """The format of ``files`` (one for all) and each file's compression, told by their first bytes.
 
     Raises

@@ -2,7 +2,8 @@
 
 The benchmark runs a whole input pipeline as training runs it (records read through a shuffled
 :class:`dlstore.Dataset`, ``--shuffle``, this rank's share; decoded or parsed, batched by
-:class:`dlstore.pipeline.Loader`) and reports it the way the seeds' Graphcore paper does:
+:class:`dlstore.pipeline.Loader`) and reports it the way the Graphcore IPU-POD64 + DDN AI400X2
+reference architecture does:
 
 - **Tiers**, side by side in one run, on the same step plan:
 
@@ -118,7 +119,8 @@ COMPUTE_PRESETS: Dict[str, Dict[str, ComputePreset]] = {
         "h100": ComputePreset("h100", {128: 1600.0, 384: 500.0},
                               "rough estimate (about 2x A100), not a measurement; "
                               "pass --compute MS with your own step time"),
-        # The seeds' Graphcore paper, BERT-Large, items/s per Poplar host (8 IPUs of an IPU-POD64).
+        # The Graphcore IPU-POD64 + DDN AI400X2 reference architecture, BERT-Large, items/s per Poplar
+        # host (8 IPUs of an IPU-POD64).
         "pod64-host": ComputePreset("pod64-host", {128: 3708.0, 384: 1054.0},
                                     "Graphcore IPU-POD64 + DDN AI400X2 paper, BERT-Large items/s per host"),
     },
@@ -880,18 +882,20 @@ def add_common_arguments(p: argparse.ArgumentParser, workload: Workload) -> None
                    help=f"{unit} per batch (default: %(default)s; lowered, saying so, when the data is too small "
                         "for the steps)")
     p.add_argument("--steps", type=int, default=DEFAULT_STEPS, metavar="K",
-                   help="steps per tier (default: %(default)s, as the Graphcore paper's table)")
+                   help="steps per tier (default: %(default)s, as in the per-step table of the Graphcore "
+                        "IPU-POD64 + DDN AI400X2 reference architecture)")
     p.add_argument("--step-batches", type=int, default=None, metavar="B",
                    help="batches per step (default: the baseline set's batches dealt into --steps steps, so a "
                         f"tier reads it once; {DEFAULT_STEP_BATCHES} when its size is unknown)")
     p.add_argument("--epochs", type=int, default=1, metavar="E",
                    help="passes over the data per tier (default: %(default)s). A cold tier is cold in its first "
-                        "epoch only: later ones come from the page cache, as the paper's later steps do")
+                        "epoch only: later ones come from the page cache, as the Graphcore + DDN "
+                        "reference architecture's later steps do")
     p.add_argument("--jobs", type=int, default=0, metavar="N",
                    help="also run the jobs table: 1..N concurrent loader processes")
     p.add_argument("--jobs-steps", type=int, default=1, metavar="S",
                    help="steps each job runs in the jobs table (default: %(default)s: the first training step, as "
-                        "the paper's jobs table)")
+                        "in the Graphcore + DDN reference architecture's jobs table)")
     p.add_argument("--jobs-tier", choices=TIERS, default=None,
                    help="cache state and data of the jobs table (default: target with --data, else local-cold)")
     p.add_argument("--compute", metavar="PRESET|MS",

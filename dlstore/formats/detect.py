@@ -1,7 +1,7 @@
 """Telling a file's format and compression from its name and first bytes."""
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Optional, Tuple
 
 from dlstore.formats import recordio, tfrecord
 
@@ -18,7 +18,7 @@ def _looks_like_zlib(head: bytes) -> bool:
     return len(head) >= 2 and head[0] & 0x0F == 8 and head[0] >> 4 <= 7 and ((head[0] << 8) | head[1]) % 31 == 0
 
 
-def detect(name: str, head: bytes, format: str = "auto", compression: str = "auto") -> Tuple[str, str]:
+def detect(name: str, head: bytes, format: str = "auto", compression: Optional[str] = "auto") -> Tuple[str, str]:
     """Resolves ``(format, compression)`` for one file.
 
     Parameters
@@ -27,8 +27,11 @@ def detect(name: str, head: bytes, format: str = "auto", compression: str = "aut
         The file name (its extension is a hint: ``.rec``, ``.tfrecord``, ``.gz``, ``.zlib``).
     head : bytes
         The file's first bytes (at least 12 when the file has them).
-    format, compression : str
+    format : str
         ``"auto"`` or an explicit choice, which wins.
+    compression : str or None
+        ``"auto"``, or an explicit choice, which wins: ``"none"`` (also ``None`` or ``""``, as in
+        tf.data), ``"gzip"`` or ``"zlib"`` (any case).
 
     Raises
     ------
@@ -37,6 +40,8 @@ def detect(name: str, head: bytes, format: str = "auto", compression: str = "aut
         first bytes (and advises no format: a file that is not records stays so whatever is passed).
     """
     lower = name.lower()
+    # As tf.data's compression_type and TFRecordWriter take it: None or "" is uncompressed, any case.
+    compression = "none" if compression in (None, "") else str(compression).lower()
     if compression == "auto":
         if lower.endswith((".gz", ".gzip")) or head[:2] == _GZIP_MAGIC:
             compression = "gzip"
@@ -48,7 +53,7 @@ def detect(name: str, head: bytes, format: str = "auto", compression: str = "aut
         else:
             compression = "none"
     if compression not in COMPRESSIONS:
-        raise ValueError(f"compression must be one of {COMPRESSIONS} or 'auto', not {compression!r}")
+        raise ValueError(f"compression must be one of {COMPRESSIONS}, None or 'auto', not {compression!r}")
     if format == "auto":
         if recordio.looks_like_recordio(head) or lower.endswith(".rec"):
             format = "recordio"

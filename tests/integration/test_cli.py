@@ -1,4 +1,5 @@
 """The `dlstore` command line, run as a user would (a subprocess)."""
+import argparse
 import json
 import os
 import subprocess
@@ -147,3 +148,95 @@ def test_an_index_named_explicitly_is_not_advised_a_format(indexed_set):
     out = dlstore("verify", indexed_set / f"train-00000-of-{SHARDS:05d}.idx", "--quiet")
     assert out.returncode == 1
     assert "does not look like TFRecord or RecordIO" in out.stdout and "format=" not in out.stdout
+
+
+# ---- mistakes are one line, exit 2, never a traceback ---------------------------------------------
+
+def _one_line_error(out, status=2):
+    assert out.returncode == status, (out.returncode, out.stdout, out.stderr)
+    assert "Traceback" not in out.stderr
+    assert len(out.stderr.splitlines()) == 1, out.stderr
+    return out.stderr
+
+
+def _bench_plot(*args):
+    return subprocess.run([sys.executable, "-m", "dlstore.bench.plot", *map(str, args)], capture_output=True,
+                          text=True, cwd=REPO, timeout=300)
+
+
+def test_gen_refuses_bad_counts_in_one_line(tmp_path):
+    for flag in ("--shards", "--records-per-shard"):
+        err = _one_line_error(dlstore("gen", "bert", "--out", tmp_path / "x", flag, "-1"))
+        assert f"argument {flag}: expected a positive integer, not -1" in err
+    assert not (tmp_path / "x").exists()
+
+
+def test_gen_into_a_place_that_cannot_hold_a_directory(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    err = _one_line_error(dlstore("gen", "bert", "--out", blocker / "out", "--shards", 1, "--records-per-shard", 1,
+                                  "--quiet"))
+    assert str(blocker) in err
+
+
+def test_index_of_a_non_record_file_is_one_line(tmp_path):
+    notes = tmp_path / "notes.bin"
+    notes.write_bytes(b"these are notes, not records")
+    err = _one_line_error(dlstore("index", notes))
+    assert f"{notes}: does not look like TFRecord or RecordIO" in err and "format=" not in err
+
+
+def test_settings_mistakes_are_usage_errors_not_corrupt_files(tmp_path):
+    path = write_tfrecord(tmp_path / "a.tfrecord", [b"a"] * 3)
+    err = _one_line_error(dlstore("verify", "--io", "foo", path))
+    assert "io='foo'" in err and "CORRUPT" not in err
+    env = dict(os.environ, DLSTORE_IO="foo")
+    out = subprocess.run([sys.executable, "-m", "dlstore", "verify", path], capture_output=True, text=True,
+                         cwd=REPO, timeout=300, env=env)
+    assert "DLSTORE_IO" in _one_line_error(out) and "CORRUPT" not in out.stdout
+
+
+def test_unknown_command_and_bad_option_values_are_one_line():
+    assert "invalid choice" in _one_line_error(dlstore("frobnicate"))
+    assert "--world-size" in _one_line_error(dlstore("plan", "--mounts", REPO, "--world-size", "many"))
+
+
+def test_version():
+    import dlstore as ds
+
+    out = dlstore("--version")
+    assert out.returncode == 0 and out.stdout.strip() == f"dlstore {ds.__version__}"
+
+
+def test_plot_refuses_what_is_not_a_bench_result(tmp_path):
+    other = tmp_path / "other.json"
+    other.write_text('{"benchmark": "storage", "gb_per_s": 1.5}')
+    assert "not a result of" in _one_line_error(_bench_plot(other, tmp_path / "o.png"))
+    broken = tmp_path / "broken.json"
+    broken.write_text("{not json")
+    assert "not JSON" in _one_line_error(_bench_plot(broken, tmp_path / "o.png"))
+    assert "No such file" in _one_line_error(_bench_plot(tmp_path / "missing.json", tmp_path / "o.png"))
+    assert not (tmp_path / "o.png").exists()
+
+
+def test_a_closed_pipe_ends_plan_quietly(tmp_path):
+    (tmp_path / "m").mkdir()
+    for i in range(2):
+        write_tfrecord(tmp_path / "m" / f"s{i}.tfrecord", [b"r"] * 50)
+    proc = subprocess.Popen([sys.executable, "-m", "dlstore", "plan", "--mounts", tmp_path / "m", "--world-size", "4",
+                             "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO)
+    proc.stdout.close()  # as `| head` does, before the plan is printed
+    _, err = proc.communicate(timeout=300)
+    assert err == b"" and proc.returncode == 141
+
+
+def test_help_speaks_to_users():
+    from dlstore.bench.__main__ import build_parser as bench_parser
+    from dlstore.cli import build_parser
+
+    for parser in (build_parser(), bench_parser()):
+        subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        texts = [parser.format_help()] + [p.format_help() for p in subparsers.choices.values()]
+        for text in texts:
+            for jargon in ("``", "seeds'", "the seeds", "SPEC", "the paper"):
+                assert jargon not in text, (jargon, text[:200])

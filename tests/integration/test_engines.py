@@ -250,3 +250,16 @@ def test_warn_notes_corruptions_beyond_the_reports(tmp_path):
     assert len(caught) == reported + 1
     assert "more corrupt records were skipped than reported" in str(caught[-1].message)
     assert {w.filename for w in caught} == {__file__}
+
+
+def test_compression_none_means_uncompressed_as_in_tf_data(tmp_path):
+    plain = write_tfrecord(tmp_path / "plain.tfrecord", [b"x" * 10, b"y"])
+    with dlstore.TFRecordWriter(os.fspath(tmp_path / "z.tfrecord"), compression="gzip") as w:
+        w.write(b"zipped")
+    assert dlstore.open_records(plain, compression=None).compression == ["none"]
+    assert [bytes(r) for r in dlstore.open_records(plain, compression=None)] == [b"x" * 10, b"y"]
+    # Auto-detection is the default, and says "auto" by name.
+    assert dlstore.open_records(tmp_path / "z.tfrecord").compression == ["gzip"]
+    assert dlstore.open_records(tmp_path / "z.tfrecord", compression="auto").compression == ["gzip"]
+    assert dlstore.open_records(tmp_path / "z.tfrecord", compression="GZIP").compression == ["gzip"]
+    assert dlstore.open_records(tmp_path / "z.tfrecord", compression=None).compression == ["none"]
