@@ -80,7 +80,7 @@ CONTENDERS: Dict[str, Contender] = {
                   "pip install nvidia-dali-cuda130"),
         Contender("tfrecord", "tfrecord pkg (iterator)", "tfrecord", False, "tfrecord",
                   "pip install tfrecord"),
-        Contender("fio", "fio direct=1 (ceiling)", "fio", None),
+        Contender("fio", "fio direct=1 psync qd1", "fio", None),
     ]
 }
 
@@ -423,7 +423,8 @@ def _markdown_doc(doc: Dict) -> str:
             lines += [f"## {phase.capitalize()}", "", report.markdown_table(doc["phases"][phase], COLUMNS)]
     lines += ["## Targets", "", report.markdown_table(doc["targets"], TARGET_COLUMNS)]
     lines += [("CRC: dlstore and tf.data check each record's CRC-32C; DALI and the tfrecord package do not. "
-               "fio reads with O_DIRECT, so its figure is the device's ceiling in both states."), ""]
+               "fio reads with O_DIRECT, so its figure is the same in both states; with psync at queue depth 1 "
+               "it is a reference, not the device's ceiling (benchmarks/direct_sweep.py tries deeper queues)."), ""]
     return "\n".join(lines)
 
 

@@ -258,7 +258,8 @@ def run_steps(batches: Iterable, plan: Sequence[int], *, compute_s: float = 0.0,
         ``samples``, ``bytes``, ``seconds``, ``rate``, ``mb_per_s``, ``compute_seconds``,
         ``accelerator_util_pct``, ``busiest_core_pct``, ``cores_pct`` (each core's
         utilisation), ``process_cpu_pct`` (this process's CPU time over wall time, 200 = two
-        cores) and ``ended_early`` (the data ended before the plan).
+        cores), ``other_processes_cores`` (cores other processes kept busy meanwhile, on average)
+        and ``ended_early`` (the data ended before the plan).
     """
     ticks_start = cpu_ticks()
     cpu_start = sysinfo.process_cpu_seconds()
@@ -330,6 +331,7 @@ def run_steps(batches: Iterable, plan: Sequence[int], *, compute_s: float = 0.0,
         "busiest_core_pct": max((c for c in cores if c is not None), default=None),
         "cores_pct": cores,
         "process_cpu_pct": 100.0 * cpu / seconds if seconds > 0 else None,
+        "other_processes_cores": sysinfo.other_processes_cores(ticks_start, ticks_prev, cpu, seconds),
         "ended_early": ended and sum(s["batches"] for s in steps) < sum(plan),
     }
 
@@ -665,10 +667,11 @@ def _tier_entry(t: Dict[str, Any], rate_key: str, compute: Optional[Compute], ba
 def build_document(workload: Workload, tiers: Sequence[Dict[str, Any]], *, info: Dict[str, Any],
                    config: Dict[str, Any], compute: Optional[Compute], batch_size: int,
                    jobs: Optional[Dict[str, Any]] = None, ranks: Optional[List[List[Dict[str, Any]]]] = None,
-                   notes: Sequence[str] = ()) -> Dict[str, Any]:
+                   notes: Sequence[str] = (), warnings: Sequence[str] = ()) -> Dict[str, Any]:
     """The JSON document: ``benchmark``, ``unit``, ``sysinfo`` (the header), ``config``, ``tiers``
     (per tier ``tier``, ``io``, ``<unit>_per_s``, ``mb_per_s``, ``steps``, ``cpu_busiest_core_pct``
-    and details), ``jobs``, ``compute``, ``verdict``, ``notes``; under MPI ``ranks`` (each rank's
+    and details), ``jobs``, ``compute``, ``verdict``, ``notes``, ``warnings`` (why a figure may not
+    be trusted: :func:`dlstore.bench.sysinfo.trust_warnings`); under MPI ``ranks`` (each rank's
     tiers) and the tiers are the aggregate."""
     world = len(ranks) if ranks else 1
     doc: Dict[str, Any] = {
@@ -683,6 +686,7 @@ def build_document(workload: Workload, tiers: Sequence[Dict[str, Any]], *, info:
             "source": compute.source,
             "samples_per_s_per_accelerator": compute.samples_per_s(batch_size)},
         "notes": list(notes),
+        "warnings": list(warnings),
     }
     if ranks:
         doc["world_size"] = world
@@ -706,7 +710,7 @@ def _verdict(doc: Dict[str, Any], workload: Workload, compute: Optional[Compute]
                          f"({base[key]:,.0f} {unit}/s)")
     if compute is None:
         lines.append("no accelerator emulated: add --compute a100 (or h100, or ms per batch) for accelerator "
-                     "utilisation and MB/s per accelerator")
+                     "utilisation and the MB/s each accelerator needs")
         return lines
     need = compute.samples_per_s(batch_size)
     judged = by_name.get("target") or by_name.get("local-cold") or (doc["tiers"][0] if doc["tiers"] else None)
@@ -720,7 +724,7 @@ def _verdict(doc: Dict[str, Any], workload: Workload, compute: Optional[Compute]
         lines.append(f"{judged['tier']}: storage sustains {judged['sustained_pct']:.0f}% of what {acc}: "
                      f"{judged[key]:,.0f} of {world * need:,.0f} {unit}/s; "
                      f"accelerator utilisation {au_text} ({meets} MLPerf Storage's {AU_THRESHOLD_PCT:.0f}%); "
-                     f"required {req_text} MB/s per accelerator")
+                     f"each accelerator needs {req_text} MB/s")
     jobs = doc.get("jobs")
     if jobs and jobs.get("rows"):
         fed = 0  # the most jobs for which every row up to it kept its accelerators busy enough
@@ -778,7 +782,7 @@ def tier_table(tiers: Sequence[Dict[str, Any]], rate_key: str, unit: str) -> Tup
     if any(t.get("accelerator_util_pct") is not None for t in tiers):
         columns += [report.Column("accelerator_util_pct", "AU", _pct_fmt),
                     report.Column("sustained_pct", "sustains", _pct_fmt),
-                    report.Column("required_mb_per_s_per_accelerator", "MB/s per accel.", "{:,.1f}")]
+                    report.Column("required_mb_per_s_per_accelerator", "needed MB/s per accel.", "{:,.1f}")]
     return list(tiers), columns
 
 
@@ -833,6 +837,7 @@ def format_report(doc: Dict[str, Any]) -> str:
         c = doc["compute"]
         lines.append(f"accelerator emulated: {c['label']}; source: {c['source']}")
     lines += [""] + [f"verdict: {v}" for v in doc["verdict"]]
+    lines += [f"warning: {w}" for w in doc.get("warnings", [])]
     return "\n".join(lines)
 
 
@@ -845,6 +850,7 @@ def markdown_report(doc: Dict[str, Any]) -> str:
     for title, (rows, columns) in _sections(doc):
         out += [f"**{title}**", "", report.markdown_table(rows, columns)]
     out += [f"- {v}" for v in doc["verdict"]]
+    out += [f"- warning: {w}" for w in doc.get("warnings", [])]
     return "\n".join(out) + "\n"
 
 
@@ -966,6 +972,7 @@ def run_workload(workload: Workload, args: argparse.Namespace) -> int:
     quiet = args.quiet or rank != 0
     log = (lambda s: print(s, file=sys.stderr, flush=True)) if rank == 0 else (lambda s: None)
     notes: List[str] = []
+    warnings: List[str] = []  # why a figure may not be trusted: a tier too short, other processes busy
 
     baseline = _baseline_paths(workload, args) if {"page-cache", "local-cold"} & set(wanted) else []
     target = target_paths(args.data, args.mounts) if "target" in wanted else []
@@ -1043,6 +1050,8 @@ def run_workload(workload: Workload, args: argparse.Namespace) -> int:
                                 quiet=quiet, log=log, unit=workload.unit))
         if results[-1]["ended_early"]:
             notes.append(f"{tier}: the data ended after {results[-1]['batches']} of {sum(plan)} batches")
+        warnings += sysinfo.trust_warnings(f"tier {tier}" + (f" (rank {rank})" if comm is not None else ""),
+                                           results[-1]["seconds"], results[-1]["other_processes_cores"])
 
     jobs = None
     if args.jobs:
@@ -1060,6 +1069,7 @@ def run_workload(workload: Workload, args: argparse.Namespace) -> int:
     ranks = None
     if comm is not None:
         gathered = comm.gather(results, root=0)
+        warnings = [w for mine in comm.gather(warnings, root=0) or [] for w in mine]
         if rank != 0:
             return 0
         ranks = gathered
@@ -1072,7 +1082,7 @@ def run_workload(workload: Workload, args: argparse.Namespace) -> int:
               "size": None if args.local else args.size, "baseline": baseline, "target": target,
               "mounts": args.mounts, "pipeline": workload.pipeline, "pipeline_kwargs": workload.pipeline_kwargs(args)}
     doc = build_document(workload, results, info=info, config=config, compute=compute, batch_size=batch_size,
-                         jobs=jobs, ranks=ranks, notes=notes)
+                         jobs=jobs, ranks=ranks, notes=notes, warnings=warnings)
     doc["command"] = ["python", "-m", "dlstore.bench"] + sys.argv[1:]
     print(format_report(doc), flush=True)
     if args.json:
