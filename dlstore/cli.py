@@ -22,10 +22,12 @@ def cmd_gen(args: argparse.Namespace) -> int:
     else:
         paths = synthetic.generate_bert(args.out, shards=args.shards, records_per_shard=args.records_per_shard,
                                         seed=args.seed, seq_len=args.seq_len, progress=not args.quiet)
+    from dlstore.io.system import format_bytes
+
     size = sum(os.path.getsize(p) for p in paths)
     records = args.shards * args.records_per_shard
-    print(f"wrote {len(paths)} shards, {records} records, {size / 1e6:.1f} MB "
-          f"(mean record {size / max(records, 1) / 1e3:.1f} KB) to {args.out}")
+    print(f"wrote {len(paths)} shards, {records} records, {format_bytes(size)} "
+          f"(mean record {format_bytes(size / max(records, 1))}) to {args.out}")
     return 0
 
 

@@ -356,6 +356,9 @@ class Workload:
     dataset_overrides: Callable[[argparse.Namespace], Dict[str, Any]] = field(default=lambda args: {})
     variant: Callable[[argparse.Namespace], Optional[int]] = field(default=lambda args: None)
     describe: Callable[[argparse.Namespace], str] = field(default=lambda args: "")
+    #: The --size preset of the generated baseline set: large enough that a tier lasts seconds.
+    default_size: str = "default"
+    size_help: str = ""
 
     @property
     def rate_key(self) -> str:
@@ -871,8 +874,9 @@ def add_common_arguments(p: argparse.ArgumentParser, workload: Workload) -> None
     p.add_argument("--local", metavar="GLOB",
                    help="data for the page-cache and local-cold baselines (default: a generated "
                         f"{workload.dataset_kind} set of --size, cached under the dlstore cache directory)")
-    p.add_argument("--size", choices=tuple(PRESETS[workload.dataset_kind]), default="default",
-                   help="size of the generated baseline set (default: %(default)s; tiny is for smoke tests)")
+    p.add_argument("--size", choices=tuple(PRESETS[workload.dataset_kind]), default=workload.default_size,
+                   help=f"size of the generated baseline set (default: %(default)s{workload.size_help}; tiny is "
+                        "for smoke tests)")
     p.add_argument("--tiers", default=None, metavar="LIST",
                    help=f"comma-separated tiers to run, of {', '.join(TIERS)} (default: page-cache,local-cold, "
                         "and target with --data)")
