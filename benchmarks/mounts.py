@@ -7,10 +7,11 @@
 
 Root only: it builds a ``dlstore testbed`` (loop-mounted ext4 images, each throttled with cgroup v1
 ``blkio.throttle.read_bps_device`` to the same bandwidth B), copies a dataset onto every mount
-(replicated layout, as the seeds' 16 NFS mounts of one export), and for each (mounts M, ranks R)
-starts R processes that each read their share of one epoch through ``dlstore.Dataset`` with the
-seeds' rank -> mount round robin; when R < M each rank reads M / R mounts at once. The page cache
-is evicted before each run and reads are O_DIRECT, so every byte comes through a throttled device.
+(replicated layout, as the Dell EMC Isilon reference architecture's 16 NFS mounts of one export),
+and for each (mounts M, ranks R) starts R processes that each read their share of one epoch through
+``dlstore.Dataset`` with that architecture's rank -> mount round robin; when R < M each rank reads
+M / R mounts at once. The page cache is evicted before each run and reads are O_DIRECT, so every
+byte comes through a throttled device.
 
 Aggregate bandwidth is the payload bytes of all ranks over the time from the common start (a
 barrier) to the last rank's end. The ideal is ``min(M, R x mounts per rank) x B``: one mount reads
@@ -50,7 +51,8 @@ HOW_TO_READ = """
 
 - **One mount reads about B however many ranks share it.** The blkio rule is per device and every
   process sits in the root blkio cgroup (docs/testbed.md), so the ranks share the mount's bandwidth.
-- **Ranks on their own mounts add up**: the seeds' `round_robin_mpi.py` assignment, rank r on mount r % M.
+- **Ranks on their own mounts add up**: the `round_robin_mpi.py` assignment of the Dell EMC Isilon F800
+  reference architecture, rank r on mount r % M.
 - **A rank can read several mounts at once** (`mounts_per_rank`). `dlstore.Dataset` cuts each shard into
   blocks (`block_size`, 8 MiB) and reads block *j* of shard *s* through one of the rank's mounts chosen
   by (*s* + *j*): the same mount every epoch, so its page cache stays useful. Under the block shuffle

@@ -78,7 +78,7 @@ MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
 OUTPUTS = ("uint8", "float")
 
-# BERT pretraining features at sequence length 128 (SPEC.md E, create_pretraining_data.py).
+# BERT pretraining features at sequence length 128 (Google's create_pretraining_data.py).
 BERT_SEQ_LEN = 128
 BERT_MAX_PREDICTIONS = 20
 BERT_INT_FEATURES = ("input_ids", "input_mask", "segment_ids")

@@ -32,7 +32,7 @@ GENERATOR_VERSION = 1
 
 # JPEG quality and texture amplitudes, calibrated together so that the mean record of the default
 # image sizes (each side uniform in 300..500 px, 160,000 px on average) lands at ImageNet's 115 KB
-# (the figure of the seeds' Isilon paper). Photos carry about 5.7 bits per pixel at that size;
+# (the figure of the Dell EMC Isilon F800 reference architecture). Photos carry about 5.7 bits per pixel at that size;
 # even pure luminance noise reaches only ~6.3 at quality 90, so realistic content needs quality
 # 95, as many camera and Flickr JPEGs have. With it, the mean grows roughly as the logarithm of
 # the texture amplitude. Measured on records 0..1999 of seed 0 (Pillow 13, libjpeg-turbo 3):

@@ -1,4 +1,4 @@
-"""``python -m dlstore.bench <scenario>``: benchmarks of your storage, as the seeds measure it.
+"""``python -m dlstore.bench <scenario>``: benchmarks of your storage, as storage reference architectures measure it.
 
 Scenarios are registered by name in :data:`SCENARIOS`. Each names the module that implements it;
 that module provides ``add_arguments(parser)`` and ``run(args) -> int`` (the exit status). A

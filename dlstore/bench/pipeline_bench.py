@@ -35,8 +35,8 @@ reference architecture does:
   Accelerator utilisation (AU) = time spent computing / wall time; "storage sustains X% of what N
   accelerators need" = delivered rate / (N x one accelerator's rate).
 - **CPU**: ``/proc/stat`` per core, sampled at every step boundary and over each tier; the
-  busiest core's utilisation is the bottleneck signal of the seeds (system-wide, not only this
-  process), beside the process's own CPU time.
+  busiest core's utilisation is the bottleneck signal of the Dell EMC Isilon reference
+  architecture (system-wide, not only this process), beside the process's own CPU time.
 - **MB/s** counts the record bytes the loader's source delivered (payload, without framing)
   over wall time.
 

@@ -8,8 +8,8 @@ touches batches (one per chunk read); framing and CRC run in C++, off the GIL.
   dropped (root) or the files are evicted (``posix_fadvise``), and the report says which;
   ``warm``: not; ``both`` (default): cold, then warm.
 - ``--readers N`` splits the files among N readers running at once; ``--sync`` makes them wait for
-  each other after every batch, as the seeds' TensorFlow storage benchmark synchronises its
-  readers, so the slowest reader sets the pace as it does in synchronous training.
+  each other after every batch, as the Dell EMC Isilon reference architecture's TensorFlow
+  storage benchmark synchronises its readers, so the slowest reader sets the pace as it does in synchronous training.
 - With fio installed, fio reads the same files with ``direct=1``, bs 1 MiB and as many jobs as
   dlstore has reading threads, interleaved with the passes; the ratio is printed and stored.
 """

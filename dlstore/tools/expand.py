@@ -1,5 +1,5 @@
-"""``dlstore expand``: K copies of every shard, as the seeds did 150x to make a dataset larger than
-every cache (the host's page cache and the storage system's own).
+"""``dlstore expand``: K copies of every shard, as the Dell EMC Isilon reference architecture made 150,
+to make a dataset larger than every cache (the host's page cache and the storage system's own).
 
 Copy ``k`` of ``shard-00001.tfrecord`` is ``shard-00001.copy003.tfrecord`` (the number has at least
 three digits); a valid index beside a shard is copied beside each of its copies, so readers do not

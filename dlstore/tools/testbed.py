@@ -1,5 +1,6 @@
 """``dlstore testbed``: N loop-mounted filesystems on one host, each optionally throttled, to emulate a
-multi-mount storage system (the seeds' 16 NFS mounts of one export) without one. Root only.
+multi-mount storage system (the Dell EMC Isilon reference architecture's 16 NFS mounts of one
+export) without one. Root only.
 
 Per mount ``i``: a sparse image file ``DIR/images/disk{i}.img``, a loop device attached with direct
 I/O (``losetup --find --show --direct-io=on``), a filesystem (ext4 or xfs) mounted with ``noatime`` at
