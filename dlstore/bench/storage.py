@@ -63,7 +63,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="readers wait for each other after every batch (with --readers > 1)")
     p.add_argument("--no-fio", dest="fio", action="store_false", help="do not run fio beside dlstore")
     p.add_argument("--fio-ioengine", default="psync", choices=("psync", "libaio", "io_uring"),
-                   help="fio's ioengine (default: %(default)s)")
+                   help="fio's ioengine (default: %(default)s; psync has one request in flight per job, a "
+                        "reference rather than the device's ceiling)")
     p.add_argument("--fio-iodepth", type=int, default=1, metavar="N",
                    help="fio's iodepth, for the asynchronous engines (default: %(default)s)")
     p.add_argument("--json", metavar="FILE",

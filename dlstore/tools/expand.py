@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import List, Optional, Sequence, Tuple, Union
 
 from dlstore.errors import DlstoreError, DlstoreIOError
+from dlstore.io.system import format_bytes
 
 __all__ = ["EXPAND_MODES", "ExpandResult", "copy_name", "format_of", "valid_index", "copy_file", "expand_shards"]
 
@@ -220,8 +221,8 @@ def expand_shards(paths: Union[str, Sequence[str]], out_dir: str, copies: int, *
         need = sum(sizes[s] for s, _ in todo)
         free = shutil.disk_usage(out_dir).free
         if need > free:
-            raise DlstoreError(f"{out_dir}: {copies} copies need {need / 1e9:.2f} GB more but the filesystem has "
-                               f"{free / 1e9:.2f} GB free", path=out_dir)
+            raise DlstoreError(f"{out_dir}: {copies} copies need {format_bytes(need)} more but the filesystem has "
+                               f"{format_bytes(free)} free", path=out_dir)
     indexes = {}
     for s in sources:
         fmt = format_of(s)
