@@ -70,14 +70,42 @@ def run_worker(script: str, args: Sequence[str], result_prefix: str, timeout: fl
     return {"error": f"worker exited with {proc.returncode}: " + " | ".join(tail)[-400:]}
 
 
-def write_outputs(doc: Dict, name: str, quick: bool, json_path: Optional[str], markdown_path: Optional[str],
-                  markdown: Callable[[Dict], str]) -> None:
-    """Writes ``doc`` as JSON (by default ``benchmarks/results/<name>[-quick].json``) and, when asked,
-    its markdown page; prints where."""
+def add_output_arguments(p, name: str) -> None:
+    """``--json FILE`` and ``--save``: where a script's results JSON goes (:func:`results_path`)."""
+    p.add_argument("--json", metavar="FILE",
+                   help=f"results JSON (default: benchmarks/results/{name}-latest.json, or {name}-quick.json "
+                        "with --quick; git ignores both)")
+    p.add_argument("--save", action="store_true",
+                   help=f"write the committed benchmarks/results/{name}.json, the figures the docs quote")
+
+
+def results_path(name: str, *, json_path: Optional[str] = None, save: bool = False, quick: bool = False) -> str:
+    """Where a run's results JSON goes: ``json_path`` when given; with ``save`` the committed
+    ``benchmarks/results/<name>.json``; else ``<name>-latest.json`` (``<name>-quick.json`` for a
+    quick run) beside it, which git ignores, so that an ordinary run never overwrites the committed
+    figures. Call it before measuring: a refused combination then costs nothing.
+
+    Raises
+    ------
+    ValueError
+        For ``save`` with ``quick`` (a smoke test is not the figures the docs quote) or with ``json_path``.
+    """
+    if save and quick:
+        raise ValueError("--save writes the committed results: a --quick run is a smoke test, not those")
+    if save and json_path:
+        raise ValueError("--save and --json name two places for one result: give one")
+    if json_path:
+        return json_path
+    suffix = "" if save else "-quick" if quick else "-latest"
+    return os.path.join(ROOT, "benchmarks", "results", f"{name}{suffix}.json")
+
+
+def write_outputs(doc: Dict, json_path: str, markdown_path: Optional[str], markdown: Callable[[Dict], str]) -> None:
+    """Writes ``doc`` as JSON to ``json_path`` (:func:`results_path`) and, when asked, its markdown
+    page; prints where."""
     from dlstore.bench import report
 
-    default_name = f"{name}-quick.json" if quick else f"{name}.json"
-    path = json_path or os.path.join(ROOT, "benchmarks", "results", default_name)
+    path = json_path
     report.write_json(path, doc)
     print(f"\nwrote {path}")
     if markdown_path:

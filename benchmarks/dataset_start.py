@@ -6,7 +6,7 @@ starts from a cold page cache (dropped as root, else the files evicted) and from
 is the ``Dataset`` constructor plus its first batch; imports are not counted. The child counts the
 index files it opens (the manifest, per-file ``.idx``) by wrapping ``open``.
 
-    python benchmarks/dataset_start.py --json benchmarks/results/dataset_start.json --markdown docs/dataset_start.md
+    python benchmarks/dataset_start.py --save --markdown docs/dataset_start.md
 """
 from __future__ import annotations
 
@@ -114,12 +114,16 @@ def main(argv: List[str] = None) -> int:
     p.add_argument("--rank", type=int, default=5)
     p.add_argument("--world-size", type=int, default=1024)
     p.add_argument("--repeat", type=int, default=5)
-    p.add_argument("--json", help="where to write the results (JSON)")
+    _harness.add_output_arguments(p, "dataset_start")
     p.add_argument("--markdown", help="also write the markdown page here")
     p.add_argument("--render", metavar="JSON", help="write --markdown from an earlier run's JSON, measuring nothing")
     args = p.parse_args(argv)
     if args.render:
         return _harness.render(args.render, args.markdown, markdown)
+    try:
+        json_path = _harness.results_path("dataset_start", json_path=args.json, save=args.save)
+    except ValueError as e:
+        p.error(str(e))
     load = os.getloadavg()[0]
     paths = write_shards(args.dir, args.shards, args.records, args.record_bytes)
     for stale in glob.glob(os.path.join(args.dir, ".dlstore-manifest*")) + glob.glob(os.path.join(args.dir, "*.idx")):
@@ -143,7 +147,7 @@ def main(argv: List[str] = None) -> int:
            "records_per_shard": args.records, "record_bytes": args.record_bytes, "rank": args.rank,
            "world_size": args.world_size, "cold_method": method, "first": first, "cold": cold, "warm": warm,
            "pass": ok}
-    _harness.write_outputs(doc, "dataset_start", False, args.json, args.markdown, markdown)
+    _harness.write_outputs(doc, json_path, args.markdown, markdown)
     return 0 if ok else 1
 
 

@@ -1,7 +1,10 @@
 """Why the direct engine uses a thread pool: its cold-cache throughput beside fio's psync, libaio and
 io_uring engines at several queue depths, on the same files, in one run.
 
-    python benchmarks/direct_sweep.py [--data GLOB] [--rounds 2] [--json benchmarks/results/direct_sweep.json]
+    python benchmarks/direct_sweep.py [--data GLOB] [--rounds 2] [--save]
+
+The JSON goes to benchmarks/results/direct_sweep-latest.json (git ignores it); --save writes the
+committed benchmarks/results/direct_sweep.json.
 
 Needs root (drops the page cache) and fio.
 """
@@ -18,6 +21,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import dlstore  # noqa: E402
+from benchmarks import _harness  # noqa: E402
 from dlstore.bench.cache import drop_page_cache, drop_page_cache_refusal  # noqa: E402
 from dlstore.bench.fio import fio_missing_reason  # noqa: E402
 from dlstore.bench.storage import dataset_paths  # noqa: E402
@@ -47,8 +51,12 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", help="files to read (default: the cached 'small' synthetic ImageNet-like set)")
     p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--json", default="benchmarks/results/direct_sweep.json")
+    _harness.add_output_arguments(p, "direct_sweep")
     args = p.parse_args()
+    try:
+        json_path = _harness.results_path("direct_sweep", json_path=args.json, save=args.save)
+    except ValueError as e:
+        p.error(str(e))
     why = drop_page_cache_refusal() or fio_missing_reason()
     if why:
         print(f"direct_sweep needs root (to drop the page cache) and fio: {why}", file=sys.stderr)
@@ -67,9 +75,10 @@ def main() -> int:
     print(f"{'reader':52s} {'GB/s':>6s} {'vs best fio':>11s}")
     for name, v in results.items():
         print(f"{name:52s} {statistics.median(v):6.2f} {statistics.median(v) / ceiling:11.2f}")
-    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-    with open(args.json, "w") as f:
+    os.makedirs(os.path.dirname(os.path.abspath(json_path)), exist_ok=True)
+    with open(json_path, "w") as f:
         json.dump({"bytes": total, "files": len(paths), "gb_per_s": results}, f, indent=1)
+    print(f"wrote {json_path}")
     return 0
 
 

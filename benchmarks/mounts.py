@@ -3,14 +3,15 @@
 
     python benchmarks/mounts.py                         # 4 mounts at 100 MiB/s each, 1 GiB replicated
     python benchmarks/mounts.py --quick                 # 2 mounts, small data: a smoke run
-    python benchmarks/mounts.py --markdown docs/mounts.md
+    python benchmarks/mounts.py --save --markdown docs/mounts.md
 
 Root only: it builds a ``dlstore testbed`` (loop-mounted ext4 images, each throttled with cgroup v1
 ``blkio.throttle.read_bps_device`` to the same bandwidth B), copies a dataset onto every mount
-(replicated layout, as the seeds' 16 NFS mounts of one export), and for each (mounts M, ranks R)
-starts R processes that each read their share of one epoch through ``dlstore.Dataset`` with the
-seeds' rank -> mount round robin; when R < M each rank reads M / R mounts at once. The page cache
-is evicted before each run and reads are O_DIRECT, so every byte comes through a throttled device.
+(replicated layout, as the Dell EMC Isilon reference architecture's 16 NFS mounts of one export),
+and for each (mounts M, ranks R) starts R processes that each read their share of one epoch through
+``dlstore.Dataset`` with that architecture's rank -> mount round robin; when R < M each rank reads
+M / R mounts at once. The page cache is evicted before each run and reads are O_DIRECT, so every
+byte comes through a throttled device.
 
 Aggregate bandwidth is the payload bytes of all ranks over the time from the common start (a
 barrier) to the last rank's end. The ideal is ``min(M, R x mounts per rank) x B``: one mount reads
@@ -32,6 +33,7 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 import numpy as np  # noqa: E402
+from benchmarks import _harness  # noqa: E402
 
 import dlstore  # noqa: E402
 from dlstore.bench import report, sysinfo  # noqa: E402
@@ -49,7 +51,8 @@ HOW_TO_READ = """
 
 - **One mount reads about B however many ranks share it.** The blkio rule is per device and every
   process sits in the root blkio cgroup (docs/testbed.md), so the ranks share the mount's bandwidth.
-- **Ranks on their own mounts add up**: the seeds' `round_robin_mpi.py` assignment, rank r on mount r % M.
+- **Ranks on their own mounts add up**: the `round_robin_mpi.py` assignment of the Dell EMC Isilon F800
+  reference architecture, rank r on mount r % M.
 - **A rank can read several mounts at once** (`mounts_per_rank`). `dlstore.Dataset` cuts each shard into
   blocks (`block_size`, 8 MiB) and reads block *j* of shard *s* through one of the rank's mounts chosen
   by (*s* + *j*): the same mount every epoch, so its page cache stays useful. Under the block shuffle
@@ -130,9 +133,13 @@ def main(argv=None) -> int:
     p.add_argument("--shuffle", default="block", choices=("none", "block", "buffer", "global"),
                    help="the Dataset's record shuffle (default: %(default)s, what training reads with)")
     p.add_argument("--quick", action="store_true", help="2 mounts, 64 MiB, ranks 1,2: a smoke run")
-    p.add_argument("--json", default=os.path.join(ROOT, "benchmarks", "results", "mounts.json"))
+    _harness.add_output_arguments(p, "mounts")
     p.add_argument("--markdown", default=None, help="write the table to this markdown file")
     args = p.parse_args(argv)
+    try:
+        json_path = _harness.results_path("mounts", json_path=args.json, save=args.save, quick=args.quick)
+    except ValueError as e:
+        p.error(str(e))
     from dlstore.tools.testbed import create_testbed, destroy_testbed, root_refusal
 
     why = root_refusal()
@@ -187,13 +194,13 @@ def main(argv=None) -> int:
     out = {"sysinfo": info, "bandwidth_per_mount_bytes": bps, "data_bytes": total, "shuffle": args.shuffle,
            "rows": rows, "probe_bps": measured,
            "checks": [{"check": t, "pass": ok, "value": v} for t, ok, v in checks]}
-    if args.json:
-        report.write_json(args.json, out)
+    report.write_json(json_path, out)
+    print(f"wrote {json_path}")
     if args.markdown:
         with open(args.markdown, "w") as f:
             command = " ".join(["python", "benchmarks/mounts.py"] + list(sys.argv[1:] if argv is None else argv))
             f.write("# Aggregate bandwidth over throttled mounts\n\n")
-            f.write(f"Written by `{command}` (root; the JSON is in `benchmarks/results/mounts.json`): "
+            f.write(f"Written by `{command}` (root; the JSON is in `{os.path.relpath(json_path, ROOT)}`): "
                     f"{args.mounts} loop-mounted ext4 mounts, each throttled to B = {bps / 1e6:.1f} MB/s with "
                     f"cgroup v1 blkio, a {total / 1e6:.0f} MB dataset replicated on each, O_DIRECT reads, page "
                     f"cache evicted before each run, every rank reading a `dlstore.Dataset` with shuffle "

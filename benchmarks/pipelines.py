@@ -7,7 +7,7 @@ shuffled, as training reads.
     python benchmarks/pipelines.py --quick                  # tiny sets, small batches: a smoke test
     python benchmarks/pipelines.py --size small --repeat 1 --only resnet50
     python benchmarks/pipelines.py --data '/data/train-*' --bert-data '/data/bert/part-*'
-    python benchmarks/pipelines.py --markdown docs/pipelines.md
+    python benchmarks/pipelines.py --save --markdown docs/pipelines.md  # the committed results and page
 
 ResNet-50 train pipeline, in each contender: read the TFRecord ImageNet-like records, decode a
 random crop (RandomResizedCrop: area 0.08..1 of the image, aspect ratio 3/4..4/3, 10 attempts,
@@ -78,7 +78,7 @@ MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
 OUTPUTS = ("uint8", "float")
 
-# BERT pretraining features at sequence length 128 (SPEC.md E, create_pretraining_data.py).
+# BERT pretraining features at sequence length 128 (Google's create_pretraining_data.py).
 BERT_SEQ_LEN = 128
 BERT_MAX_PREDICTIONS = 20
 BERT_INT_FEATURES = ("input_ids", "input_mask", "segment_ids")
@@ -1010,9 +1010,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="records in the peers' shuffle buffers: DALI's initial_fill, tf.data's shuffle, the "
                         "DataLoader's (split among its workers) (default: %(default)s)")
     p.add_argument("--quick", action="store_true", help="tiny sets, small counts, one round: a smoke test")
-    p.add_argument("--json", metavar="FILE",
-                   help="results JSON (default: benchmarks/results/pipelines.json, pipelines-quick.json "
-                        "with --quick)")
+    _harness.add_output_arguments(p, "pipelines")
     p.add_argument("--markdown", metavar="FILE", help="also write the tables as a markdown page")
     p.add_argument("--timeout", type=float, default=900, help="seconds allowed to each contender's process")
     p.add_argument("--render", metavar="JSON",
@@ -1040,6 +1038,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return _harness.render(args.render, args.markdown, _markdown_doc)
     try:
         selected = select(args.only)
+        json_path = _harness.results_path("pipelines", json_path=args.json, save=args.save, quick=args.quick)
     except ValueError as e:
         p.error(str(e))
     repeat = args.repeat or (1 if args.quick else 3)
@@ -1097,7 +1096,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         "tables": tables, "targets": verdicts,
         "versions": {k: v for r in results.values() for k, v in r.get("versions", {}).items()},
     }
-    _harness.write_outputs(doc, "pipelines", args.quick, args.json, args.markdown, _markdown_doc)
+    _harness.write_outputs(doc, json_path, args.markdown, _markdown_doc)
     return 0
 
 

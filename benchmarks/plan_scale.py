@@ -9,7 +9,7 @@ EMC Isilon reference architecture's ImageNet x150: 153,600 shards of 1,250 recor
 A rank's cost grows with its own share of the epoch: cells whose share is above ``--max-share``
 records (one rank reading a whole 98 M or 192 M epoch) are left out and say so.
 
-    python benchmarks/plan_scale.py --json benchmarks/results/plan_scale.json --markdown docs/plan_scale.md
+    python benchmarks/plan_scale.py --save --markdown docs/plan_scale.md
 """
 from __future__ import annotations
 
@@ -98,12 +98,16 @@ def main(argv: List[str] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--max-share", type=int, default=40_000_000,
                    help="leave out cells where the rank reads more records than this (default 40 M)")
-    p.add_argument("--json", help="where to write the results (JSON)")
+    _harness.add_output_arguments(p, "plan_scale")
     p.add_argument("--markdown", help="also write the markdown page here")
     p.add_argument("--render", metavar="JSON", help="write --markdown from an earlier run's JSON, measuring nothing")
     args = p.parse_args(argv)
     if args.render:
         return _harness.render(args.render, args.markdown, markdown)
+    try:
+        json_path = _harness.results_path("plan_scale", json_path=args.json, save=args.save)
+    except ValueError as e:
+        p.error(str(e))
     cells = []
     load = os.getloadavg()[0]
     for shuffle in SHUFFLES:
@@ -125,7 +129,7 @@ def main(argv: List[str] = None) -> int:
     doc = {"benchmark": "plan_scale", "command": "python benchmarks/plan_scale.py " + " ".join(argv or sys.argv[1:]),
            "date": time.strftime("%Y-%m-%d %H:%M"), "cores": os.cpu_count(), "load_before": load, "cells": cells,
            "target": target}
-    _harness.write_outputs(doc, "plan_scale", False, args.json, args.markdown, markdown)
+    _harness.write_outputs(doc, json_path, args.markdown, markdown)
     return 0 if target.get("pass") else 1
 
 

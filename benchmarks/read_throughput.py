@@ -5,7 +5,7 @@ cold and warm, in one run.
     python benchmarks/read_throughput.py                       # the 3 GB ImageNet-like set, 3 passes each
     python benchmarks/read_throughput.py --quick               # tiny set, one pass: a smoke test
     python benchmarks/read_throughput.py --data '/data/train-*' --only dlstore-direct,fio
-    python benchmarks/read_throughput.py --markdown docs/read_throughput.md
+    python benchmarks/read_throughput.py --save --markdown docs/read_throughput.md  # the committed results
 
 Every reader runs in its own process (``--worker NAME``, which prints its measurements as one
 JSON line), so one framework's threads and memory do not disturb another, and the ``tfrecord``
@@ -80,7 +80,7 @@ CONTENDERS: Dict[str, Contender] = {
                   "pip install nvidia-dali-cuda130"),
         Contender("tfrecord", "tfrecord pkg (iterator)", "tfrecord", False, "tfrecord",
                   "pip install tfrecord"),
-        Contender("fio", "fio direct=1 (ceiling)", "fio", None),
+        Contender("fio", "fio direct=1 psync qd1", "fio", None),
     ]
 }
 
@@ -423,7 +423,8 @@ def _markdown_doc(doc: Dict) -> str:
             lines += [f"## {phase.capitalize()}", "", report.markdown_table(doc["phases"][phase], COLUMNS)]
     lines += ["## Targets", "", report.markdown_table(doc["targets"], TARGET_COLUMNS)]
     lines += [("CRC: dlstore and tf.data check each record's CRC-32C; DALI and the tfrecord package do not. "
-               "fio reads with O_DIRECT, so its figure is the device's ceiling in both states."), ""]
+               "fio reads with O_DIRECT, so its figure is the same in both states; with psync at queue depth 1 "
+               "it is a reference, not the device's ceiling (benchmarks/direct_sweep.py tries deeper queues)."), ""]
     return "\n".join(lines)
 
 
@@ -441,9 +442,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated readers or families to run; readers: " + ", ".join(CONTENDERS))
     p.add_argument("--phases", default="cold,warm", help="cache states to measure (default: cold,warm)")
     p.add_argument("--quick", action="store_true", help="tiny set, one pass: a smoke test")
-    p.add_argument("--json", metavar="FILE",
-                   help="results JSON (default: benchmarks/results/read_throughput.json, "
-                        "read_throughput-quick.json with --quick)")
+    _harness.add_output_arguments(p, "read_throughput")
     p.add_argument("--markdown", metavar="FILE", help="also write the tables as a markdown page")
     p.add_argument("--timeout", type=float, default=900, help="seconds allowed to each reader's process")
     p.add_argument("--worker", metavar="NAME", help=argparse.SUPPRESS)
@@ -567,6 +566,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return worker(args.worker, args.plan, phases, repeat, args.fio_jobs)
     try:
         selected = select(args.only)
+        json_path = _harness.results_path("read_throughput", json_path=args.json, save=args.save, quick=args.quick)
     except ValueError as e:
         p.error(str(e))
 
@@ -613,7 +613,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         "phases": table, "targets": verdicts,
         "versions": {k: v for r in results.values() for k, v in r.get("versions", {}).items()},
     }
-    _harness.write_outputs(doc, "read_throughput", args.quick, args.json, args.markdown, _markdown_doc)
+    _harness.write_outputs(doc, json_path, args.markdown, _markdown_doc)
     return 0
 
 

@@ -5,7 +5,7 @@ cache, records only (no decoding): what a shuffle costs the read path, beside th
     python benchmarks/shuffles.py                          # the cached 1 GB ImageNet-like set
     python benchmarks/shuffles.py --quick                  # a tiny set: a smoke test
     python benchmarks/shuffles.py --data '/data/train-*' --cache cold --engines direct
-    python benchmarks/shuffles.py --markdown docs/shuffles.md
+    python benchmarks/shuffles.py --save --markdown docs/shuffles.md  # the committed results and page
 
 Every measurement runs in a fresh interpreter (its own memory and threads): it builds the Dataset
 (one rank, batch ``--batch-size``) and reads one epoch untimed, as a training job has by its second
@@ -312,7 +312,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=900.0)
-    p.add_argument("--json", metavar="FILE")
+    _harness.add_output_arguments(p, "shuffles")
     p.add_argument("--markdown", metavar="FILE")
     p.add_argument("--quiet", action="store_true")
     p.add_argument("--render", metavar="JSON", help="measure nothing: write --markdown from an earlier run's JSON")
@@ -321,12 +321,16 @@ def main(argv: Optional[List[str]] = None) -> int:
         return worker(args.worker)
     if args.render:
         return _harness.render(args.render, args.markdown, markdown)
+    try:
+        json_path = _harness.results_path("shuffles", json_path=args.json, save=args.save, quick=args.quick)
+    except ValueError as e:
+        p.error(str(e))
     if args.quick:
         args.size, args.repeat, args.epochs, args.batch_size = "tiny", 1, 2, 8
     doc = run(args)
     print()
     print(markdown(doc))
-    _harness.write_outputs(doc, "shuffles", args.quick, args.json, args.markdown, markdown)
+    _harness.write_outputs(doc, json_path, args.markdown, markdown)
     return 0
 
 

@@ -1,7 +1,10 @@
 """Where warm-cache time goes: the mmap engine with and without CRC checks, with one or two CRC
 threads, beside the raw CRC-32C rate of this machine over memory, in one run.
 
-    python benchmarks/warm_budget.py [--data GLOB] [--repeat 3] [--json benchmarks/results/warm_budget.json]
+    python benchmarks/warm_budget.py [--data GLOB] [--repeat 3] [--save]
+
+The JSON goes to benchmarks/results/warm_budget-latest.json (git ignores it); --save writes the
+committed benchmarks/results/warm_budget.json.
 
 It explains the warm ceiling: with CRCs on, every byte is read once by the CRC (memory-bound, about
 one core's memory bandwidth), and the two cores also run the read-ahead; the sum of the CPU seconds
@@ -22,6 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 
 import dlstore  # noqa: E402
+from benchmarks import _harness  # noqa: E402
 from dlstore.bench import sysinfo  # noqa: E402
 from dlstore.bench.storage import dataset_paths  # noqa: E402
 from dlstore import _C  # noqa: E402
@@ -53,8 +57,12 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", help="files to read (default: the cached 'default' synthetic ImageNet-like set)")
     p.add_argument("--repeat", type=int, default=3)
-    p.add_argument("--json", default="benchmarks/results/warm_budget.json")
+    _harness.add_output_arguments(p, "warm_budget")
     args = p.parse_args()
+    try:
+        json_path = _harness.results_path("warm_budget", json_path=args.json, save=args.save)
+    except ValueError as e:
+        p.error(str(e))
     paths = dataset_paths(args.data, "default")  # --data (glob, dir, file) or the cached set
     total = sum(os.path.getsize(x) for x in paths)
     read_pass(paths, total)  # warm the page cache
@@ -83,9 +91,10 @@ def main() -> int:
     bound = 2 / (base + 2 / crc2)  # two cores' seconds over (pipeline + CRC) CPU seconds per GB
     print(f"two-core bound with CRC on: 2 / ({base:.3f} + 2/{crc2:.1f}) = {bound:.1f} GB/s")
     out["two_core_bound_gb_per_s"] = bound
-    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-    with open(args.json, "w") as f:
+    os.makedirs(os.path.dirname(os.path.abspath(json_path)), exist_ok=True)
+    with open(json_path, "w") as f:
         json.dump(out, f, indent=1)
+    print(f"wrote {json_path}")
     return 0
 
 

@@ -1,7 +1,8 @@
 """A dependency-free progress bar on stderr: done/total, rate and ETA, redrawn at most ~10 times a second.
 
-It draws only on a terminal; in a pipe, a log file or CI it stays silent, so output meant for
-machines (``--json``) is never interleaved with carriage returns.
+It draws only on a terminal. In a pipe, a log file or CI it stays silent, so output meant for
+machines (``--json``) is never interleaved with carriage returns; or, for long work such as
+generating a dataset (``piped="lines"``), it prints a plain line now and then instead.
 """
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ __all__ = ["Progress"]
 
 _BAR_WIDTH = 24
 _MIN_REDRAW_S = 0.1  # at most ~10 redraws a second: drawing must not cost what it measures
+_LINE_EVERY_S = 10.0  # piped="lines": a plain line at most this often (and a last one at the end)
+_PIPED = ("silent", "lines")
 
 
 def _si(value: float, unit: str) -> str:
@@ -50,8 +53,11 @@ class Progress:
         What is counted: ``"B"`` shows bytes with decimal prefixes (kB, MB, GB), anything else is
         shown after the count (``"rec"`` -> ``1.2k rec``).
     enabled : bool, optional
-        ``False`` never draws; ``None`` (the default) draws only when ``file`` is a terminal and
-        the environment variable ``DLSTORE_NO_PROGRESS`` is unset.
+        ``False`` never draws; ``None`` (the default) draws when the environment variable
+        ``DLSTORE_NO_PROGRESS`` is unset: a bar when ``file`` is a terminal, else as ``piped`` says.
+    piped : {"silent", "lines"}, optional
+        When ``file`` is not a terminal: nothing (the default), or a plain line (no carriage
+        return, no bar) every 10 s and one at the end, for a log to show that long work goes on.
     file : file object, optional
         Where to draw, ``sys.stderr`` by default.
 
@@ -63,15 +69,20 @@ class Progress:
     """
 
     def __init__(self, total: float, desc: str = "", unit: str = "", *, enabled: Optional[bool] = None,
-                 file: Optional[TextIO] = None):
+                 piped: str = "silent", file: Optional[TextIO] = None):
+        if piped not in _PIPED:
+            raise ValueError(f"piped must be one of {_PIPED}, not {piped!r}")
         self.total = total
         self.desc = desc
         self.unit = unit
         self.done = 0
         self._file = file if file is not None else sys.stderr
+        isatty = getattr(self._file, "isatty", None)
+        on_terminal = bool(isatty and isatty())
+        #: Plain lines now and then rather than a bar redrawn in place.
+        self.lines = enabled is None and not on_terminal and piped == "lines"
         if enabled is None:
-            isatty = getattr(self._file, "isatty", None)
-            enabled = bool(isatty and isatty()) and not os.environ.get("DLSTORE_NO_PROGRESS")
+            enabled = (on_terminal or self.lines) and not os.environ.get("DLSTORE_NO_PROGRESS")
         self.enabled = enabled
         self._start = time.monotonic()
         self._last_draw = float("-inf")
@@ -84,7 +95,11 @@ class Progress:
         if not self.enabled:
             return
         now = time.monotonic()
-        if now - self._last_draw >= _MIN_REDRAW_S:
+        if self.lines:
+            # The first line once there is a rate to show, then every _LINE_EVERY_S.
+            if now - max(self._last_draw, self._start) >= _LINE_EVERY_S:
+                self._draw(now)
+        elif now - self._last_draw >= _MIN_REDRAW_S:
             self._draw(now)
 
     def close(self) -> None:
@@ -94,7 +109,8 @@ class Progress:
         self._closed = True
         if self.enabled:
             self._draw(time.monotonic())
-            self._file.write("\n")
+            if not self.lines:
+                self._file.write("\n")
             self._file.flush()
 
     def render(self, now: Optional[float] = None) -> str:
@@ -107,7 +123,8 @@ class Progress:
         if self.total and self.total > 0:
             frac = min(max(self.done / self.total, 0.0), 1.0)
             filled = int(frac * _BAR_WIDTH)
-            parts.append(f"{frac * 100:3.0f}% |{'#' * filled}{'.' * (_BAR_WIDTH - filled)}|")
+            bar = "" if self.lines else f" |{'#' * filled}{'.' * (_BAR_WIDTH - filled)}|"
+            parts.append(f"{frac * 100:3.0f}%{bar}")
             parts.append(f"{count}/{self._amount(self.total, with_unit=True)}")
         else:
             parts.append(self._amount(self.done, with_unit=True))
@@ -128,12 +145,16 @@ class Progress:
 
     def _draw(self, now: float) -> None:
         line = self.render(now)
+        self._last_draw = now
+        if self.lines:
+            self._file.write(line + "\n")
+            self._file.flush()
+            return
         # Pad over what the previous, possibly longer, line left on screen.
         pad = max(self._last_width - len(line), 0)
         self._file.write("\r" + line + " " * pad)
         self._file.flush()
         self._last_width = len(line)
-        self._last_draw = now
 
     def __enter__(self) -> "Progress":
         return self

@@ -22,17 +22,19 @@ def cmd_gen(args: argparse.Namespace) -> int:
     else:
         paths = synthetic.generate_bert(args.out, shards=args.shards, records_per_shard=args.records_per_shard,
                                         seed=args.seed, seq_len=args.seq_len, progress=not args.quiet)
+    from dlstore.io.system import format_bytes
+
     size = sum(os.path.getsize(p) for p in paths)
     records = args.shards * args.records_per_shard
-    print(f"wrote {len(paths)} shards, {records} records, {size / 1e6:.1f} MB "
-          f"(mean record {size / max(records, 1) / 1e3:.1f} KB) to {args.out}")
+    print(f"wrote {len(paths)} shards, {records} records, {format_bytes(size)} "
+          f"(mean record {format_bytes(size / max(records, 1))}) to {args.out}")
     return 0
 
 
 def cmd_index(args: argparse.Namespace) -> int:
-    """Builds index files (``offset size`` for TFRecord, ``key<TAB>offset`` for RecordIO, which DALI and
-    MXNet read) and one dataset manifest per directory (what dlstore.Dataset opens: one file for all
-    its shards). A read-only directory's go to the cache directory ($DLSTORE_CACHE)."""
+    """Builds index files ('offset size' lines for TFRecord, 'key<TAB>offset' lines for RecordIO, which
+    DALI and MXNet read) and one dataset manifest per directory (what dlstore.Dataset opens: one file
+    for all its shards). A read-only directory's go to the cache directory ($DLSTORE_CACHE)."""
     from dlstore.indexing import build_index, index_dataset
     from dlstore.reader import expand_paths
 
@@ -94,6 +96,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from dlstore._progress import Progress
     from dlstore.reader import expand_paths
 
+    _check_settings(io=args.io)
     files = expand_paths(args.paths)
     total = sum(os.path.getsize(f) for f in files)
     records = corrupt = corrupt_files = unreadable = 0
@@ -114,6 +117,21 @@ def cmd_verify(args: argparse.Namespace) -> int:
         summary += f", {_count(unreadable, 'unreadable file')}"
     print(summary)
     return 1 if bad else 0
+
+
+def _check_settings(**overrides) -> None:
+    """Every setting as it will be read (argument, else environment variable, else default): a bad
+    one is a usage error now, not an unreadable file later.
+
+    Raises
+    ------
+    ValueError
+        Naming the setting and where its value came from.
+    """
+    from dlstore import settings
+
+    for name in settings.SETTINGS:
+        settings.get(name, overrides.get(name))
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -170,8 +188,8 @@ def cmd_testbed(args: argparse.Namespace) -> int:
 
 
 def cmd_expand(args: argparse.Namespace) -> int:
-    """Makes K copies of every shard (x.tfrecord -> x.copy003.tfrecord, indexes beside them), as the
-    seeds did 150x so that the dataset outgrows every cache."""
+    """Makes K copies of every shard (x.tfrecord -> x.copy003.tfrecord, indexes beside them) so that
+    the dataset outgrows every cache, as the Dell EMC Isilon F800 reference architecture did (150 copies)."""
     from dlstore.tools.commands import run_expand
 
     return run_expand(args)
@@ -201,17 +219,20 @@ COMMANDS: Dict[str, Callable[[argparse.Namespace], int]] = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from dlstore import settings
+    from dlstore import __version__, settings
+    from dlstore._console import Parser, positive_int
 
-    p = argparse.ArgumentParser(prog="dlstore", description="Storage-aware data loading tools.")
+    p = Parser(prog="dlstore", description="Storage-aware data loading tools.")
+    p.add_argument("--version", action="version", version=f"dlstore {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
     g = sub.add_parser("gen", help=cmd_gen.__doc__, description=cmd_gen.__doc__)
     g.add_argument("kind", choices=["imagenet", "bert"])
     g.add_argument("--out", required=True, help="output directory")
-    g.add_argument("--shards", type=int, default=8)
-    g.add_argument("--records-per-shard", type=int, default=128)
-    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--shards", type=positive_int, default=8, help="shard files to write (default: %(default)s)")
+    g.add_argument("--records-per-shard", type=positive_int, default=128,
+                   help="records in each shard (default: %(default)s)")
+    g.add_argument("--seed", type=int, default=0, help="seed of the generated content (default: %(default)s)")
     g.add_argument("--seq-len", type=int, default=128, choices=[128, 384], help="BERT sequence length")
     g.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -271,14 +292,11 @@ def _add_plan_parser(sub) -> None:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    from dlstore.errors import DlstoreError
+    """Runs one command. Bad input or settings: one line on stderr, exit 2 (``dlstore._console``)."""
+    from dlstore import _console
 
     args = build_parser().parse_args(argv)
-    try:
-        return COMMANDS[args.command](args)
-    except DlstoreError as e:
-        print(f"dlstore {args.command}: {e}", file=sys.stderr)
-        return 2
+    return _console.run(f"dlstore {args.command}", lambda: COMMANDS[args.command](args))
 
 
 if __name__ == "__main__":

@@ -15,33 +15,44 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from dlstore.errors import DlstoreError, DlstoreIOError
 from dlstore.formats.detect import detect
+from dlstore.formats.index import is_companion_file
 from dlstore.io.select import EngineChoice, resolve_engine
 from dlstore.source import ReadOptions
 
 __all__ = ["open_records", "RecordReader", "expand_paths", "detect_files", "CorruptionWarnings"]
 
 PathSpec = Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]]
-# Files that sit beside record files and are not records: indexes (ours, DALI's, MXNet's .idx),
-# MXNet's image lists, and metadata or notes.
-_NOT_RECORD_SUFFIXES = (".idx", ".index", ".lst", ".json", ".txt", ".md", ".csv", ".yaml", ".yml", ".log")
-# Writers write a temporary and rename it into place (the index writer: ``x.idx.tmp<pid>``); one
-# left by a crash, or still being written, is not a shard.
+# Files that sit beside record files and are not records, besides dlstore's own companions
+# (indexes, manifests, locks: formats.index.is_companion_file): other tools' indexes and image
+# lists (DALI's .index, MXNet's .lst), and metadata or notes.
+_NOT_RECORD_SUFFIXES = (".index", ".lst", ".json", ".txt", ".md", ".csv", ".yaml", ".yml", ".log")
+# Writers write a temporary and rename it into place; one left by a crash, or still being
+# written, is not a shard.
 _TEMP_MARK = ".tmp"
 
 
 def _is_record_file_name(name: str) -> bool:
-    """Whether a file found in a directory may hold records (not hidden, an index, metadata or a temporary)."""
-    lower = name.lower()
-    return not (lower.startswith(".") or lower.endswith(_NOT_RECORD_SUFFIXES) or _TEMP_MARK in lower)
+    """Whether a file a glob matched or a directory listed may hold records: not one of dlstore's
+    companion files, hidden, another tool's index, metadata or a temporary. The one rule for every
+    place that expands paths (here and :mod:`dlstore.io.layout`)."""
+    lower = os.path.basename(name).lower()
+    return not (is_companion_file(lower) or lower.startswith(".") or lower.endswith(_NOT_RECORD_SUFFIXES)
+                or _TEMP_MARK in lower)
+
+
+def _glob_record_files(pattern: str) -> Tuple[List[str], int]:
+    """The record files ``pattern`` matches, sorted, and how many other files it matched."""
+    files = _glob_files(pattern)
+    kept = [f for f in files if _is_record_file_name(f)]
+    return kept, len(files) - len(kept)
 
 
 def _list_directory(path: str) -> List[str]:
     try:
-        names = os.listdir(path)
+        with os.scandir(path) as entries:  # entries say whether they are files without a stat each
+            return sorted(os.path.join(path, e.name) for e in entries if _is_record_file_name(e.name) and e.is_file())
     except OSError as e:
         raise DlstoreIOError(f"{path}: cannot list the directory: {e.strerror} (errno {e.errno})", path=path) from e
-    return sorted(os.path.join(path, n) for n in names
-                  if _is_record_file_name(n) and os.path.isfile(os.path.join(path, n)))
 
 
 def _glob_files(pattern: str) -> List[str]:
@@ -49,8 +60,8 @@ def _glob_files(pattern: str) -> List[str]:
     against one directory listing, whose entries say whether they are files without a ``stat`` each
     (a glob over 20,000 shards on a cold cache costs a listing, not 20,000 inode reads)."""
     directory, name = os.path.split(pattern)
-    if any(ch in directory for ch in "*?[") or not name:
-        return sorted(m for m in glob.glob(pattern) if os.path.isfile(m))
+    if any(ch in directory for ch in "*?[") or not name or "**" in name:
+        return sorted(m for m in glob.glob(pattern, recursive=True) if os.path.isfile(m))
     hidden_too = name.startswith(".")  # as glob: a leading dot is matched only by a leading dot
     try:
         with os.scandir(directory or ".") as entries:
@@ -64,15 +75,18 @@ def _glob_files(pattern: str) -> List[str]:
 def expand_paths(paths: PathSpec) -> List[str]:
     """Files named by a path, a glob, a directory or a list of them.
 
-    A directory gives its files in sorted order, leaving out those that are not record files:
-    hidden files, indexes (``.idx``, ``.index``), MXNet image lists (``.lst``), metadata and notes
-    (``.json``, ``.txt``, ``.md``, ``.csv``, ``.yaml``, ``.yml``, ``.log``) and temporaries (names
-    containing ``.tmp``). A file named explicitly or matched by a glob is always kept.
+    A glob gives the files it matches and a directory its files, sorted, both leaving out those
+    that are not record files: dlstore's companion files (indexes, ``*.dlstore-manifest``,
+    ``.dlstore*``; :func:`dlstore.formats.index.is_companion_file`), other hidden files, other
+    tools' indexes and lists (``.index``, ``.lst``), metadata and notes (``.json``, ``.txt``,
+    ``.md``, ``.csv``, ``.yaml``, ``.yml``, ``.log``) and temporaries (names containing ``.tmp``).
+    So ``train-*`` reads the shards of a set whose indexes sit beside them. A file named
+    explicitly is always kept.
 
     Raises
     ------
     DlstoreError
-        When a path does not exist, a glob matches nothing or a directory cannot be listed.
+        When a path does not exist, a glob matches no record file or a directory cannot be listed.
     """
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
@@ -80,9 +94,11 @@ def expand_paths(paths: PathSpec) -> List[str]:
     for p in paths:
         p = os.fspath(p)
         if any(ch in p for ch in "*?["):
-            matches = _glob_files(p)
+            matches, others = _glob_record_files(p)
             if not matches:
-                raise DlstoreError(f"no file matches {p!r}", path=p)
+                left_out = (f" (it matches {others} index, metadata or temporary "
+                            f"file{'' if others == 1 else 's'}, which are not records)" if others else "")
+                raise DlstoreError(f"no record file matches {p!r}{left_out}", path=p)
             out.extend(matches)
         elif os.path.isdir(p):
             out.extend(_list_directory(p))
@@ -350,7 +366,7 @@ class RecordReader:
                 f"verify={self.verify})")
 
 
-def open_records(paths: PathSpec, *, format: str = "auto", compression: str = "auto",
+def open_records(paths: PathSpec, *, format: str = "auto", compression: Optional[str] = "auto",
                  options: Optional[ReadOptions] = None, device: Optional[str] = None,
                  **read_options: Any) -> RecordReader:
     """Opens TFRecord or RecordIO files for reading, front to back.
@@ -361,8 +377,9 @@ def open_records(paths: PathSpec, *, format: str = "auto", compression: str = "a
         Files, globs or directories.
     format : {"auto", "tfrecord", "recordio"}
         ``auto`` tells by the first bytes (and the extension).
-    compression : {"auto", "none", "gzip", "zlib"}
-        TFRecord compression; ``auto`` tells per file by name and magic bytes.
+    compression : {"auto", None, "none", "gzip", "zlib"}
+        TFRecord compression. ``auto`` (the default) tells per file by name and magic bytes;
+        ``None`` (or ``"none"``) means uncompressed, as in tf.data and :class:`~dlstore.TFRecordWriter`.
     options : ReadOptions, optional
         How to read (engine, CRC checks, error policy, read sizes, threads, timeouts).
     device : str, optional
@@ -414,7 +431,8 @@ def open_records(paths: PathSpec, *, format: str = "auto", compression: str = "a
     return reader
 
 
-def detect_files(files: Sequence[str], format: str = "auto", compression: str = "auto") -> Tuple[str, List[str]]:
+def detect_files(files: Sequence[str], format: str = "auto",
+                 compression: Optional[str] = "auto") -> Tuple[str, List[str]]:
     """The format of ``files`` (one for all) and each file's compression, told by their first bytes.
 
     Raises

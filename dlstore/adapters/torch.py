@@ -26,6 +26,7 @@ The native loader's threads, as torch tensors (no DataLoader, no per-sample Pyth
 """
 from __future__ import annotations
 
+import warnings
 from typing import Any, Dict, Iterator, Optional, Tuple
 
 import numpy as np
@@ -36,6 +37,7 @@ __all__ = ["DlstoreIterableDataset", "TorchLoader", "pinned_allocator"]  # noqa:
 
 _INSTALL = "pip install torch"
 _DLPACK_CPU = 1  # DLDeviceType kDLCPU
+_noted_no_cuda = False  # pinned_allocator's note on a machine without CUDA: once per process
 
 
 def _torch():
@@ -193,7 +195,9 @@ def pinned_allocator():
     """An ``allocator`` for :class:`dlstore.pipeline.Loader` whose batch buffers are page-locked (pinned).
 
     The loader then assembles batches straight in pinned memory and :class:`TorchLoader` copies
-    them to the GPU asynchronously without a staging copy. Needs CUDA.
+    them to the GPU asynchronously without a staging copy. Pinning needs CUDA: without it (a CPU-only
+    torch, or no GPU) the buffers are ordinary pageable memory, which is all a CPU consumer needs,
+    and a ``RuntimeWarning`` says so once per process.
 
     Examples
     --------
@@ -201,7 +205,15 @@ def pinned_allocator():
     >>> for batch in TorchLoader(loader):                                                 # doctest: +SKIP
     ...     ...
     """
+    global _noted_no_cuda
     torch = _torch()
+    if not torch.cuda.is_available():
+        if not _noted_no_cuda:
+            _noted_no_cuda = True
+            warnings.warn("dlstore.adapters.torch.pinned_allocator(): CUDA is not available here, so batch "
+                          "buffers are ordinary (pageable) memory; pinning only speeds up copies to a GPU",
+                          RuntimeWarning, stacklevel=2)
+        return _pageable
 
     def allocate(shape, dtype) -> np.ndarray:
         like = torch.from_numpy(np.empty(0, dtype))
@@ -209,6 +221,11 @@ def pinned_allocator():
         return torch.empty(tuple(shape), dtype=like.dtype, pin_memory=True).numpy()
 
     return allocate
+
+
+def _pageable(shape, dtype) -> np.ndarray:
+    """pinned_allocator's buffers without CUDA: ordinary memory."""
+    return np.empty(tuple(shape), dtype)
 
 
 class TorchLoader(BatchAdapter):

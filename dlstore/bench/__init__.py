@@ -1,4 +1,4 @@
-"""``python -m dlstore.bench <scenario>``: benchmarks of your storage, as the seeds measure it.
+"""``python -m dlstore.bench <scenario>``: benchmarks of your storage, as storage reference architectures measure it.
 
 Scenarios are registered by name in :data:`SCENARIOS`. Each names the module that implements it;
 that module provides ``add_arguments(parser)`` and ``run(args) -> int`` (the exit status). A
@@ -34,7 +34,7 @@ SCENARIOS: Dict[str, Scenario] = {
     s.name: s
     for s in [
         Scenario("storage", "read-only storage benchmark: records through an I/O engine, cold or warm, "
-                            "beside fio's direct=1 ceiling", "dlstore.bench.storage"),
+                            "beside fio reading the same files with O_DIRECT", "dlstore.bench.storage"),
         Scenario("resnet50", "ResNet-50 input pipeline: images/s per step in page-cache, local-cold and target "
                              "tiers, jobs 1..N, accelerator utilisation", "dlstore.bench.resnet50"),
         Scenario("bert", "BERT pretraining input pipeline: samples/s per step at seq 128 or 384 in the same "

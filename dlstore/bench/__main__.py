@@ -5,11 +5,12 @@ import argparse
 import sys
 from typing import List, Optional
 
+from dlstore._console import Parser
 from dlstore.bench import SCENARIOS, load_scenario
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="python -m dlstore.bench",
         description="Benchmarks of training-data storage: what dlstore reads, how fast, at what CPU cost.")
     sub = parser.add_subparsers(dest="scenario", required=True, metavar="SCENARIO")
@@ -21,7 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    from dlstore.errors import DlstoreError
+    from dlstore import _console
 
     parser = build_parser()
     # Known arguments first, so a planned scenario given options says "not implemented yet"
@@ -34,11 +35,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
-    try:
-        return module.run(args)
-    except (DlstoreError, ValueError) as e:
-        print(f"python -m dlstore.bench {args.scenario}: {e}", file=sys.stderr)
-        return 2
+    return _console.run(f"python -m dlstore.bench {args.scenario}", lambda: module.run(args))
 
 
 if __name__ == "__main__":

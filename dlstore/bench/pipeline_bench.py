@@ -2,7 +2,8 @@
 
 The benchmark runs a whole input pipeline as training runs it (records read through a shuffled
 :class:`dlstore.Dataset`, ``--shuffle``, this rank's share; decoded or parsed, batched by
-:class:`dlstore.pipeline.Loader`) and reports it the way the seeds' Graphcore paper does:
+:class:`dlstore.pipeline.Loader`) and reports it the way the Graphcore IPU-POD64 + DDN AI400X2
+reference architecture does:
 
 - **Tiers**, side by side in one run, on the same step plan:
 
@@ -34,8 +35,8 @@ The benchmark runs a whole input pipeline as training runs it (records read thro
   Accelerator utilisation (AU) = time spent computing / wall time; "storage sustains X% of what N
   accelerators need" = delivered rate / (N x one accelerator's rate).
 - **CPU**: ``/proc/stat`` per core, sampled at every step boundary and over each tier; the
-  busiest core's utilisation is the bottleneck signal of the seeds (system-wide, not only this
-  process), beside the process's own CPU time.
+  busiest core's utilisation is the bottleneck signal of the Dell EMC Isilon reference
+  architecture (system-wide, not only this process), beside the process's own CPU time.
 - **MB/s** counts the record bytes the loader's source delivered (payload, without framing)
   over wall time.
 
@@ -118,7 +119,8 @@ COMPUTE_PRESETS: Dict[str, Dict[str, ComputePreset]] = {
         "h100": ComputePreset("h100", {128: 1600.0, 384: 500.0},
                               "rough estimate (about 2x A100), not a measurement; "
                               "pass --compute MS with your own step time"),
-        # The seeds' Graphcore paper, BERT-Large, items/s per Poplar host (8 IPUs of an IPU-POD64).
+        # The Graphcore IPU-POD64 + DDN AI400X2 reference architecture, BERT-Large, items/s per Poplar
+        # host (8 IPUs of an IPU-POD64).
         "pod64-host": ComputePreset("pod64-host", {128: 3708.0, 384: 1054.0},
                                     "Graphcore IPU-POD64 + DDN AI400X2 paper, BERT-Large items/s per host"),
     },
@@ -256,7 +258,8 @@ def run_steps(batches: Iterable, plan: Sequence[int], *, compute_s: float = 0.0,
         ``samples``, ``bytes``, ``seconds``, ``rate``, ``mb_per_s``, ``compute_seconds``,
         ``accelerator_util_pct``, ``busiest_core_pct``, ``cores_pct`` (each core's
         utilisation), ``process_cpu_pct`` (this process's CPU time over wall time, 200 = two
-        cores) and ``ended_early`` (the data ended before the plan).
+        cores), ``other_processes_cores`` (cores other processes kept busy meanwhile, on average)
+        and ``ended_early`` (the data ended before the plan).
     """
     ticks_start = cpu_ticks()
     cpu_start = sysinfo.process_cpu_seconds()
@@ -328,6 +331,7 @@ def run_steps(batches: Iterable, plan: Sequence[int], *, compute_s: float = 0.0,
         "busiest_core_pct": max((c for c in cores if c is not None), default=None),
         "cores_pct": cores,
         "process_cpu_pct": 100.0 * cpu / seconds if seconds > 0 else None,
+        "other_processes_cores": sysinfo.other_processes_cores(ticks_start, ticks_prev, cpu, seconds),
         "ended_early": ended and sum(s["batches"] for s in steps) < sum(plan),
     }
 
@@ -352,6 +356,9 @@ class Workload:
     dataset_overrides: Callable[[argparse.Namespace], Dict[str, Any]] = field(default=lambda args: {})
     variant: Callable[[argparse.Namespace], Optional[int]] = field(default=lambda args: None)
     describe: Callable[[argparse.Namespace], str] = field(default=lambda args: "")
+    #: The --size preset of the generated baseline set: large enough that a tier lasts seconds.
+    default_size: str = "default"
+    size_help: str = ""
 
     @property
     def rate_key(self) -> str:
@@ -663,10 +670,11 @@ def _tier_entry(t: Dict[str, Any], rate_key: str, compute: Optional[Compute], ba
 def build_document(workload: Workload, tiers: Sequence[Dict[str, Any]], *, info: Dict[str, Any],
                    config: Dict[str, Any], compute: Optional[Compute], batch_size: int,
                    jobs: Optional[Dict[str, Any]] = None, ranks: Optional[List[List[Dict[str, Any]]]] = None,
-                   notes: Sequence[str] = ()) -> Dict[str, Any]:
+                   notes: Sequence[str] = (), warnings: Sequence[str] = ()) -> Dict[str, Any]:
     """The JSON document: ``benchmark``, ``unit``, ``sysinfo`` (the header), ``config``, ``tiers``
     (per tier ``tier``, ``io``, ``<unit>_per_s``, ``mb_per_s``, ``steps``, ``cpu_busiest_core_pct``
-    and details), ``jobs``, ``compute``, ``verdict``, ``notes``; under MPI ``ranks`` (each rank's
+    and details), ``jobs``, ``compute``, ``verdict``, ``notes``, ``warnings`` (why a figure may not
+    be trusted: :func:`dlstore.bench.sysinfo.trust_warnings`); under MPI ``ranks`` (each rank's
     tiers) and the tiers are the aggregate."""
     world = len(ranks) if ranks else 1
     doc: Dict[str, Any] = {
@@ -681,6 +689,7 @@ def build_document(workload: Workload, tiers: Sequence[Dict[str, Any]], *, info:
             "source": compute.source,
             "samples_per_s_per_accelerator": compute.samples_per_s(batch_size)},
         "notes": list(notes),
+        "warnings": list(warnings),
     }
     if ranks:
         doc["world_size"] = world
@@ -704,7 +713,7 @@ def _verdict(doc: Dict[str, Any], workload: Workload, compute: Optional[Compute]
                          f"({base[key]:,.0f} {unit}/s)")
     if compute is None:
         lines.append("no accelerator emulated: add --compute a100 (or h100, or ms per batch) for accelerator "
-                     "utilisation and MB/s per accelerator")
+                     "utilisation and the MB/s each accelerator needs")
         return lines
     need = compute.samples_per_s(batch_size)
     judged = by_name.get("target") or by_name.get("local-cold") or (doc["tiers"][0] if doc["tiers"] else None)
@@ -718,7 +727,7 @@ def _verdict(doc: Dict[str, Any], workload: Workload, compute: Optional[Compute]
         lines.append(f"{judged['tier']}: storage sustains {judged['sustained_pct']:.0f}% of what {acc}: "
                      f"{judged[key]:,.0f} of {world * need:,.0f} {unit}/s; "
                      f"accelerator utilisation {au_text} ({meets} MLPerf Storage's {AU_THRESHOLD_PCT:.0f}%); "
-                     f"required {req_text} MB/s per accelerator")
+                     f"each accelerator needs {req_text} MB/s")
     jobs = doc.get("jobs")
     if jobs and jobs.get("rows"):
         fed = 0  # the most jobs for which every row up to it kept its accelerators busy enough
@@ -776,7 +785,7 @@ def tier_table(tiers: Sequence[Dict[str, Any]], rate_key: str, unit: str) -> Tup
     if any(t.get("accelerator_util_pct") is not None for t in tiers):
         columns += [report.Column("accelerator_util_pct", "AU", _pct_fmt),
                     report.Column("sustained_pct", "sustains", _pct_fmt),
-                    report.Column("required_mb_per_s_per_accelerator", "MB/s per accel.", "{:,.1f}")]
+                    report.Column("required_mb_per_s_per_accelerator", "needed MB/s per accel.", "{:,.1f}")]
     return list(tiers), columns
 
 
@@ -831,6 +840,7 @@ def format_report(doc: Dict[str, Any]) -> str:
         c = doc["compute"]
         lines.append(f"accelerator emulated: {c['label']}; source: {c['source']}")
     lines += [""] + [f"verdict: {v}" for v in doc["verdict"]]
+    lines += [f"warning: {w}" for w in doc.get("warnings", [])]
     return "\n".join(lines)
 
 
@@ -843,6 +853,7 @@ def markdown_report(doc: Dict[str, Any]) -> str:
     for title, (rows, columns) in _sections(doc):
         out += [f"**{title}**", "", report.markdown_table(rows, columns)]
     out += [f"- {v}" for v in doc["verdict"]]
+    out += [f"- warning: {w}" for w in doc.get("warnings", [])]
     return "\n".join(out) + "\n"
 
 
@@ -863,8 +874,9 @@ def add_common_arguments(p: argparse.ArgumentParser, workload: Workload) -> None
     p.add_argument("--local", metavar="GLOB",
                    help="data for the page-cache and local-cold baselines (default: a generated "
                         f"{workload.dataset_kind} set of --size, cached under the dlstore cache directory)")
-    p.add_argument("--size", choices=tuple(PRESETS[workload.dataset_kind]), default="default",
-                   help="size of the generated baseline set (default: %(default)s; tiny is for smoke tests)")
+    p.add_argument("--size", choices=tuple(PRESETS[workload.dataset_kind]), default=workload.default_size,
+                   help=f"size of the generated baseline set (default: %(default)s{workload.size_help}; tiny is "
+                        "for smoke tests)")
     p.add_argument("--tiers", default=None, metavar="LIST",
                    help=f"comma-separated tiers to run, of {', '.join(TIERS)} (default: page-cache,local-cold, "
                         "and target with --data)")
@@ -880,18 +892,20 @@ def add_common_arguments(p: argparse.ArgumentParser, workload: Workload) -> None
                    help=f"{unit} per batch (default: %(default)s; lowered, saying so, when the data is too small "
                         "for the steps)")
     p.add_argument("--steps", type=int, default=DEFAULT_STEPS, metavar="K",
-                   help="steps per tier (default: %(default)s, as the Graphcore paper's table)")
+                   help="steps per tier (default: %(default)s, as in the per-step table of the Graphcore "
+                        "IPU-POD64 + DDN AI400X2 reference architecture)")
     p.add_argument("--step-batches", type=int, default=None, metavar="B",
                    help="batches per step (default: the baseline set's batches dealt into --steps steps, so a "
                         f"tier reads it once; {DEFAULT_STEP_BATCHES} when its size is unknown)")
     p.add_argument("--epochs", type=int, default=1, metavar="E",
                    help="passes over the data per tier (default: %(default)s). A cold tier is cold in its first "
-                        "epoch only: later ones come from the page cache, as the paper's later steps do")
+                        "epoch only: later ones come from the page cache, as the Graphcore + DDN "
+                        "reference architecture's later steps do")
     p.add_argument("--jobs", type=int, default=0, metavar="N",
                    help="also run the jobs table: 1..N concurrent loader processes")
     p.add_argument("--jobs-steps", type=int, default=1, metavar="S",
                    help="steps each job runs in the jobs table (default: %(default)s: the first training step, as "
-                        "the paper's jobs table)")
+                        "in the Graphcore + DDN reference architecture's jobs table)")
     p.add_argument("--jobs-tier", choices=TIERS, default=None,
                    help="cache state and data of the jobs table (default: target with --data, else local-cold)")
     p.add_argument("--compute", metavar="PRESET|MS",
@@ -962,6 +976,7 @@ def run_workload(workload: Workload, args: argparse.Namespace) -> int:
     quiet = args.quiet or rank != 0
     log = (lambda s: print(s, file=sys.stderr, flush=True)) if rank == 0 else (lambda s: None)
     notes: List[str] = []
+    warnings: List[str] = []  # why a figure may not be trusted: a tier too short, other processes busy
 
     baseline = _baseline_paths(workload, args) if {"page-cache", "local-cold"} & set(wanted) else []
     target = target_paths(args.data, args.mounts) if "target" in wanted else []
@@ -1039,6 +1054,8 @@ def run_workload(workload: Workload, args: argparse.Namespace) -> int:
                                 quiet=quiet, log=log, unit=workload.unit))
         if results[-1]["ended_early"]:
             notes.append(f"{tier}: the data ended after {results[-1]['batches']} of {sum(plan)} batches")
+        warnings += sysinfo.trust_warnings(f"tier {tier}" + (f" (rank {rank})" if comm is not None else ""),
+                                           results[-1]["seconds"], results[-1]["other_processes_cores"])
 
     jobs = None
     if args.jobs:
@@ -1056,6 +1073,7 @@ def run_workload(workload: Workload, args: argparse.Namespace) -> int:
     ranks = None
     if comm is not None:
         gathered = comm.gather(results, root=0)
+        warnings = [w for mine in comm.gather(warnings, root=0) or [] for w in mine]
         if rank != 0:
             return 0
         ranks = gathered
@@ -1068,7 +1086,7 @@ def run_workload(workload: Workload, args: argparse.Namespace) -> int:
               "size": None if args.local else args.size, "baseline": baseline, "target": target,
               "mounts": args.mounts, "pipeline": workload.pipeline, "pipeline_kwargs": workload.pipeline_kwargs(args)}
     doc = build_document(workload, results, info=info, config=config, compute=compute, batch_size=batch_size,
-                         jobs=jobs, ranks=ranks, notes=notes)
+                         jobs=jobs, ranks=ranks, notes=notes, warnings=warnings)
     doc["command"] = ["python", "-m", "dlstore.bench"] + sys.argv[1:]
     print(format_report(doc), flush=True)
     if args.json:

@@ -9,7 +9,7 @@ import json
 import sys
 from typing import Any, Dict, List, Optional
 
-__all__ = ["MatplotlibMissing", "plot_document", "main"]
+__all__ = ["MatplotlibMissing", "load_document", "plot_document", "main"]
 
 
 class MatplotlibMissing(ImportError):
@@ -81,20 +81,48 @@ def plot_document(doc: Dict[str, Any], path: str) -> str:
     return path
 
 
+def load_document(path: str) -> Dict[str, Any]:
+    """A result written by ``python -m dlstore.bench resnet50|bert --json``, checked to be one.
+
+    Raises
+    ------
+    ValueError
+        When ``path`` is not JSON, or not such a result (a storage result has no per-step rates).
+    OSError
+        When it cannot be read.
+    """
+    with open(path) as f:
+        try:
+            doc = json.load(f)
+        except ValueError as e:
+            raise ValueError(f"{path}: not JSON ({e})") from None
+    tiers = doc.get("tiers") if isinstance(doc, dict) else None
+    if not (isinstance(tiers, list) and "benchmark" in doc
+            and all(isinstance(t, dict) and {"tier", "io", "steps"} <= set(t) for t in tiers)):
+        raise ValueError(f"{path}: not a result of 'python -m dlstore.bench resnet50' or 'bert' written with "
+                         f"--json (no per-step rates to plot)")
+    return doc
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     """``python -m dlstore.bench.plot RESULTS.json OUT.png``."""
+    from dlstore import _console
+
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 2:
         print("usage: python -m dlstore.bench.plot RESULTS.json OUT.png", file=sys.stderr)
         return 2
-    with open(argv[0]) as f:
-        doc = json.load(f)
-    try:
-        print(f"wrote {plot_document(doc, argv[1])}")
-    except MatplotlibMissing as e:
-        print(e, file=sys.stderr)
-        return 2
-    return 0
+
+    def plot() -> int:
+        doc = load_document(argv[0])
+        try:
+            print(f"wrote {plot_document(doc, argv[1])}")
+        except MatplotlibMissing as e:
+            print(f"python -m dlstore.bench.plot: {e}", file=sys.stderr)
+            return 2
+        return 0
+
+    return _console.run("python -m dlstore.bench.plot", plot)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,8 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Union
 
+from dlstore.io.system import format_bytes
+
 __all__ = ["Column", "format_cell", "text_table", "markdown_table", "write_json", "summarize", "fmt_ratio",
            "fmt_bytes"]
 
@@ -36,12 +38,8 @@ def format_cell(value: Any, column: Column) -> str:
     return column.fmt.format(value)
 
 
-def fmt_bytes(n: float) -> str:
-    """Decimal units, as storage is sized: ``3.08 GB``, ``29.3 MB``, ``512 B``."""
-    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if abs(n) >= scale:
-            return f"{n / scale:.{2 if unit in ('TB', 'GB') else 1}f} {unit}"
-    return f"{n:.0f} B"
+#: Bytes in decimal units, as storage is sized (``3.08 GB``, ``29.3 MB``): the one formatter of sizes.
+fmt_bytes = format_bytes
 
 
 def fmt_ratio(value: float) -> str:

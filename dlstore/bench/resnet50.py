@@ -1,4 +1,5 @@
-"""``python -m dlstore.bench resnet50``: the ResNet-50 input pipeline, images/s per step as the seeds report it.
+"""``python -m dlstore.bench resnet50``: the ResNet-50 input pipeline, images/s per step as the Graphcore + DDN
+reference architecture reports it.
 
 JPEG records are read, decoded (only the crop window, at the smallest DCT scale that covers it),
 augmented and batched by :class:`dlstore.pipeline.ResNet50` through :class:`dlstore.pipeline.Loader`,

@@ -1,4 +1,4 @@
-"""``python -m dlstore.bench storage``: the seeds' read-only storage benchmark, beside fio.
+"""``python -m dlstore.bench storage``: a read-only storage benchmark, beside fio.
 
 Records are read through one I/O engine with CRCs checked, and nothing else is done with them: the
 figure is what the storage and the reader can deliver to a training job. The measured loop only
@@ -8,8 +8,8 @@ touches batches (one per chunk read); framing and CRC run in C++, off the GIL.
   dropped (root) or the files are evicted (``posix_fadvise``), and the report says which;
   ``warm``: not; ``both`` (default): cold, then warm.
 - ``--readers N`` splits the files among N readers running at once; ``--sync`` makes them wait for
-  each other after every batch, as the seeds' TensorFlow storage benchmark synchronises its
-  readers, so the slowest reader sets the pace as it does in synchronous training.
+  each other after every batch, as the Dell EMC Isilon reference architecture's TensorFlow
+  storage benchmark synchronises its readers, so the slowest reader sets the pace as it does in synchronous training.
 - With fio installed, fio reads the same files with ``direct=1``, bs 1 MiB and as many jobs as
   dlstore has reading threads, interleaved with the passes; the ratio is printed and stored.
 """
@@ -70,7 +70,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="readers wait for each other after every batch (with --readers > 1)")
     p.add_argument("--no-fio", dest="fio", action="store_false", help="do not run fio beside dlstore")
     p.add_argument("--fio-ioengine", default="psync", choices=("psync", "libaio", "io_uring"),
-                   help="fio's ioengine (default: %(default)s)")
+                   help="fio's ioengine (default: %(default)s; psync has one request in flight per job, a "
+                        "reference rather than the device's ceiling)")
     p.add_argument("--fio-iodepth", type=int, default=1, metavar="N",
                    help="fio's iodepth, for the asynchronous engines (default: %(default)s)")
     p.add_argument("--json", metavar="FILE",
@@ -224,7 +225,8 @@ def measure_passes(prepare: Callable[[], Callable[[], Tuple[int, int]]], paths: 
     dict
         ``cache_method`` and ``passes``: per pass ``records``, ``bytes``, ``seconds``,
         ``cpu_seconds`` (process user + system over all threads), ``busiest_core_pct``
-        (system-wide, /proc/stat), ``cached_before`` (fraction of the data in the page cache just
+        (system-wide, /proc/stat), ``other_processes_cores`` (cores other processes kept busy
+        meanwhile, on average), ``cached_before`` (fraction of the data in the page cache just
         before the pass) and the :func:`rates`.
     """
     if cache not in ("cold", "warm"):
@@ -253,9 +255,11 @@ def measure_passes(prepare: Callable[[], Callable[[], Tuple[int, int]]], paths: 
         records, nbytes = one_pass()
         seconds = time.perf_counter() - t0
         cpu = sysinfo.process_cpu_seconds() - cpu0
-        busiest = sysinfo.busiest_core_percent(ticks0, sysinfo.per_core_cpu_ticks())
+        ticks1 = sysinfo.per_core_cpu_ticks()
         result = rates({"records": records, "bytes": nbytes, "seconds": seconds, "cpu_seconds": cpu,
-                        "busiest_core_pct": busiest, "cached_before": resident})
+                        "busiest_core_pct": sysinfo.busiest_core_percent(ticks0, ticks1),
+                        "other_processes_cores": sysinfo.other_processes_cores(ticks0, ticks1, cpu, seconds),
+                        "cached_before": resident})
         if passes and (records, nbytes) != (passes[0]["records"], passes[0]["bytes"]):
             raise DlstoreError(f"pass {i + 1} read {records} records ({nbytes} bytes), pass 1 read "
                                f"{passes[0]['records']} ({passes[0]['bytes']} bytes): the data changed")
@@ -411,6 +415,9 @@ def _summary(cache: str, io: str, measured: Dict, verify: bool, readers: int, sy
     spread = report.summarize([p["gb_per_s"] for p in passes])
     out.update(gb_per_s_min=spread["min"], gb_per_s_max=spread["max"], spread_pct=spread["spread_pct"])
     out["repeats"] = passes
+    out["warnings"] = [w for i, p in enumerate(passes)
+                       for w in sysinfo.trust_warnings(f"{cache} pass {i + 1}", p["seconds"],
+                                                       p.get("other_processes_cores"))]
     return out
 
 
@@ -470,7 +477,8 @@ def run_storage(paths: Sequence[str], *, io: str = "auto", cache: str = "both", 
             r["ratio_vs_fio"] = r["gb_per_s"] / fio_gb if fio_gb else None
             fio_cpu = report.summarize([f.cpu_seconds_per_gb for f in fio_runs])["median"]
             r["fio"] = dict(fio_runs[0].to_dict(), gb_per_s=fio_gb, cpu_seconds_per_gb=fio_cpu,
-                            gb_per_s_runs=[f.gb_per_s for f in fio_runs], description=fio_runs[0].describe())
+                            gb_per_s_runs=[f.gb_per_s for f in fio_runs], description=fio_runs[0].describe(),
+                            queue_depth_one=fio_runs[0].queue_depth_one)
         else:
             r["fio_gb_per_s"] = None
             r["ratio_vs_fio"] = None
@@ -514,8 +522,11 @@ def format_results(results: Sequence[Dict]) -> str:
     first = results[0]
     if first.get("fio_gb_per_s"):
         f = first["fio"]
-        lines.append(f"\nfio ceiling: {f['description']}: {first['fio_gb_per_s']:.2f} GB/s "
+        lines.append(f"\nvs fio: {f['description']}: {first['fio_gb_per_s']:.2f} GB/s "
                      f"(median of {len(f['gb_per_s_runs'])}; CPU {f['cpu_seconds_per_gb']:.3f} s/GB)")
+        if f.get("queue_depth_one"):
+            lines.append("        one request in flight per fio job: a reference, not the device's ceiling "
+                         "(--fio-ioengine io_uring --fio-iodepth 32 tries a deeper queue)")
     else:
         lines.append(f"\nfio: skipped ({first.get('fio_skipped')})")
     for r in results:
@@ -529,6 +540,7 @@ def format_results(results: Sequence[Dict]) -> str:
                      f"(CRC {'checked' if r['verify'] else 'not checked'}); cache: {r['cache_method']}")
         for note in r["io_notes"]:
             lines.append(f"      note: {note}")
+    lines += [f"warning: {w}" for r in results for w in r["warnings"]]
     return "\n".join(lines)
 
 

@@ -2,8 +2,9 @@
 
 CPU model and cores, kernel, the filesystem holding the data (from /proc/mounts), the memory the
 page cache can use, the I/O engine that resolved and why, whether the CRC is in hardware, and
-the GPU/GDS status. Plus per-core CPU counters, for the busiest-core figure the seeds use as the
-bottleneck signal.
+the GPU/GDS status. Plus per-core CPU counters, for the busiest-core figure that the Dell EMC Isilon
+reference architecture uses as the bottleneck signal, and for telling when other processes took CPU
+time during a measurement (:func:`trust_warnings`).
 """
 from __future__ import annotations
 
@@ -13,12 +14,19 @@ import resource
 import sys
 from typing import List, Optional, Sequence, Tuple
 
-from dlstore.io.system import available_page_cache_bytes, filesystem_of, format_gb, meminfo
+from dlstore.io.system import available_page_cache_bytes, filesystem_of, format_bytes, meminfo
 from dlstore.pipeline.stages import available_cores
 
 # filesystem_of is dlstore.io.system's, the one the engine choice reads too.
 __all__ = ["cpu_model", "filesystem_of", "gpu_status", "collect", "format_header", "per_core_cpu_ticks",
-           "busiest_core_percent"]
+           "busiest_core_percent", "other_processes_cores", "trust_warnings", "MIN_STABLE_SECONDS",
+           "OTHERS_TOLERATED_CORES"]
+
+#: A measurement shorter than this is dominated by start-up and timer noise: its figure is flagged.
+MIN_STABLE_SECONDS = 2.0
+#: Cores that other processes may keep busy, on average, during a measurement before it is flagged:
+#: a quarter of a core is what a shell, a logger and the kernel's own threads stay below.
+OTHERS_TOLERATED_CORES = 0.25
 
 
 def cpu_model() -> str:
@@ -92,9 +100,9 @@ def format_header(info: dict, extra: Sequence[Tuple[str, str]] = ()) -> str:
     rows = [
         ("CPU", f"{info['cpu']}, {info['cores']} cores"),
         ("kernel", info["kernel"]),
-        ("memory", (f"{format_gb(info['memory_bytes'])}; page cache can use "
-                    f"{format_gb(info['page_cache_available_bytes'])}, "
-                    f"holds {format_gb(info['page_cache_used_bytes'])}")),
+        ("memory", (f"{format_bytes(info['memory_bytes'])}; page cache can use "
+                    f"{format_bytes(info['page_cache_available_bytes'])}, "
+                    f"holds {format_bytes(info['page_cache_used_bytes'])}")),
     ]
     if "filesystem" in info:
         where = f"{info['data_dir']} on {info['filesystem']} ({info['device']} at {info['mount']})"
@@ -134,6 +142,31 @@ def per_core_percent(before: List[tuple], after: List[tuple]) -> List[Optional[f
 def busiest_core_percent(before: List[tuple], after: List[tuple]) -> Optional[float]:
     """Utilisation of the busiest core between two :func:`per_core_cpu_ticks` samples (system-wide)."""
     return max((p for p in per_core_percent(before, after) if p is not None), default=None)
+
+
+def other_processes_cores(before: List[tuple], after: List[tuple], process_cpu_s: float,
+                          seconds: float) -> Optional[float]:
+    """Cores that processes other than this one kept busy, on average, between two
+    :func:`per_core_cpu_ticks` samples ``seconds`` apart: the machine's busy time (/proc/stat, every
+    core) less this process's CPU time, over the wall time. None where /proc/stat is missing."""
+    if not before or not after or seconds <= 0:
+        return None
+    busy_s = sum(b1 - b0 for (b0, _), (b1, _) in zip(before, after)) / os.sysconf("SC_CLK_TCK")
+    return max(0.0, busy_s - process_cpu_s) / seconds
+
+
+def trust_warnings(what: str, seconds: float, others_cores: Optional[float]) -> List[str]:
+    """Why the figure of ``what`` (a tier, a pass) may not be trusted: it lasted under
+    :data:`MIN_STABLE_SECONDS`, or other processes kept more than :data:`OTHERS_TOLERATED_CORES`
+    cores busy meanwhile. Empty when neither."""
+    out = []
+    if seconds < MIN_STABLE_SECONDS:
+        out.append(f"{what} lasted {seconds:.2f} s, under {MIN_STABLE_SECONDS:.0f} s: too short for a stable "
+                   "figure (use more data)")
+    if others_cores is not None and others_cores > OTHERS_TOLERATED_CORES:
+        out.append(f"{what}: other processes kept {others_cores:.2f} cores busy on average meanwhile "
+                   f"({available_cores()} available to this one): the figure may be low; rerun on a quiet machine")
+    return out
 
 
 def process_cpu_seconds() -> float:

@@ -1,7 +1,7 @@
 """Telling a file's format and compression from its name and first bytes."""
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Optional, Tuple
 
 from dlstore.formats import recordio, tfrecord
 
@@ -18,7 +18,7 @@ def _looks_like_zlib(head: bytes) -> bool:
     return len(head) >= 2 and head[0] & 0x0F == 8 and head[0] >> 4 <= 7 and ((head[0] << 8) | head[1]) % 31 == 0
 
 
-def detect(name: str, head: bytes, format: str = "auto", compression: str = "auto") -> Tuple[str, str]:
+def detect(name: str, head: bytes, format: str = "auto", compression: Optional[str] = "auto") -> Tuple[str, str]:
     """Resolves ``(format, compression)`` for one file.
 
     Parameters
@@ -27,15 +27,21 @@ def detect(name: str, head: bytes, format: str = "auto", compression: str = "aut
         The file name (its extension is a hint: ``.rec``, ``.tfrecord``, ``.gz``, ``.zlib``).
     head : bytes
         The file's first bytes (at least 12 when the file has them).
-    format, compression : str
+    format : str
         ``"auto"`` or an explicit choice, which wins.
+    compression : str or None
+        ``"auto"``, or an explicit choice, which wins: ``"none"`` (also ``None`` or ``""``, as in
+        tf.data), ``"gzip"`` or ``"zlib"`` (any case).
 
     Raises
     ------
     ValueError
-        When the format cannot be told; the message shows the first bytes.
+        When the bytes are neither TFRecord nor RecordIO; the message names the file and shows its
+        first bytes (and advises no format: a file that is not records stays so whatever is passed).
     """
     lower = name.lower()
+    # As tf.data's compression_type and TFRecordWriter take it: None or "" is uncompressed, any case.
+    compression = "none" if compression in (None, "") else str(compression).lower()
     if compression == "auto":
         if lower.endswith((".gz", ".gzip")) or head[:2] == _GZIP_MAGIC:
             compression = "gzip"
@@ -47,7 +53,7 @@ def detect(name: str, head: bytes, format: str = "auto", compression: str = "aut
         else:
             compression = "none"
     if compression not in COMPRESSIONS:
-        raise ValueError(f"compression must be one of {COMPRESSIONS} or 'auto', not {compression!r}")
+        raise ValueError(f"compression must be one of {COMPRESSIONS}, None or 'auto', not {compression!r}")
     if format == "auto":
         if recordio.looks_like_recordio(head) or lower.endswith(".rec"):
             format = "recordio"
@@ -55,8 +61,8 @@ def detect(name: str, head: bytes, format: str = "auto", compression: str = "aut
                 or lower.endswith((".tfrecord", ".tfrec", ".tfrecords")):
             format = "tfrecord"
         else:
-            raise ValueError(f"{name}: cannot tell the record format from its first bytes "
-                             f"({head[:12].hex(' ')}); pass format='tfrecord' or 'recordio'")
+            raise ValueError(f"{name}: does not look like TFRecord or RecordIO (its first bytes are "
+                             f"{head[:12].hex(' ')})")
     if format not in FORMATS:
         raise ValueError(f"format must be one of {FORMATS} or 'auto', not {format!r}")
     if format == "recordio" and compression != "none":

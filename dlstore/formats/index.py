@@ -3,15 +3,40 @@
 - TFRecord: one ``offset size`` line per record (DALI's ``tfrecord2idx`` and the ``tfrecord``
   package), ``size`` being the whole frame (header, data and CRCs);
 - RecordIO: one ``key<TAB>offset`` line per record (MXNet's ``.idx``).
+
+Also which files beside the data are dlstore's own companions rather than records
+(:func:`is_companion_file`), so that a glob such as ``train-*`` never reads them as shards.
 """
 from __future__ import annotations
 
-from typing import Tuple
+import os
+from typing import Tuple, Union
 
 import numpy as np
 
 __all__ = ["format_tfrecord_index", "parse_tfrecord_index", "format_recordio_index", "parse_recordio_index",
-           "frame_sizes"]
+           "frame_sizes", "is_companion_file", "INDEX_SUFFIX", "MANIFEST_SUFFIX", "PRIVATE_PREFIX"]
+
+#: Index files, ours and MXNet's (``x.rec -> x.idx``, ``x -> x.idx``).
+INDEX_SUFFIX = ".idx"
+#: A dataset's manifest: any name ending so (``train.dlstore-manifest``, ``.dlstore-manifest``).
+MANIFEST_SUFFIX = ".dlstore-manifest"
+#: dlstore's private files (locks and the like): any name starting so.
+PRIVATE_PREFIX = ".dlstore"
+
+
+def is_companion_file(path: Union[str, os.PathLike]) -> bool:
+    """Whether ``path`` names one of the files dlstore keeps beside record files, not records.
+
+    Those are index files (``*.idx``, and an index still being written, ``*.idx.tmp<pid>``),
+    dataset manifests (``*.dlstore-manifest``) and dlstore's private files (names starting with
+    ``.dlstore``, such as locks). Only the name is looked at; nothing is opened.
+    """
+    name = os.path.basename(os.fspath(path)).lower()
+    if name.startswith(PRIVATE_PREFIX) or name.endswith((INDEX_SUFFIX, MANIFEST_SUFFIX)):
+        return True
+    stem, tmp, _ = name.rpartition(".tmp")  # build_index writes x.idx.tmp<pid>, then renames it
+    return bool(tmp) and stem.endswith(INDEX_SUFFIX)
 
 
 def frame_sizes(lengths: np.ndarray) -> np.ndarray:

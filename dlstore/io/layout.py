@@ -36,11 +36,11 @@ def _files_under(mount: str) -> List[str]:
 
 def _matches(mount: str, pattern: str) -> List[str]:
     """Record files matching ``pattern`` under ``mount`` (a glob such as ``train-*`` also matches the
-    shards' ``.idx`` files, which are left out like in a directory listing)."""
-    from dlstore.reader import _is_record_file_name
+    shards' ``.idx`` files, which are left out as everywhere paths are expanded)."""
+    from dlstore.reader import _glob_record_files
 
-    found = glob.glob(os.path.join(glob.escape(mount), pattern), recursive=True)
-    return [os.path.relpath(f, mount) for f in found if os.path.isfile(f) and _is_record_file_name(os.path.basename(f))]
+    found, _ = _glob_record_files(os.path.join(glob.escape(mount), pattern))
+    return [os.path.relpath(f, mount) for f in found]
 
 
 def scan_layout(mounts: Sequence[str], shards: Optional[Sequence[str]] = None) -> Layout:
@@ -86,7 +86,7 @@ def scan_layout(mounts: Sequence[str], shards: Optional[Sequence[str]] = None) -
             if any(ch in pattern for ch in _GLOB_CHARS):
                 hits = [rel for m in mounts for rel in _matches(m, pattern)]
                 if not hits:
-                    raise PlacementError(f"no file matches {pattern!r} on any mount ({', '.join(mounts)})",
+                    raise PlacementError(f"no record file matches {pattern!r} on any mount ({', '.join(mounts)})",
                                          path=pattern)
                 names.extend(hits)
             else:

@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
-from dlstore.io.system import available_page_cache_bytes, filesystem_of, format_gb
+from dlstore.io.system import available_page_cache_bytes, filesystem_of, format_bytes
 
 __all__ = ["ENGINES", "REQUESTS", "EngineChoice", "resolve_engine", "probe_direct"]
 
@@ -121,12 +121,13 @@ def _resolve_host(requested: str, paths: Sequence[str], total_bytes: int, availa
     if available is None:
         available = available_page_cache_bytes()
     if total_bytes > available:
-        exceeds = f"dataset {format_gb(total_bytes)} exceeds the {format_gb(available)} available to the page cache"
+        exceeds = (f"dataset {format_bytes(total_bytes)} exceeds the {format_bytes(available)} available to the "
+                   "page cache")
         if refused:
             return EngineChoice("buffered", requested, f"{exceeds}, but {refused}")
         return EngineChoice("direct", requested,
                             f"{exceeds}: O_DIRECT avoids thrashing the cache and a copy out of it")
-    fits = f"dataset {format_gb(total_bytes)} fits in the {format_gb(available)} available to the page cache"
+    fits = f"dataset {format_bytes(total_bytes)} fits in the {format_bytes(available)} available to the page cache"
     if random_reads:
         return EngineChoice("mmap", requested,
                             f"{fits}, and a global shuffle reads record by record: mmap copies each out of the "

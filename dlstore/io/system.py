@@ -8,7 +8,7 @@ import os
 import re
 from typing import Dict, TypedDict
 
-__all__ = ["Mount", "filesystem_of", "unescape_mount_field", "meminfo", "available_page_cache_bytes", "format_gb"]
+__all__ = ["Mount", "filesystem_of", "unescape_mount_field", "meminfo", "available_page_cache_bytes", "format_bytes"]
 
 _PROC_MOUNTS = "/proc/mounts"
 _PROC_MEMINFO = "/proc/meminfo"
@@ -93,6 +93,12 @@ def available_page_cache_bytes() -> int:
     return meminfo().get("MemAvailable", 0)
 
 
-def format_gb(n: float) -> str:
-    """Bytes as decimal gigabytes with one decimal, as memory and datasets are quoted: ``3.1 GB``."""
-    return f"{n / 1e9:.1f} GB"
+def format_bytes(n: float) -> str:
+    """Bytes in the decimal unit that fits, as storage, memory and datasets are quoted, with three
+    significant digits: ``3.14 GB``, ``24.9 GB``, ``46.1 MB``, ``512 B`` (never a 46 MB set as
+    ``0.0 GB``)."""
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(n) >= scale * 0.9995:  # 999.6 MB reads better as 1.00 GB than as 1000 MB
+            value = n / scale
+            return f"{value:.{2 if abs(value) < 10 else 1 if abs(value) < 100 else 0}f} {unit}"
+    return f"{n:.0f} B"

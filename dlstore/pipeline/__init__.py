@@ -1,4 +1,4 @@
-"""Input pipelines: records -> augmented, resumable batches (SPEC E).
+"""Input pipelines: records -> augmented, resumable batches.
 
 Nothing is imported until used, so ``import dlstore.pipeline`` stays cheap: ``from
 dlstore.pipeline import Loader`` imports :mod:`dlstore.pipeline.loader` at that moment. Public

@@ -142,7 +142,7 @@ def _consecutive(index: int, num_mounts: int, per_rank: int) -> List[int]:
 
 def _by_rank(num_mounts: int, ranks: np.ndarray, local_ranks: np.ndarray, per_rank: int,
              throughput: Optional[np.ndarray]) -> List[List[int]]:
-    """Rank ``r`` reads mounts ``r*k .. r*k+k-1`` (mod the mount count): the seeds' round robin."""
+    """Rank ``r`` reads mounts ``r*k .. r*k+k-1`` (mod the mount count): Dell EMC Isilon's round robin."""
     return [_consecutive(int(r), num_mounts, per_rank) for r in ranks]
 
 
@@ -229,8 +229,8 @@ def assign_mounts(layout: Layout, world: World, policy: str = "rank", mounts_per
         Its ``rank`` (``local_rank`` for the ``local_rank`` policy) picks the mounts.
     policy : {"rank", "local_rank", "weighted"}
         ``rank``: rank ``r`` gets mounts ``r*k .. r*k+k-1`` modulo the mount count (what the
-        seeds' ``round_robin_mpi.py`` does for ``k = 1``); ``local_rank``: the same by local rank;
-        ``weighted``: ranks spread in proportion to ``throughput``.
+        Dell EMC Isilon reference architecture's ``round_robin_mpi.py`` does for ``k = 1``);
+        ``local_rank``: the same by local rank; ``weighted``: ranks spread in proportion to ``throughput``.
     mounts_per_rank : int
         ``k``: mounts one rank reads at once.
     throughput : sequence of float, optional

@@ -1,7 +1,7 @@
 """Tools behind ``dlstore <command>`` that prepare storage rather than read it.
 
 - :mod:`dlstore.tools.expand`: ``dlstore expand``, K copies of every shard to make a dataset larger
-  than every cache, as the seeds did 150x.
+  than every cache, as the Dell EMC Isilon reference architecture did 150x.
 - :mod:`dlstore.tools.testbed`: ``dlstore testbed``, N loop-mounted filesystems on one host, each
   optionally throttled, to emulate a multi-mount storage system (root only).
 """

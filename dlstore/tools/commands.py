@@ -166,7 +166,8 @@ def add_expand_arguments(p: argparse.ArgumentParser) -> None:
     from dlstore.tools.expand import EXPAND_MODES
 
     p.add_argument("paths", nargs="+", help="shards: files, globs or a directory")
-    p.add_argument("--copies", type=int, required=True, help="copies of each shard (the seeds used 150)")
+    p.add_argument("--copies", type=int, required=True,
+                   help="copies of each shard (the Dell EMC Isilon F800 reference architecture used 150)")
     p.add_argument("--out", required=True, help="directory for the copies (not one holding the sources)")
     p.add_argument("--mode", default="copy", choices=EXPAND_MODES,
                    help="copy (default: defeats every cache), reflink (own page cache, shared blocks), hardlink "

@@ -1,5 +1,5 @@
-"""``dlstore expand``: K copies of every shard, as the seeds did 150x to make a dataset larger than
-every cache (the host's page cache and the storage system's own).
+"""``dlstore expand``: K copies of every shard, as the Dell EMC Isilon reference architecture made 150,
+to make a dataset larger than every cache (the host's page cache and the storage system's own).
 
 Copy ``k`` of ``shard-00001.tfrecord`` is ``shard-00001.copy003.tfrecord`` (the number has at least
 three digits); a valid index beside a shard is copied beside each of its copies, so readers do not
@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import List, Optional, Sequence, Tuple, Union
 
 from dlstore.errors import DlstoreError, DlstoreIOError
+from dlstore.io.system import format_bytes
 
 __all__ = ["EXPAND_MODES", "ExpandResult", "copy_name", "format_of", "valid_index", "copy_file", "expand_shards"]
 
@@ -171,7 +172,7 @@ def expand_shards(paths: Union[str, Sequence[str]], out_dir: str, copies: int, *
     ----------
     paths : str or list of str
         Files, globs or directories (as :func:`dlstore.reader.expand_paths` reads them: indexes and
-        metadata in a directory are not shards).
+        metadata a glob matches or a directory holds are not shards).
     out_dir : str
         Created if missing; must not be a directory that holds a source shard (copies would then
         be taken for sources the next time).
@@ -224,8 +225,8 @@ def expand_shards(paths: Union[str, Sequence[str]], out_dir: str, copies: int, *
         need = sum(sizes[s] for s, _ in todo)
         free = shutil.disk_usage(out_dir).free
         if need > free:
-            raise DlstoreError(f"{out_dir}: {copies} copies need {need / 1e9:.2f} GB more but the filesystem has "
-                               f"{free / 1e9:.2f} GB free", path=out_dir)
+            raise DlstoreError(f"{out_dir}: {copies} copies need {format_bytes(need)} more but the filesystem has "
+                               f"{format_bytes(free)} free", path=out_dir)
     indexes = {}
     for s in sources:
         fmt = format_of(s)

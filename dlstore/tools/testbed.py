@@ -1,5 +1,6 @@
 """``dlstore testbed``: N loop-mounted filesystems on one host, each optionally throttled, to emulate a
-multi-mount storage system (the seeds' 16 NFS mounts of one export) without one. Root only.
+multi-mount storage system (the Dell EMC Isilon reference architecture's 16 NFS mounts of one
+export) without one. Root only.
 
 Per mount ``i``: a sparse image file ``DIR/images/disk{i}.img``, a loop device attached with direct
 I/O (``losetup --find --show --direct-io=on``), a filesystem (ext4 or xfs) mounted with ``noatime`` at
@@ -49,7 +50,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 from dlstore.errors import DlstoreError
-from dlstore.io.system import unescape_mount_field
+from dlstore.io.system import format_bytes, unescape_mount_field
 
 __all__ = [
     "Testbed",
@@ -778,8 +779,8 @@ def create_testbed(directory: str, mounts: int, *, size_bytes: Optional[int] = N
     need = sum(sum(os.path.getsize(sources[n]) for n in files) for files in per_mount)
     free = shutil.disk_usage(directory).free
     if need * 1.05 > free:
-        raise TestbedError(f"{directory}: the copies need {need / 1e9:.2f} GB but its filesystem has "
-                           f"{free / 1e9:.2f} GB free", step="check", path=directory)
+        raise TestbedError(f"{directory}: the copies need {format_bytes(need)} but its filesystem has "
+                           f"{format_bytes(free)} free", step="check", path=directory)
     images = os.path.join(directory, "images")
     tb = Testbed(dir=directory, fs=fs, size_bytes=int(size_bytes), cgroup=cgroup or "",
                  layout=layout if data is not None else None, source=[sources[n] for n in names], created=_now(),

@@ -10,6 +10,7 @@ import io
 import os
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -235,6 +236,27 @@ def test_torch_loader_zero_copy(bert):
     tensor = adapter.convert("input_ids", batch["input_ids"])
     assert tensor.data_ptr() == batch["input_ids"].__array_interface__["data"][0]
     assert isinstance(tensor, torch.Tensor)
+
+
+def test_pinned_allocator_without_cuda_falls_back_to_pageable_memory(bert, monkeypatch):
+    torch = pytest.importorskip("torch", reason="the torch adapter needs torch")
+    pipeline = _pipeline()
+    from dlstore.adapters import torch as adapter
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # what a CPU-only machine says
+    monkeypatch.setattr(adapter, "_noted_no_cuda", False)
+    with pytest.warns(RuntimeWarning, match="CUDA is not available here.*pageable"):
+        allocate = adapter.pinned_allocator()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the note is said once per process
+        again = adapter.pinned_allocator()
+    buf = allocate((4, 3), np.int64)
+    assert buf.shape == (4, 3) and buf.dtype == np.int64 and buf.flags.writeable
+    reference = list(pipeline.bert_loader(bert, batch_size=8, copy=True))
+    got = list(adapter.TorchLoader(pipeline.bert_loader(bert, batch_size=8, allocator=again, copy=True),
+                                   device="cpu"))
+    assert len(got) == len(reference)
+    np.testing.assert_array_equal(got[0]["input_ids"].numpy(), reference[0]["input_ids"])
 
 
 @pytest.mark.gpu

@@ -163,3 +163,32 @@ def test_shuffles_quick(tmp_path):
     assert rows["cold/direct/none"]["neighbours"] > 0.9  # unshuffled: consecutive records are neighbours
     assert all(rows[k]["vs_none"] > 0 for k in rows)
     assert [t["verdict"] in ("PASS", "FAIL") for t in doc["targets"]] == [True, True, True]
+
+
+def test_a_run_never_overwrites_the_committed_results_unless_saved():
+    from benchmarks import _harness
+
+    results = os.path.join(ROOT, "benchmarks", "results")
+    assert _harness.results_path("pipelines") == os.path.join(results, "pipelines-latest.json")
+    assert _harness.results_path("pipelines", quick=True) == os.path.join(results, "pipelines-quick.json")
+    assert _harness.results_path("pipelines", save=True) == os.path.join(results, "pipelines.json")
+    assert _harness.results_path("pipelines", json_path="/tmp/x.json") == "/tmp/x.json"
+    with pytest.raises(ValueError, match="--quick"):
+        _harness.results_path("pipelines", save=True, quick=True)
+    with pytest.raises(ValueError, match="--json"):
+        _harness.results_path("pipelines", save=True, json_path="/tmp/x.json")
+    # What a plain run writes is ignored by git; what --save writes is the committed file.
+    names = ("pipelines-latest.json", "shuffles-quick.json", "pipelines.json")
+    ignored = [subprocess.run(["git", "check-ignore", "-q", os.path.join(results, n)], cwd=ROOT).returncode
+               for n in names]
+    if 128 in ignored:
+        pytest.skip("not a git checkout: cannot ask git what it ignores")
+    assert ignored == [0, 0, 1]
+
+
+def test_every_script_takes_save(tmp_path):
+    for script in ("pipelines", "read_throughput", "shuffles", "direct_sweep", "warm_budget", "mounts"):
+        r = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", f"{script}.py"), "--help"],
+                           capture_output=True, text=True, cwd=ROOT, timeout=120)
+        text = "".join(r.stdout.split())  # argparse wraps long names
+        assert r.returncode == 0 and "--save" in text and f"{script}-latest.json" in text, script

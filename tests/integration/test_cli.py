@@ -1,12 +1,14 @@
 """The `dlstore` command line, run as a user would (a subprocess)."""
+import argparse
+import json
+import os
 import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from tests.conftest import REPO, oracle_tfrecord_bytes, write_tfrecord
-
-
 
 def dlstore(*args):
     return subprocess.run([sys.executable, "-m", "dlstore", *map(str, args)], capture_output=True, text=True,
@@ -32,7 +34,7 @@ def test_verify_reports_unreadable_files(tmp_path):
     junk = tmp_path / "junk.bin"
     junk.write_bytes(b"definitely not records")
     out = dlstore("verify", junk, "--quiet")
-    assert out.returncode == 1 and "cannot tell the record format" in out.stdout
+    assert out.returncode == 1 and "does not look like TFRecord or RecordIO" in out.stdout
 
 
 def test_index_writes_offset_size_lines(tmp_path):
@@ -91,3 +93,150 @@ def test_verify_names_offset_zero(tmp_path):
     out = dlstore("verify", path, "--quiet")
     assert out.returncode == 1
     assert f"{path}: at byte 0: bad data CRC in a record of 5000 bytes" in out.stdout
+
+
+# ---- a set made and indexed by the CLI, read through the glob the docs show ----------------------
+
+SHARDS, PER_SHARD = 3, 5
+
+
+@pytest.fixture(scope="module")
+def indexed_set(tmp_path_factory):
+    pytest.importorskip("PIL", reason="dlstore gen imagenet draws its JPEGs with Pillow")
+    out = tmp_path_factory.mktemp("indexed")
+    made = dlstore("gen", "imagenet", "--out", out, "--shards", SHARDS, "--records-per-shard", PER_SHARD, "--quiet")
+    assert made.returncode == 0, made.stderr
+    indexed = dlstore("index", out)
+    assert indexed.returncode == 0, indexed.stderr
+    assert len(list(out.glob("train-*.idx"))) == SHARDS
+    # What else dlstore keeps beside a set: a manifest and a lock file.
+    (out / "train.dlstore-manifest").write_text('{"shards": 3}\n')
+    (out / ".dlstore-lock").write_text("")
+    return out
+
+
+def test_glob_reads_only_the_shards_of_an_indexed_set(indexed_set):
+    import dlstore as ds
+
+    pattern = str(indexed_set / "train-*")
+    reader = ds.open_records(pattern)
+    assert [os.path.basename(p) for p in reader.paths] == [f"train-{i:05d}-of-{SHARDS:05d}" for i in range(SHARDS)]
+    assert reader.count()["records"] == SHARDS * PER_SHARD
+    for shuffle in ("global", "block"):  # the first Dataset may write indexes; the second globs beside them
+        dataset = ds.Dataset(pattern, shuffle=shuffle, batch_size=1)
+        assert len(dataset.shards) == SHARDS
+        assert sum(b.num_records for b in dataset.batches()) == SHARDS * PER_SHARD
+
+
+def test_bench_storage_reads_a_glob_over_an_indexed_set(indexed_set, tmp_path):
+    result = tmp_path / "storage.json"
+    out = subprocess.run([sys.executable, "-m", "dlstore.bench", "storage", "--data", str(indexed_set / "train-*"),
+                          "--cache", "warm", "--repeat", "1", "--no-fio", "--quiet", "--json", str(result)],
+                         capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(result.read_text())["records"] == SHARDS * PER_SHARD
+
+
+def test_a_glob_matching_only_indexes_says_so(indexed_set):
+    import dlstore as ds
+
+    with pytest.raises(ds.DlstoreError, match=r"no record file matches .*3 index, metadata or temporary files"):
+        ds.open_records(str(indexed_set / "*.idx"))
+
+
+def test_an_index_named_explicitly_is_not_advised_a_format(indexed_set):
+    out = dlstore("verify", indexed_set / f"train-00000-of-{SHARDS:05d}.idx", "--quiet")
+    assert out.returncode == 1
+    assert "does not look like TFRecord or RecordIO" in out.stdout and "format=" not in out.stdout
+
+
+# ---- mistakes are one line, exit 2, never a traceback ---------------------------------------------
+
+def _one_line_error(out, status=2):
+    assert out.returncode == status, (out.returncode, out.stdout, out.stderr)
+    assert "Traceback" not in out.stderr
+    assert len(out.stderr.splitlines()) == 1, out.stderr
+    return out.stderr
+
+
+def _bench_plot(*args):
+    return subprocess.run([sys.executable, "-m", "dlstore.bench.plot", *map(str, args)], capture_output=True,
+                          text=True, cwd=REPO, timeout=300)
+
+
+def test_gen_refuses_bad_counts_in_one_line(tmp_path):
+    for flag in ("--shards", "--records-per-shard"):
+        err = _one_line_error(dlstore("gen", "bert", "--out", tmp_path / "x", flag, "-1"))
+        assert f"argument {flag}: expected a positive integer, not -1" in err
+    assert not (tmp_path / "x").exists()
+
+
+def test_gen_into_a_place_that_cannot_hold_a_directory(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    err = _one_line_error(dlstore("gen", "bert", "--out", blocker / "out", "--shards", 1, "--records-per-shard", 1,
+                                  "--quiet"))
+    assert str(blocker) in err
+
+
+def test_index_of_a_non_record_file_is_one_line(tmp_path):
+    notes = tmp_path / "notes.bin"
+    notes.write_bytes(b"these are notes, not records")
+    err = _one_line_error(dlstore("index", notes))
+    assert f"{notes}: does not look like TFRecord or RecordIO" in err and "format=" not in err
+
+
+def test_settings_mistakes_are_usage_errors_not_corrupt_files(tmp_path):
+    path = write_tfrecord(tmp_path / "a.tfrecord", [b"a"] * 3)
+    err = _one_line_error(dlstore("verify", "--io", "foo", path))
+    assert "io='foo'" in err and "CORRUPT" not in err
+    env = dict(os.environ, DLSTORE_IO="foo")
+    out = subprocess.run([sys.executable, "-m", "dlstore", "verify", path], capture_output=True, text=True,
+                         cwd=REPO, timeout=300, env=env)
+    assert "DLSTORE_IO" in _one_line_error(out) and "CORRUPT" not in out.stdout
+
+
+def test_unknown_command_and_bad_option_values_are_one_line():
+    assert "invalid choice" in _one_line_error(dlstore("frobnicate"))
+    assert "--world-size" in _one_line_error(dlstore("plan", "--mounts", REPO, "--world-size", "many"))
+
+
+def test_version():
+    import dlstore as ds
+
+    out = dlstore("--version")
+    assert out.returncode == 0 and out.stdout.strip() == f"dlstore {ds.__version__}"
+
+
+def test_plot_refuses_what_is_not_a_bench_result(tmp_path):
+    other = tmp_path / "other.json"
+    other.write_text('{"benchmark": "storage", "gb_per_s": 1.5}')
+    assert "not a result of" in _one_line_error(_bench_plot(other, tmp_path / "o.png"))
+    broken = tmp_path / "broken.json"
+    broken.write_text("{not json")
+    assert "not JSON" in _one_line_error(_bench_plot(broken, tmp_path / "o.png"))
+    assert "No such file" in _one_line_error(_bench_plot(tmp_path / "missing.json", tmp_path / "o.png"))
+    assert not (tmp_path / "o.png").exists()
+
+
+def test_a_closed_pipe_ends_plan_quietly(tmp_path):
+    (tmp_path / "m").mkdir()
+    for i in range(2):
+        write_tfrecord(tmp_path / "m" / f"s{i}.tfrecord", [b"r"] * 50)
+    proc = subprocess.Popen([sys.executable, "-m", "dlstore", "plan", "--mounts", tmp_path / "m", "--world-size", "4",
+                             "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO)
+    proc.stdout.close()  # as `| head` does, before the plan is printed
+    _, err = proc.communicate(timeout=300)
+    assert err == b"" and proc.returncode == 141
+
+
+def test_help_speaks_to_users():
+    from dlstore.bench.__main__ import build_parser as bench_parser
+    from dlstore.cli import build_parser
+
+    for parser in (build_parser(), bench_parser()):
+        subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        texts = [parser.format_help()] + [p.format_help() for p in subparsers.choices.values()]
+        for text in texts:
+            for jargon in ("``", "seeds'", "the seeds", "SPEC", "the paper"):
+                assert jargon not in text, (jargon, text[:200])

@@ -97,7 +97,7 @@ def test_paths_globs_and_directories(tmp_path):
     assert by_glob == by_dir == [b"\0", b"\1", b"\2"]
     with pytest.raises(dlstore.DlstoreError, match="no such file"):
         dlstore.open_records(tmp_path / "missing")
-    with pytest.raises(dlstore.DlstoreError, match="no file matches"):
+    with pytest.raises(dlstore.DlstoreError, match="no record file matches"):
         dlstore.open_records(str(tmp_path / "nothing-*"))
 
 
@@ -177,7 +177,7 @@ def test_auto_with_a_gpu_target_picks_gds_only_for_true_gds(tmp_path):
 def test_unknown_format_is_named(tmp_path):
     path = tmp_path / "junk.bin"
     path.write_bytes(b"not a record file at all")
-    with pytest.raises(ValueError, match="cannot tell the record format"):
+    with pytest.raises(ValueError, match="does not look like TFRecord or RecordIO"):
         dlstore.open_records(path)
 
 
@@ -293,3 +293,16 @@ def test_warn_notes_corruptions_beyond_the_reports(tmp_path):
     assert len(caught) == reported + 1
     assert "more corrupt records were skipped than reported" in str(caught[-1].message)
     assert {w.filename for w in caught} == {__file__}
+
+
+def test_compression_none_means_uncompressed_as_in_tf_data(tmp_path):
+    plain = write_tfrecord(tmp_path / "plain.tfrecord", [b"x" * 10, b"y"])
+    with dlstore.TFRecordWriter(os.fspath(tmp_path / "z.tfrecord"), compression="gzip") as w:
+        w.write(b"zipped")
+    assert dlstore.open_records(plain, compression=None).compression == ["none"]
+    assert [bytes(r) for r in dlstore.open_records(plain, compression=None)] == [b"x" * 10, b"y"]
+    # Auto-detection is the default, and says "auto" by name.
+    assert dlstore.open_records(tmp_path / "z.tfrecord").compression == ["gzip"]
+    assert dlstore.open_records(tmp_path / "z.tfrecord", compression="auto").compression == ["gzip"]
+    assert dlstore.open_records(tmp_path / "z.tfrecord", compression="GZIP").compression == ["gzip"]
+    assert dlstore.open_records(tmp_path / "z.tfrecord", compression=None).compression == ["none"]

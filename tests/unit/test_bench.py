@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -118,7 +119,11 @@ def test_parse_fio_json_sums_jobs_over_the_longest_runtime():
     assert r.cpu_seconds == pytest.approx(cpu)
     assert r.cpu_seconds_per_gb == pytest.approx(cpu / (r.bytes / 1e9))
     assert r.version == "fio-3.33"
-    assert "bs=1M" in r.describe() and "jobs=2" in r.describe() and "direct=1" in r.describe()
+    assert r.describe() == "fio psync qd1, 2 jobs, bs=1M sequential direct=1 reads"
+    assert r.queue_depth_one  # one request in flight per job: a reference, not a ceiling
+    deep = parse_fio_json(FIO_JSON.replace('"ioengine": "psync", "iodepth": "1"',
+                                           '"ioengine": "io_uring", "iodepth": "32"'))
+    assert deep.describe().startswith("fio io_uring qd32, 2 jobs") and not deep.queue_depth_one
     assert json.loads(json.dumps(r.to_dict()))["bytes"] == r.bytes
 
 
@@ -204,6 +209,41 @@ def test_sysinfo_header(tmp_path):
         assert word in text
     assert info["cores"] >= 1 and info["filesystem"] != ""
     assert sysinfo.filesystem_of("/")["mount"] == "/"
+
+
+def test_other_processes_cores_is_the_machine_busy_time_less_ours():
+    tick = os.sysconf("SC_CLK_TCK")
+    before, after = [(0, 0), (100, 100)], [(3 * tick, 4 * tick), (100 + tick, 100 + 4 * tick)]
+    # 4 s busy over both cores, 1 s of it this process, in 2 s of wall time: others kept 1.5 cores busy.
+    assert sysinfo.other_processes_cores(before, after, 1.0, 2.0) == pytest.approx(1.5)
+    assert sysinfo.other_processes_cores(before, after, 9.0, 2.0) == 0.0  # never negative
+    assert sysinfo.other_processes_cores([], [], 1.0, 2.0) is None
+
+
+def test_a_busy_neighbour_is_seen():
+    if not sysinfo.per_core_cpu_ticks():
+        pytest.skip("no /proc/stat on this system")
+    spin = subprocess.Popen([sys.executable, "-c", "import time\nt = time.time() + 1.5\nwhile time.time() < t: pass"])
+    try:
+        time.sleep(0.3)  # the neighbour is spinning
+        ticks0, cpu0, t0 = sysinfo.per_core_cpu_ticks(), sysinfo.process_cpu_seconds(), time.perf_counter()
+        time.sleep(1.0)
+        seconds = time.perf_counter() - t0
+        others = sysinfo.other_processes_cores(ticks0, sysinfo.per_core_cpu_ticks(),
+                                               sysinfo.process_cpu_seconds() - cpu0, seconds)
+    finally:
+        spin.wait()
+    assert others > sysinfo.OTHERS_TOLERATED_CORES
+    assert any("other processes kept" in w for w in sysinfo.trust_warnings("tier x", seconds, others))
+
+
+def test_trust_warnings():
+    assert sysinfo.trust_warnings("tier page-cache", 5.0, 0.1) == []
+    short, = sysinfo.trust_warnings("tier page-cache", 0.15, 0.0)
+    assert short.startswith("tier page-cache lasted 0.15 s, under 2 s")
+    busy, = sysinfo.trust_warnings("cold pass 2", 5.0, 1.25)
+    assert busy.startswith("cold pass 2: other processes kept 1.25 cores busy")
+    assert len(sysinfo.trust_warnings("t", 0.5, 1.0)) == 2
 
 
 def test_busiest_core_percent():
@@ -309,10 +349,14 @@ def test_bench_storage_writes_the_json_keys(tiny_set):
     assert doc["cache_method"] == "one untimed pass first"
     assert len(doc["repeats"]) == 2 and doc["gb_per_s"] > 0 and doc["cpu_seconds_per_gb"] >= 0
     assert doc["repeats"][0]["cached_before"] in (None, pytest.approx(1.0, abs=0.05))
+    # A 6 MB set reads in milliseconds: every pass is flagged as too short to trust.
+    assert len([w for w in doc["warnings"] if "too short for a stable figure" in w]) == 2
+    assert "warning: warm pass 1 lasted" in r.stdout
     if fio_missing_reason() or direct_refused(tiny_set):
         assert doc["fio_gb_per_s"] is None and doc["fio_skipped"]
     else:
-        assert doc["fio_gb_per_s"] > 0 and doc["ratio_vs_fio"] > 0 and "fio ceiling" in r.stdout
+        assert doc["fio_gb_per_s"] > 0 and doc["ratio_vs_fio"] > 0
+        assert "vs fio: fio psync qd1" in r.stdout and "not the device's ceiling" in r.stdout
 
 
 def test_bench_storage_cold_with_synchronised_readers(tiny_set):
@@ -329,7 +373,7 @@ def test_bench_storage_cold_with_synchronised_readers(tiny_set):
 
 def test_bench_storage_bad_data_exits_2(tmp_path):
     r = _bench("storage", "--data", os.fspath(tmp_path / "nothing-*.tfrecord"))
-    assert r.returncode == 2 and "no file matches" in r.stderr
+    assert r.returncode == 2 and "no record file matches" in r.stderr
 
 
 def test_read_throughput_quick(tmp_path):

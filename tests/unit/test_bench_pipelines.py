@@ -243,7 +243,8 @@ def _doc(workload, compute=None, jobs=None, ranks=None):
     tiers = [_tier("page-cache", [200, 210]), _tier("local-cold", [100, 150], au=None if compute is None else 88.0)]
     config = {"step_batches_text": "1 batch of 100", "plan": [1, 1]}
     return build_document(workload, tiers, info={"cpu": "test CPU", "cores": 2}, config=config, compute=compute,
-                          batch_size=100, jobs=jobs, ranks=ranks, notes=["a note"])
+                          batch_size=100, jobs=jobs, ranks=ranks, notes=["a note"],
+                          warnings=["tier page-cache lasted 0.15 s, under 2 s: too short"])
 
 
 def test_document_has_the_agreed_keys_per_tier():
@@ -273,13 +274,16 @@ def test_verdict_with_emulated_accelerators_and_jobs():
     assert cold["required_mb_per_s_per_accelerator"] == pytest.approx(200 * 1000 / 1e6)
     text = "\n".join(doc["verdict"])
     assert "storage sustains" in text and "of what 1 accelerator (a100) needs" in text
-    assert "required 0.2 MB/s per accelerator" in text and "below MLPerf Storage's 90%" in text
+    assert "each accelerator needs 0.2 MB/s" in text and "below MLPerf Storage's 90%" in text
     assert "AU >= 90% with up to 1 job" in text
     report_text = format_report(doc)
     assert "concurrent jobs" in report_text and "aggregate images/s" in report_text and "AU" in report_text
     assert "accelerator emulated: a100" in report_text and "note: a note" in report_text
+    assert report_text.splitlines()[-1] == "warning: tier page-cache lasted 0.15 s, under 2 s: too short"
+    assert "needed MB/s per accel." in report_text
     md = markdown_report(doc)
     assert md.startswith("## dlstore.bench resnet50") and "| step |" in md and "| jobs |" in md
+    assert "- warning: tier page-cache lasted 0.15 s" in md
 
 
 def test_step_table_puts_tiers_side_by_side_with_missing_steps_as_dash():

@@ -228,7 +228,7 @@ def test_scan_errors_name_the_files(tmp_path):
     assert os.path.join(a, "s.rec") in text and os.path.join(b, "s.rec") in text and "4 bytes" in text
     with pytest.raises(PlacementError, match="on no mount"):
         scan_layout([a], ["missing.rec"])
-    with pytest.raises(PlacementError, match="no file matches"):
+    with pytest.raises(PlacementError, match="no record file matches"):
         scan_layout([a], ["*.tfrecord"])
     with pytest.raises(PlacementError, match="not a directory"):
         scan_layout([str(tmp_path / "nope")])

@@ -359,9 +359,43 @@ def test_unknown_kind_or_size_is_refused(tmp_path):
 
 # ---- progress bar ---------------------------------------------------------------------------------
 
-def test_progress_is_silent_off_a_terminal(tmp_path, capsys):
+def test_generation_off_a_terminal_shows_plain_lines(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("DLSTORE_NO_PROGRESS", raising=False)
     synthetic.generate_bert(tmp_path, shards=1, records_per_shard=4, progress=True)
-    assert capsys.readouterr().err == ""
+    err = capsys.readouterr().err
+    assert "\r" not in err and "#" not in err  # no bar redrawn in place
+    line, = err.splitlines()  # quick work: only the last line
+    assert line.startswith("gen bert 100% 4/4 rec") and " in 00:0" in line
+
+
+def test_progress_off_a_terminal_is_silent_unless_asked_for_lines(monkeypatch):
+    monkeypatch.delenv("DLSTORE_NO_PROGRESS", raising=False)
+    quiet = io.StringIO()
+    bar = Progress(total=10, desc="verify", file=quiet)
+    bar.update(10)
+    bar.close()
+    assert quiet.getvalue() == ""
+    out = io.StringIO()
+    bar = Progress(total=200, desc="gen", unit="rec", piped="lines", file=out)
+    bar.update(10)  # under 10 s in: nothing yet
+    assert out.getvalue() == ""
+    bar._start -= 11.0
+    bar.update(40)
+    bar.update(1)  # within 10 s of the last line: not printed
+    assert out.getvalue().startswith("gen  25% 50/200 rec") and out.getvalue().count("\n") == 1
+    bar.close()
+    assert [ln.split(" rec")[0] for ln in out.getvalue().splitlines()] == ["gen  25% 50/200", "gen  26% 51/200"]
+    with pytest.raises(ValueError, match="piped"):
+        Progress(total=1, piped="bar")
+
+
+def test_bert_copies_repeat_the_shards_without_encoding_again(tmp_path):
+    paths = synthetic.generate_bert(tmp_path, shards=2, records_per_shard=3, copies=3, progress=False)
+    assert [os.path.basename(p) for p in paths] == [f"part-{i:05d}-of-00006" for i in range(6)]
+    blobs = [open(p, "rb").read() for p in paths]
+    assert blobs[0] != blobs[1] and blobs[0::2] == [blobs[0]] * 3 and blobs[1::2] == [blobs[1]] * 3
+    with pytest.raises(ValueError, match="copies"):
+        synthetic.generate_bert(tmp_path / "none", shards=1, records_per_shard=1, copies=0)
 
 
 def test_progress_line_shows_count_rate_and_eta():

@@ -60,4 +60,9 @@ def test_one_implementation_serves_every_caller():
     assert select.filesystem_of is system.filesystem_of
     if os.path.exists("/proc/meminfo"):
         assert 0 < system.available_page_cache_bytes() <= system.meminfo()["MemTotal"]
-    assert system.format_gb(3.14e9) == "3.1 GB"
+    from dlstore.bench import report
+
+    assert report.fmt_bytes is system.format_bytes
+    sizes = {3.14e9: "3.14 GB", 24.9e9: "24.9 GB", 46.1e6: "46.1 MB", 999.7e6: "1.00 GB", 512: "512 B",
+             1.5e3: "1.50 kB", 2.5e12: "2.50 TB", 0: "0 B"}
+    assert {n: system.format_bytes(n) for n in sizes} == sizes
