@@ -1,13 +1,24 @@
 """Builds dlstore and its C++ core, dlstore._C (pybind11; no CUDA, torch or TensorFlow at build time)."""
 import glob
+import importlib.util
 import os
 
 from pybind11.setup_helpers import ParallelCompile, Pybind11Extension, build_ext
 from setuptools import find_packages, setup
 
-ParallelCompile("DLSTORE_BUILD_JOBS", default=2).install()
-
 here = os.path.dirname(os.path.abspath(__file__))
+
+
+def _build_settings():
+    """dlstore/build_settings.py, loaded alone: the package cannot be imported before it is built."""
+    spec = importlib.util.spec_from_file_location("dlstore_build_settings",
+                                                  os.path.join(here, "dlstore", "build_settings.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+ParallelCompile("DLSTORE_BUILD_JOBS", default=_build_settings().BUILD_JOBS_DEFAULT).install()
 
 
 def sources():

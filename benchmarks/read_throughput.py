@@ -39,7 +39,7 @@ if ROOT not in sys.path:  # run from a checkout: measure this tree's dlstore
 
 from benchmarks import _harness  # noqa: E402
 from dlstore.bench import report, sysinfo  # noqa: E402
-from dlstore.pipeline.stages import available_cores  # noqa: E402
+from dlstore.io.system import available_cores  # noqa: E402
 
 RESULT_PREFIX = "READ_THROUGHPUT_RESULT "
 # Records per batch for the peers that batch (tf.data, DALI), so Python works per batch, not per record.

@@ -2,7 +2,7 @@
 
 ``import dlstore`` needs only numpy; frameworks are imported by their adapters when used.
 """
-from dlstore.errors import (AlignmentError, CorruptRecordError, DlstoreError, DlstoreIOError,
+from dlstore.errors import (CorruptRecordError, DlstoreError, DlstoreIOError,
                             GdsUnavailableError, PlacementError)
 from dlstore.dataset import Dataset
 from dlstore.formats import recordio
@@ -25,7 +25,6 @@ __all__ = [
     "DlstoreError",
     "DlstoreIOError",
     "CorruptRecordError",
-    "AlignmentError",
     "GdsUnavailableError",
     "PlacementError",
     "world",

@@ -6,10 +6,11 @@ generating a dataset (``piped="lines"``), it prints a plain line now and then in
 """
 from __future__ import annotations
 
-import os
 import sys
 import time
 from typing import Optional, TextIO
+
+from dlstore import settings
 
 __all__ = ["Progress"]
 
@@ -82,7 +83,7 @@ class Progress:
         #: Plain lines now and then rather than a bar redrawn in place.
         self.lines = enabled is None and not on_terminal and piped == "lines"
         if enabled is None:
-            enabled = (on_terminal or self.lines) and not os.environ.get("DLSTORE_NO_PROGRESS")
+            enabled = (on_terminal or self.lines) and not settings.get("no_progress")
         self.enabled = enabled
         self._start = time.monotonic()
         self._last_draw = float("-inf")

@@ -8,14 +8,13 @@ __all__ = [
     "DlstoreError",
     "DlstoreIOError",
     "CorruptRecordError",
-    "AlignmentError",
     "GdsUnavailableError",
     "PlacementError",
 ]
 
 
 class DlstoreError(Exception):
-    """Base class of dlstore's errors.
+    """Base class of dlstore's errors. The message says it all in words; the attributes say it to code.
 
     Attributes
     ----------
@@ -23,27 +22,38 @@ class DlstoreError(Exception):
         The file concerned, when there is one.
     offset : int or None
         The byte offset in that file (for compressed files: in the uncompressed stream).
+    record : int or None
+        The index of the record concerned within the batch (or call) that failed, when it is about one.
+    errno : int or None
+        The ``errno`` of the system call that failed, when one did.
+    reason : str
+        What went wrong, without the file, offset and record that the message starts with.
     """
 
-    def __init__(self, message: str, path: Optional[str] = None, offset: Optional[int] = None):
+    def __init__(self, message: str, path: Optional[str] = None, offset: Optional[int] = None, *,
+                 record: Optional[int] = None, errno: Optional[int] = None, reason: Optional[str] = None):
         super().__init__(message)
         self.path = path
         self.offset = offset
+        self.record = record
+        self.errno = errno
+        self.reason = message if reason is None else reason
+
+    @classmethod
+    def of_record(cls, record: int, reason: str, **fields) -> "DlstoreError":
+        """An error about record ``record`` of a batch: the message reads ``record N: reason``."""
+        return cls(f"record {record}: {reason}", record=record, reason=reason, **fields)
 
 
 class DlstoreIOError(DlstoreError, OSError):
-    """A system call failed (open, pread, mmap); the message carries errno and its text."""
+    """A system call failed (open, pread, mmap); ``errno`` says which error, the message its text."""
 
-    def __init__(self, message: str, path: Optional[str] = None, offset: Optional[int] = None):
-        DlstoreError.__init__(self, message, path, offset)
+    def __init__(self, message: str, path: Optional[str] = None, offset: Optional[int] = None, **fields):
+        DlstoreError.__init__(self, message, path, offset, **fields)
 
 
 class CorruptRecordError(DlstoreError):
     """A record's framing or checksum is wrong: bad CRC, truncated record, impossible length."""
-
-
-class AlignmentError(DlstoreError):
-    """Direct I/O could not be used with the alignment this file or buffer needs."""
 
 
 class GdsUnavailableError(DlstoreError):

@@ -1,16 +1,22 @@
 """One table for every knob: default, validation, environment variable and help text.
 
-``--help`` texts and docs/settings.md are generated from :data:`SETTINGS`, so they cannot drift.
+``--help`` texts and docs/settings.md are generated from :data:`SETTINGS` (and the build's variables
+from :mod:`dlstore.build_settings`), so they cannot drift. A default may depend on the machine (a
+:class:`Default`: its formula is what the docs show) and on the case a reader runs in (its
+:class:`Adjust` rules: the engine, the number of mounts, whether records are reordered); both are
+defined here, once, and :func:`effective` applies them.
 """
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Tuple
 
+from dlstore.build_settings import BUILD_VARIABLES
 from dlstore.io.select import REQUESTS as _IO_REQUESTS
+from dlstore.io.system import available_cores
 
-__all__ = ["Setting", "SETTINGS", "get", "is_default", "markdown_table"]
+__all__ = ["Setting", "Default", "Adjust", "Case", "SETTINGS", "get", "is_default", "effective", "markdown_table"]
 
 MiB = 1 << 20
 
@@ -24,6 +30,56 @@ def _size(text: Any) -> int:
     return int(float(s[:-1] if mult > 1 else s) * mult)
 
 
+def _flag(text: Any) -> bool:
+    """Parses a switch: unset, '' , '0', 'false', 'no' and 'off' are off; anything else is on."""
+    if isinstance(text, bool):
+        return text
+    return str(text).strip().lower() not in ("", "0", "false", "no", "off")
+
+
+@dataclass(frozen=True)
+class Default:
+    """A default that depends on the machine: ``value(cores)`` for the cores this process may use, and
+    ``formula``, the same rule in words, which the docs show."""
+
+    formula: str
+    value: Callable[[int], Any]
+
+
+@dataclass(frozen=True)
+class Case:
+    """What a reader is about to do, which some defaults depend on.
+
+    Attributes
+    ----------
+    engine : str
+        The I/O engine that runs (``io="auto"`` resolved).
+    in_order : bool
+        Files read front to back (:func:`~dlstore.open_records`), rather than a read plan.
+    mounts : int
+        Mount points read at once.
+    reorders : bool
+        A read plan whose records go through a shuffle buffer.
+    """
+
+    engine: str
+    in_order: bool = True
+    mounts: int = 1
+    reorders: bool = False
+
+
+@dataclass(frozen=True)
+class Adjust:
+    """A rule that changes a setting's default (never an explicit value) in some cases: ``when`` says
+    which, ``apply`` gives the new value from the default, ``text`` says both in words for the docs,
+    and ``why`` says the reason."""
+
+    text: str
+    when: Callable[[Case], bool]
+    apply: Callable[[Any, Case], Any]
+    why: str = ""
+
+
 @dataclass(frozen=True)
 class Setting:
     name: str
@@ -33,6 +89,15 @@ class Setting:
     parse: Callable[[Any], Any] = str
     check: Optional[Callable[[Any], bool]] = None
     check_text: str = ""
+    adjust: Tuple[Adjust, ...] = ()
+
+    def base_default(self) -> Any:
+        """The default on this machine, before any case's adjustment."""
+        return self.default.value(available_cores()) if isinstance(self.default, Default) else self.default
+
+    def default_text(self) -> str:
+        """The default as the docs show it: the value, or the formula of a machine-dependent one."""
+        return self.default.formula if isinstance(self.default, Default) else str(self.default)
 
 
 def _positive(v: Any) -> bool:
@@ -48,21 +113,38 @@ SETTINGS: Dict[str, Setting] = {
                 str, lambda v: v in _IO_REQUESTS, "one of " + ", ".join(_IO_REQUESTS)),
         Setting("chunk_size", 8 * MiB, "DLSTORE_CHUNK_SIZE",
                 "Bytes per read. Large reads keep O_DIRECT streaming; records are split out in C++.",
-                _size, lambda v: v >= 64 << 10, "at least 64 KiB"),
+                _size, lambda v: v >= 64 << 10, "at least 64 KiB",
+                adjust=(Adjust("mmap reading files in order: 8x", lambda c: c.engine == "mmap" and c.in_order,
+                               lambda v, c: v * 8,
+                               "its chunks are views of the mapping, so a larger one costs no memory and halves "
+                               "the hand-offs between the consumer and the CRC thread per GB; a read plan keeps "
+                               "chunk_size, its chunks are its blocks"),)),
         Setting("headroom", 1 * MiB, "DLSTORE_HEADROOM",
                 "Space before each chunk that joins a record split across two reads without a copy "
                 "of the whole record; larger records are assembled apart.",
                 _size, lambda v: v >= 64 << 10, "at least 64 KiB"),
         Setting("depth", 4, "DLSTORE_DEPTH", "Chunks in flight per reader (read-ahead).", int, _positive,
-                "a positive integer"),
+                "a positive integer",
+                adjust=(Adjust("a shuffle buffer: 2x", lambda c: c.reorders, lambda v, c: v * 2,
+                               "its reads are blocks of about chunk_size in a seeded order, where records read in "
+                               "order come in chunks of whole batches: it needs more of them ahead"),
+                        Adjust("several mounts: at least 4 per mount", lambda c: c.mounts > 1,
+                               lambda v, c: max(v, 4 * c.mounts),
+                               "each mount has io_threads threads of its own, so a mount running late does not "
+                               "hold the threads the others need"))),
         Setting("io_threads", 2, "DLSTORE_IO_THREADS",
                 "Threads issuing reads for one reader; a Dataset checks each record's frame and CRCs on them "
                 "too.", int, _positive, "a positive integer"),
-        Setting("verify_threads", max(1, min(4, (os.cpu_count() or 2) - 1)), "DLSTORE_VERIFY_THREADS",
+        Setting("verify_threads", Default("cores - 1, at least 1, at most 4", lambda cores: max(1, min(4, cores - 1))),
+                "DLSTORE_VERIFY_THREADS",
                 "Threads besides the consumer that check TFRecord data CRCs of each batch of files read "
                 "in order (open_records; 0: the consumer alone). One core reads memory at about CRC "
                 "speed, so a second one helps.",
-                int, lambda v: v >= 0, "a non-negative integer"),
+                int, lambda v: v >= 0, "a non-negative integer",
+                adjust=(Adjust("direct: 0", lambda c: c.engine == "direct",
+                               lambda v, c: 0,
+                               "reads are bound by the device and land in RAM, not in cache; a second CRC thread "
+                               "only adds memory traffic"),)),
         Setting("read_timeout", 120.0, "DLSTORE_READ_TIMEOUT",
                 "Seconds an open or a read may take before it counts as failed (a hung mount) and is "
                 "retried on a replica mount; 0 waits forever.", float, lambda v: v >= 0, "a non-negative number"),
@@ -85,6 +167,9 @@ SETTINGS: Dict[str, Setting] = {
                 _size, lambda v: v >= 64 << 10, "at least 64 KiB"),
         Setting("cache_dir", "~/.cache/dlstore", "DLSTORE_CACHE",
                 "Where generated datasets and indexes of read-only data are kept.", os.path.expanduser),
+        Setting("no_progress", False, "DLSTORE_NO_PROGRESS",
+                "Set (to anything but 0, false, no or off): no progress bars or progress lines, even on a "
+                "terminal.", _flag),
     ]
 }
 
@@ -111,7 +196,7 @@ def get(name: str, override: Any = None) -> Any:
     elif s.env in os.environ:
         raw, source = os.environ[s.env], f"environment variable {s.env}"
     else:
-        raw, source = s.default, "default"
+        raw, source = s.base_default(), "default"
     try:
         value = s.parse(raw)
     except (TypeError, ValueError):
@@ -121,9 +206,30 @@ def get(name: str, override: Any = None) -> Any:
     return value
 
 
+def effective(name: str, override: Any, case: Case) -> Any:
+    """The value of setting ``name`` for a reader in ``case``: :func:`get`, then, when the setting is
+    left at its default, every :class:`Adjust` rule of the setting that applies, in order."""
+    value = get(name, override)
+    if is_default(name, override):
+        for rule in SETTINGS[name].adjust:
+            if rule.when(case):
+                value = rule.apply(value, case)
+    return value
+
+
 def markdown_table() -> str:
-    """The settings as a markdown table, for docs/settings.md."""
+    """The settings as markdown, for docs/settings.md: the run-time table, how defaults change with
+    the case, and the build's environment variables."""
     rows = ["| setting | default | environment | meaning |", "|---|---|---|---|"]
     for s in SETTINGS.values():
-        rows.append(f"| `{s.name}` | `{s.default}` | `{s.env}` | {s.help} |")
+        rows.append(f"| `{s.name}` | `{s.default_text()}` | `{s.env}` | {s.help} |")
+    rows += ["", "Defaults that depend on the case (an explicit value or environment variable always wins):", "",
+             "| setting | case: default | why |", "|---|---|---|"]
+    for s in SETTINGS.values():
+        for rule in s.adjust:
+            rows.append(f"| `{s.name}` | {rule.text} | {rule.why} |")
+    rows += ["", "Read when the C++ core is built (`pip install`), not at run time:", "",
+             "| environment | default | meaning |", "|---|---|---|"]
+    for env, (default, meaning) in BUILD_VARIABLES.items():
+        rows.append(f"| `{env}` | {default} | {meaning} |")
     return "\n".join(rows) + "\n"

@@ -119,31 +119,13 @@ class ReadOptions:
             A read plan whose records go through a shuffle buffer (its reads are blocks in a seeded
             order).
 
-        Explicit values always win; otherwise a few defaults depend on the case:
-
-        - ``mmap`` read in order: chunks 8x ``chunk_size``. Its chunks are views of the mapping,
-          so a larger one costs no memory and halves the hand-offs between the consumer and the
-          CRC thread per GB. (A read plan keeps ``chunk_size``: its chunks are its blocks.)
-        - ``direct`` read in order: no CRC thread besides the consumer. Reads are bound by the
-          device and land in RAM, not in cache; a second CRC thread only adds memory traffic.
-        - Several mounts (a read plan): at least 4 reads in flight per mount. Each mount has
-          ``io_threads`` threads of its own, so a mount running late does not hold the threads the
-          others need.
-        - A shuffle buffer: twice ``depth`` reads in flight. Its reads are blocks of about
-          ``chunk_size`` in a seeded order, where records read in order come in chunks of whole
-          batches (a ResNet-50 batch is ~30 MB): it needs more of them ahead to keep a device as busy.
+        Explicit values always win; otherwise a few defaults depend on the case, by the rules of
+        :data:`dlstore.settings.SETTINGS` (listed with their reasons in docs/settings.md).
         """
-        chunk = self.get("chunk_size")
-        if settings.is_default("chunk_size", self.chunk_size) and engine == "mmap" and in_order:
-            chunk *= 8
-        verify_threads = self.get("verify_threads")
-        if settings.is_default("verify_threads", self.verify_threads) and engine == "direct":
-            verify_threads = 0
-        threads, depth = self.get("io_threads"), self.get("depth")
-        if settings.is_default("depth", self.depth):
-            depth *= 2 if reorders else 1
-            if mounts > 1:
-                depth = max(depth, 4 * mounts)
+        case = settings.Case(engine, in_order=in_order, mounts=mounts, reorders=reorders)
+        chunk = settings.effective("chunk_size", self.chunk_size, case)
+        verify_threads = settings.effective("verify_threads", self.verify_threads, case)
+        threads, depth = self.get("io_threads"), settings.effective("depth", self.depth, case)
         return {"engine": engine, "chunk_size": chunk, "headroom": settings.get("headroom"), "depth": depth,
                 "io_threads": threads, "verify_threads": verify_threads, "verify": self.verify,
                 "on_error": "skip" if self.on_error == "warn" else self.on_error,

@@ -12,7 +12,7 @@ import argparse
 import sys
 from typing import Callable, Iterable
 
-from dlstore.pipeline.stages import available_cores
+from dlstore.io.system import available_cores
 from dlstore.placement.world import World, detect_world
 
 __all__ = ["add_training_args", "data_parallel", "log", "threads_per_rank"]

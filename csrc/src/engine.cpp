@@ -42,6 +42,7 @@ ChunkReader::ChunkReader(std::vector<std::string> paths, EngineOptions opts, std
   opts_.chunk_size = align_up(std::max<size_t>(opts_.chunk_size, kGrain), kGrain);
   opts_.headroom = align_up(std::max<size_t>(opts_.headroom, kGrain), kGrain);
   if (opts_.depth == 0) opts_.depth = 1;
+  DLSTORE_EXPECT(opts_.threads > 0, Generic, "", -1, "internal: a reader needs at least one I/O thread");
   pool_ = BufferPool::shared(opts_.headroom + opts_.chunk_size, kGrain);
   threads_.reset(new ThreadPool(opts_.threads));
 }

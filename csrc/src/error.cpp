@@ -13,12 +13,24 @@ std::string describe(const std::string& path, int64_t offset, const std::string&
 }
 
 void throw_error(ErrorKind kind, const std::string& path, int64_t offset, const std::string& what) {
-  throw Error(kind, describe(path, offset, what), path, offset);
+  Error e(kind, describe(path, offset, what), path, offset);
+  e.reason = what;
+  throw e;
 }
 
 void throw_errno(const std::string& path, int64_t offset, const std::string& call, int err) {
   std::string what = call + " failed: " + std::strerror(err) + " (errno " + std::to_string(err) + ")";
-  throw Error(ErrorKind::Io, describe(path, offset, what), path, offset);
+  Error e(ErrorKind::Io, describe(path, offset, what), path, offset);
+  e.reason = what;
+  e.err = err;
+  throw e;
+}
+
+void throw_record_error(ErrorKind kind, int64_t record, const std::string& reason) {
+  Error e(kind, "record " + std::to_string(record) + ": " + reason);
+  e.reason = reason;
+  e.record = record;
+  throw e;
 }
 
 }  // namespace dlstore

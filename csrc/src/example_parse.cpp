@@ -51,10 +51,10 @@ std::string printable(std::string_view s) {
 [[noreturn]] __attribute__((noinline, cold)) void fail(ErrorKind kind, const RecordContext& ctx,
                                                      const uint8_t* at, const std::string& what) {
   std::ostringstream os;
-  if (ctx.index >= 0) os << "record " << ctx.index << ": ";
   if (ctx.feature) os << "feature '" << printable(*ctx.feature) << "': ";
   if (at) os << "at byte " << (at - ctx.record) << " of the record: ";
   os << what;
+  if (ctx.index >= 0) throw_record_error(kind, ctx.index, os.str());
   throw Error(kind, os.str());
 }
 
@@ -475,9 +475,9 @@ void parse_example_batch(const uint8_t* buffer, size_t buffer_size, const uint64
   for (size_t i = 0; i < num_records; ++i) {
     if (offsets[i] > buffer_size || lengths[i] > buffer_size - offsets[i]) {
       std::ostringstream os;
-      os << "record " << first_index + i << " (offset " << offsets[i] << ", length " << lengths[i]
-         << ") lies outside the buffer of " << buffer_size << " bytes";
-      throw Error(ErrorKind::Generic, os.str());
+      os << "(offset " << offsets[i] << ", length " << lengths[i] << ") lies outside the buffer of "
+         << buffer_size << " bytes";
+      throw_record_error(ErrorKind::Generic, static_cast<int64_t>(first_index + i), os.str());
     }
     const uint8_t* record = buffer + offsets[i];
     RecordContext ctx;
@@ -584,9 +584,9 @@ void locate_bytes_feature(const uint8_t* buffer, size_t buffer_size, const uint6
   for (size_t i = 0; i < num_records; ++i) {
     if (offsets[i] > buffer_size || lengths[i] > buffer_size - offsets[i]) {
       std::ostringstream os;
-      os << "record " << i << " (offset " << offsets[i] << ", length " << lengths[i]
-         << ") lies outside the buffer of " << buffer_size << " bytes";
-      throw Error(ErrorKind::Generic, os.str());
+      os << "(offset " << offsets[i] << ", length " << lengths[i] << ") lies outside the buffer of "
+         << buffer_size << " bytes";
+      throw_record_error(ErrorKind::Generic, static_cast<int64_t>(i), os.str());
     }
     const uint8_t* record = buffer + offsets[i];
     RecordContext ctx;

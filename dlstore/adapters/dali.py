@@ -23,7 +23,6 @@ With the PyTorch plugin, an epoch ends where the rank's records end::
 from __future__ import annotations
 
 import collections
-import re
 from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -31,7 +30,7 @@ import numpy as np
 from dlstore.adapters.base import LastBatch, check_last_batch, current_world, import_framework, rank_source
 from dlstore.errors import DlstoreError
 from dlstore.pipeline.decode import IMAGENET_MEAN, IMAGENET_STD
-from dlstore.pipeline.stages import available_cores
+from dlstore.io.system import available_cores
 from dlstore.source import start_at, state_at
 
 __all__ = ["dali_pipeline", "EncodedSamples"]
@@ -40,12 +39,14 @@ _INSTALL = "pip install nvidia-dali-cuda120 (or the build for your CUDA), see ht
 
 
 def _record_error(error: DlstoreError, batch: Any) -> DlstoreError:
-    """``error`` about "record k" of ``batch`` again, naming the file and the record's byte offset in it."""
-    match = re.match(r"record (\d+)", str(error))
-    k = int(match.group(1)) if match else 0
-    path = batch.path(k) if k < batch.num_records else None
-    offset = int(batch.file_offsets[k]) if k < batch.num_records else None
-    return type(error)(f"{path}: record at byte {offset}: {error}", path=path, offset=offset)
+    """``error`` about record ``k`` of ``batch`` again, naming the file and the record's byte offset in it;
+    ``error`` itself when it is not about one record of the batch."""
+    if error.record is None or not 0 <= error.record < batch.num_records:
+        return error
+    k = error.record
+    path, offset = batch.path(k), int(batch.file_offsets[k])
+    return type(error)(f"{path}: record at byte {offset}: {error.reason}", path=path, offset=offset,
+                       errno=error.errno, reason=error.reason)
 
 
 # ---- the external_source feed ------------------------------------------------------------------------
@@ -115,7 +116,10 @@ class EncodedSamples:
                 labels = parse_batch(batch, self.label_spec)[self.label_key][:, 0] + self.label_offset
                 offsets, lengths = bytes_feature_spans(batch, self.image_key)
             except DlstoreError as e:
-                raise _record_error(e, batch) from e
+                located = _record_error(e, batch)
+                if located is e:  # not about one record: it names what it can already
+                    raise
+                raise located from e
             chunk = np.frombuffer(batch, dtype=np.uint8)
             yield [chunk[o:o + n] for o, n in zip(offsets.tolist(), lengths.tolist())], labels
 

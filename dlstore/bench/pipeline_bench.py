@@ -57,9 +57,12 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
+from dlstore import settings
 from dlstore._progress import Progress
 from dlstore.bench import cache as cache_control
 from dlstore.bench import report, sysinfo
+from dlstore.io.select import ENGINES
+from dlstore.placement.sharding import SHUFFLES
 from dlstore.synthetic import PRESETS
 
 __all__ = [
@@ -861,9 +864,6 @@ def markdown_report(doc: Dict[str, Any]) -> str:
 
 def add_common_arguments(p: argparse.ArgumentParser, workload: Workload) -> None:
     """Options both pipeline scenarios take."""
-    from dlstore import settings
-    from dlstore.io.select import ENGINES
-    from dlstore.placement.sharding import SHUFFLES
 
     unit = workload.unit
     p.add_argument("--data", metavar="GLOB",
@@ -880,8 +880,9 @@ def add_common_arguments(p: argparse.ArgumentParser, workload: Workload) -> None
     p.add_argument("--tiers", default=None, metavar="LIST",
                    help=f"comma-separated tiers to run, of {', '.join(TIERS)} (default: page-cache,local-cold, "
                         "and target with --data)")
-    p.add_argument("--io", choices=("auto",) + ENGINES, default="auto",
-                   help=settings.SETTINGS["io"].help + " The page-cache tier reads with buffered (or mmap) I/O.")
+    p.add_argument("--io", choices=("auto",) + ENGINES, default=None,
+                   help=settings.SETTINGS["io"].help + " The page-cache tier reads with buffered (or mmap) I/O. "
+                        f"Default: ${settings.SETTINGS['io'].env}, else auto.")
     p.add_argument("--no-verify", dest="verify", action="store_false", help="do not check TFRecord CRCs")
     p.add_argument("--shuffle", choices=tuple(SHUFFLES), default="block",
                    help="the record shuffle of the Dataset each tier reads, as training reads (default: "
@@ -966,6 +967,10 @@ def run_workload(workload: Workload, args: argparse.Namespace) -> int:
         raise ValueError("--jobs must be at least 0")
     if args.mounts and not args.data:
         raise ValueError("--mounts needs --data (the shard paths relative to each mount point)")
+    args.io = settings.get("io", args.io)
+    if args.io not in ("auto",) + ENGINES:
+        raise ValueError(f"io={args.io!r} (from {settings.SETTINGS['io'].env}) is for bench storage; "
+                         f"this bench reads with one of auto, {', '.join(ENGINES)}")
     wanted = _tiers_wanted(args)
     if args.jobs and args.jobs_tier == "target" and not args.data:
         raise ValueError("--jobs-tier target needs --data")

@@ -24,11 +24,13 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from dlstore import settings
 from dlstore._progress import Progress
 from dlstore.bench import cache as cache_control
 from dlstore.bench import report, sysinfo
 from dlstore.bench.fio import FioError, fio_missing_reason, run_fio
 from dlstore.errors import DlstoreError
+from dlstore.io.select import ENGINES
 from dlstore.synthetic import PRESETS  # light: pillow is imported only when a set is generated
 
 __all__ = ["SIZES", "add_arguments", "run", "dataset_paths", "open_readers", "count_records",
@@ -40,8 +42,6 @@ CACHE_MODES = ("cold", "warm", "both")
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Options of the ``storage`` scenario."""
-    from dlstore import settings
-    from dlstore.io.select import ENGINES
 
     p.add_argument("--data", metavar="GLOB",
                    help="files to read (a glob, directory or file); default: a generated ImageNet-like "
@@ -49,7 +49,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--size", choices=SIZES, default="default",
                    help="size of the generated set when --data is not given: tiny ~4 MB, small ~300 MB, "
                         "default ~1 GB, 3gb ~3 GB (default: %(default)s)")
-    p.add_argument("--io", choices=("auto",) + ENGINES + ("gds",), default="auto", help=settings.SETTINGS["io"].help)
+    p.add_argument("--io", choices=("auto",) + ENGINES + ("gds",), default=None,
+                   help=settings.SETTINGS["io"].help + f" Default: ${settings.SETTINGS['io'].env}, else auto.")
     p.add_argument("--device", metavar="cuda:N",
                    help="deliver the records to this GPU: with --io gds they are read into its memory; with a "
                         "host engine each batch is staged in pinned memory and copied. kvikio's own "
@@ -433,7 +434,6 @@ def run_storage(paths: Sequence[str], *, io: str = "auto", cache: str = "both", 
     kvikio's own ``CuFile.pread`` of the same files is timed in each state too (``kvikio_gb_per_s``,
     ``ratio_vs_kvikio``).
     """
-    from dlstore import settings
 
     chunk = settings.get("chunk_size")
     sink = pinned_copy_sink(device, chunk) if device is not None and io != "gds" else None
@@ -550,6 +550,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--repeat must be at least 1")
     if args.readers < 1:
         raise ValueError("--readers must be at least 1")
+    args.io = settings.get("io", args.io)
     device = check_gpu_request(args.io, args.device)  # says what is missing before generating any data
     paths = dataset_paths(args.data, args.size)
     probe = open_readers(paths, io=args.io, verify=args.verify)[0]

@@ -15,7 +15,7 @@ import sys
 from typing import List, Optional, Sequence, Tuple
 
 from dlstore.io.system import available_page_cache_bytes, filesystem_of, format_bytes, meminfo
-from dlstore.pipeline.stages import available_cores
+from dlstore.io.system import available_cores
 
 # filesystem_of is dlstore.io.system's, the one the engine choice reads too.
 __all__ = ["cpu_model", "filesystem_of", "gpu_status", "collect", "format_header", "per_core_cpu_ticks",

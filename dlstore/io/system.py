@@ -8,12 +8,23 @@ import os
 import re
 from typing import Dict, TypedDict
 
-__all__ = ["Mount", "filesystem_of", "unescape_mount_field", "meminfo", "available_page_cache_bytes", "format_bytes"]
+__all__ = [
+    "available_cores", "Mount", "filesystem_of", "unescape_mount_field", "meminfo", "available_page_cache_bytes",
+    "format_bytes",
+]
 
 _PROC_MOUNTS = "/proc/mounts"
 _PROC_MEMINFO = "/proc/meminfo"
 # The kernel writes space, tab, newline and backslash in /proc/mounts fields as \040 \011 \012 \134.
 _OCTAL_ESCAPE = re.compile(r"\\([0-7]{3})")
+
+
+def available_cores() -> int:
+    """Cores this process may run on (its CPU affinity, where the platform has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
 
 
 class Mount(TypedDict):

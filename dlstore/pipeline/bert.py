@@ -84,10 +84,9 @@ class Bert(Pipeline):
         }
 
     def default_threads(self) -> int:
-        # One thread parses ~600k records/s of seq 128 into reused arrays; splitting a batch of
-        # 64 over a pool costs more in hand-offs than it saves on two cores (measured: 1 thread
-        # 605k/s, 2 threads 485k/s at batch 64; equal at 1024). The loader's own thread already
-        # overlaps parsing with the consumer.
+        # Parsing a batch into reused arrays is fast enough that splitting a batch of 64 over a
+        # pool costs more in hand-offs than it saves; the loader's own thread already overlaps
+        # parsing with the consumer.
         return 1
 
     def bind(self, *, format: str, seed: int, threads: int) -> PipelineRun:

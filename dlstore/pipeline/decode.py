@@ -292,7 +292,8 @@ def _report(failures, offsets: np.ndarray, lengths: np.ndarray, on_error: str) -
         others = others[:8] + [f"... ({len(failures) - 1} in all)"]
     more = f"; images {', '.join(others)} failed too" if others else ""
     if on_error == "raise":
-        raise CorruptRecordError(f"{where}: JPEG decode failed: {message}{more}")
+        reason = f"JPEG decode failed: {message}{more}"
+        raise CorruptRecordError(f"{where}: {reason}", record=int(index), reason=reason)
     if on_error == "warn":
         warnings.warn(f"{where}: JPEG decode failed, zero-filled: {message}{more}", RuntimeWarning, stacklevel=3)
 

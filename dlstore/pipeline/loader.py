@@ -9,7 +9,6 @@ a ring of ``prefetch + 2`` buffers allocated once.
 """
 from __future__ import annotations
 
-import re
 import time
 import warnings
 import weakref
@@ -40,10 +39,6 @@ class _EpochEnd:
     def __init__(self, epoch: int):
         self.epoch = epoch
 
-
-# The C++ parser and the decoder name the record by its index in the call; a salvage call holds one
-# record, so that index says nothing: the loader's message names the file, offset and position instead.
-_RECORD_PREFIX = re.compile(r"^(record \d+|image \d+ of the batch \(bytes \d+\.\.\d+ of the buffer\)): ")
 
 
 class Loader:
@@ -478,15 +473,19 @@ class _Producer:
         return f", in {path}" + (f" at byte {offset}" if offset is not None else "")
 
     def _located(self, error: DlstoreError, chunk: Any, k: int, epoch: int, position: int) -> DlstoreError:
-        """``error`` of record ``k`` of ``chunk``, re-made to name the file, offset, sample and stage."""
+        """``error`` of record ``k`` of ``chunk``, re-made to name the file, offset, sample and stage.
+
+        The parser and the decoder name the record by its index in their call, which here holds that
+        one record: the index says nothing, so the message keeps only the error's ``reason``.
+        """
         path, offset = self._location(chunk, k)
-        what = _RECORD_PREFIX.sub("", str(error))
         where = "record" if path is None else f"{path}: record" + (f" at byte {offset}" if offset is not None else "")
-        message = f"{where} (sample {position} of epoch {epoch}), {self.stage} pipeline: {what}"
+        message = f"{where} (sample {position} of epoch {epoch}), {self.stage} pipeline: {error.reason}"
+        fields = dict(errno=error.errno, reason=error.reason)
         try:
-            return type(error)(message, path, offset)
+            return type(error)(message, path, offset, **fields)
         except TypeError:  # a subclass with another constructor
-            return DlstoreError(message, path, offset)
+            return DlstoreError(message, path, offset, **fields)
 
 
 #: The keyword arguments a loader helper (bert_loader, resnet50_loader) passes to the Dataset it makes.

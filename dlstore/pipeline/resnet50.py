@@ -21,7 +21,8 @@ import numpy as np
 from dlstore.errors import CorruptRecordError
 from dlstore.formats.recordio import IRHEADER_BYTES
 from dlstore.pipeline.decode import IMAGENET_MEAN, IMAGENET_STD
-from dlstore.pipeline.stages import Field, Pipeline, PipelineRun, available_cores, sample_seeds
+from dlstore.io.system import available_cores
+from dlstore.pipeline.stages import Field, Pipeline, PipelineRun, sample_seeds
 
 __all__ = ["ResNet50", "resnet50_loader", "recordio_labels"]
 
@@ -151,16 +152,16 @@ def recordio_labels(buffer: Any, offsets: np.ndarray, lengths: np.ndarray
     n = len(offsets)
     if n and int(lengths.min()) < IRHEADER_BYTES:
         k = int(np.argmax(lengths < IRHEADER_BYTES))
-        raise CorruptRecordError(f"record {k}: RecordIO image record of {int(lengths[k])} bytes is shorter than "
-                                 f"an IRHeader ({IRHEADER_BYTES} bytes)")
+        raise CorruptRecordError.of_record(k, f"RecordIO image record of {int(lengths[k])} bytes is shorter than "
+                                              f"an IRHeader ({IRHEADER_BYTES} bytes)")
     head = data[offsets[:, None] + np.arange(8, dtype=np.uint64)].view("<u4")  # (n, 2): flag, label bits
     flags = head[:, 0].astype(np.uint64)
     labels = head[:, 1].view("<f4").astype(np.int64)
     header = IRHEADER_BYTES + 4 * flags
     if n and (header > lengths).any():
         k = int(np.argmax(header > lengths))
-        raise CorruptRecordError(f"record {k}: IRHeader says {int(flags[k])} extra labels, which do not fit in "
-                                 f"the record of {int(lengths[k])} bytes")
+        raise CorruptRecordError.of_record(k, f"IRHeader says {int(flags[k])} extra labels, which do not fit in "
+                                              f"the record of {int(lengths[k])} bytes")
     extra = np.flatnonzero(flags)
     if extra.size:
         first = offsets[extra] + np.uint64(IRHEADER_BYTES)

@@ -11,7 +11,6 @@ with another prefetch depth or thread count, produces the same samples.
 """
 from __future__ import annotations
 
-import os
 from typing import Any, Callable, Dict, Tuple
 
 import numpy as np
@@ -131,10 +130,3 @@ class Pipeline:
             raise ValueError(f"the {self.name} pipeline reads {' or '.join(self.formats)} records, "
                              f"not {format}")
 
-
-def available_cores() -> int:
-    """Cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1

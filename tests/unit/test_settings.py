@@ -3,16 +3,31 @@ import os
 import pytest
 
 from dlstore import settings
+from dlstore.source import ReadOptions
 
 DOC = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "settings.md")
 
+# verify_threads' formula, "cores - 1, at least 1, at most 4", written out for the cores simulated.
+VERIFY_THREADS = {1: 1, 2: 1, 3: 2, 16: 4}
 
-def test_docs_are_generated_from_the_table():
+
+@pytest.fixture
+def cores(monkeypatch, request):
+    monkeypatch.setattr(settings, "available_cores", lambda: request.param)
+    for s in settings.SETTINGS.values():
+        monkeypatch.delenv(s.env, raising=False)
+    return request.param
+
+
+@pytest.mark.parametrize("cores", sorted(VERIFY_THREADS), indirect=True)
+def test_docs_are_generated_from_the_table_whatever_the_cores(cores):
     with open(DOC) as f:
         assert settings.markdown_table() in f.read(), "regenerate docs/settings.md from settings.markdown_table()"
+    assert settings.get("verify_threads") == VERIFY_THREADS[cores]
 
 
 def test_precedence_and_validation(monkeypatch):
+    monkeypatch.delenv("DLSTORE_CHUNK_SIZE", raising=False)
     assert settings.get("chunk_size") == 8 << 20
     monkeypatch.setenv("DLSTORE_CHUNK_SIZE", "16M")
     assert settings.get("chunk_size") == 16 << 20
@@ -22,3 +37,42 @@ def test_precedence_and_validation(monkeypatch):
         settings.get("chunk_size")
     with pytest.raises(ValueError, match="io='fast'"):
         settings.get("io", "fast")
+
+
+@pytest.mark.parametrize("cores", [3], indirect=True)
+def test_case_rules_change_defaults_only(cores):
+    plan = settings.Case("buffered", in_order=False, mounts=3, reorders=True)
+    assert settings.effective("depth", None, plan) == 12  # 4 x 2 for the shuffle buffer, then 4 per mount
+    assert settings.effective("depth", 5, plan) == 5
+    assert settings.effective("depth", None, settings.Case("buffered", in_order=False, reorders=True)) == 8
+    assert settings.effective("chunk_size", None, settings.Case("mmap")) == 64 << 20
+    assert settings.effective("chunk_size", None, settings.Case("mmap", in_order=False)) == 8 << 20
+    assert settings.effective("verify_threads", None, settings.Case("direct")) == 0
+    assert settings.effective("verify_threads", None, settings.Case("buffered")) == 2
+
+
+@pytest.mark.parametrize("cores", [16], indirect=True)
+def test_an_environment_variable_counts_as_a_choice(cores, monkeypatch):
+    monkeypatch.setenv("DLSTORE_DEPTH", "3")
+    assert settings.effective("depth", None, settings.Case("buffered", in_order=False, mounts=4)) == 3
+
+
+@pytest.mark.parametrize("cores", [16], indirect=True)
+def test_read_options_use_the_table(cores):
+    core = ReadOptions().core("direct", in_order=False, mounts=2, reorders=True)
+    assert (core["depth"], core["verify_threads"], core["chunk_size"]) == (8, 0, 8 << 20)
+    core = ReadOptions(verify_threads=3).core("mmap")
+    assert (core["depth"], core["verify_threads"], core["chunk_size"]) == (4, 3, 64 << 20)
+
+
+@pytest.mark.parametrize("text, on", [("", False), ("0", False), ("off", False), ("1", True), ("yes", True)])
+def test_no_progress_switch(monkeypatch, text, on):
+    monkeypatch.setenv("DLSTORE_NO_PROGRESS", text)
+    assert settings.get("no_progress") is on
+
+
+def test_build_variables_are_the_ones_setup_reads():
+    with open(os.path.join(os.path.dirname(DOC), "..", "setup.py")) as f:
+        setup = f.read()
+    for env in settings.BUILD_VARIABLES:
+        assert f'"{env}"' in setup, f"{env} is documented but setup.py does not read it"

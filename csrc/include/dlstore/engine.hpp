@@ -20,13 +20,16 @@ enum class EngineKind { Buffered, Mmap, Direct };
 EngineKind parse_engine(const std::string& name);
 const char* engine_name(EngineKind kind);
 
+// The values come from dlstore/settings.py (its table holds the defaults and their reasons) through
+// the binding, which sets every field; ChunkReader raises the zeros here to its minimums (64 KiB
+// chunks and headroom, depth 1) and refuses zero threads.
 struct EngineOptions {
   EngineKind kind = EngineKind::Buffered;
-  size_t chunk_size = 8u << 20;  // big reads: fewer syscalls, and what O_DIRECT needs to stream
-  size_t headroom = 1u << 20;    // space before each chunk where a record's start is moved so the
-                                 // record becomes contiguous without a separate allocation
-  size_t depth = 4;              // chunks in flight
-  size_t threads = 2;            // I/O threads
+  size_t chunk_size = 0;  // bytes per read
+  size_t headroom = 0;    // space before each chunk where a record's start is moved so the record
+                          // becomes contiguous without a separate allocation
+  size_t depth = 0;       // chunks in flight
+  size_t threads = 0;     // I/O threads
   // A chunk not read within this many seconds fails with an I/O error naming file and offset (a
   // hung NFS mount). 0: wait forever. The stuck read cannot be cancelled: its thread is abandoned.
   double timeout_s = 0;

@@ -9,15 +9,23 @@
 namespace dlstore {
 
 // Mirrors the Python hierarchy in dlstore/errors.py; the binding maps each kind to a class.
-enum class ErrorKind { Generic, Corrupt, Alignment, Io, Gds };
+// Alignment never leaves the core: the engine catches it and reads that file buffered, saying so.
+enum class ErrorKind { Generic, Corrupt, Alignment, Io };
 
 struct Error : std::runtime_error {
   Error(ErrorKind kind, std::string message, std::string path = {}, int64_t offset = -1)
-      : std::runtime_error(std::move(message)), kind(kind), path(std::move(path)), offset(offset) {}
+      : std::runtime_error(message), kind(kind), path(std::move(path)), offset(offset),
+        reason(std::move(message)) {}
   ErrorKind kind;
   std::string path;
-  int64_t offset;  // byte offset in the file (or in the uncompressed stream); -1 when unknown
+  int64_t offset;      // byte offset in the file (or in the uncompressed stream); -1 when unknown
+  int64_t record = -1; // index of the record in the call (a batch), -1 when not about one record
+  int err = 0;         // errno of a failed system call, 0 otherwise
+  std::string reason;  // what went wrong, without the file, offset and record prefixes of what()
 };
+
+// An Error about record `record` of a batch: what() reads "record N: reason".
+[[noreturn]] void throw_record_error(ErrorKind kind, int64_t record, const std::string& reason);
 
 // Builds "path: at byte N: message" so every message names where it happened.
 std::string describe(const std::string& path, int64_t offset, const std::string& what);

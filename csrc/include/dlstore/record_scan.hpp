@@ -29,9 +29,9 @@ struct ScanOptions {
   // Upper bound for one record when the file size is unknown (compressed files): a hostile length
   // field is refused before it can cause a large allocation.
   uint64_t max_record_bytes = uint64_t(1) << 31;
-  // Threads besides the caller that check data CRCs of a batch; a single core reads memory at
-  // about the speed of CRC-32C, so a second core nearly doubles warm-cache throughput.
-  size_t verify_threads = 1;
+  // Threads besides the caller that check data CRCs of a batch (0: the caller alone); set from
+  // dlstore/settings.py through the binding.
+  size_t verify_threads = 0;
 };
 
 // Records lie in one contiguous region: record i is base[offsets[i] .. offsets[i]+lengths[i]).

@@ -1,0 +1,72 @@
+"""Errors carry their facts as fields (path, offset, record, errno, reason), so that no caller has to
+parse a message to learn which record failed or why."""
+from __future__ import annotations
+
+import errno
+
+import numpy as np
+import pytest
+
+from dlstore.errors import CorruptRecordError, DlstoreError, DlstoreIOError
+from dlstore.formats.example import bytes_feature_spans, encode_example, parse_batch
+from dlstore.pipeline.decode import decode_batch
+
+
+class _Batch:
+    def __init__(self, records):
+        self.buffer = b"".join(records)
+        self.lengths = np.array([len(r) for r in records], np.uint64)
+        self.offsets = np.concatenate([[0], np.cumsum(self.lengths)[:-1]]).astype(np.uint64)
+
+
+def test_a_parse_error_names_its_record_in_a_field():
+    records = [encode_example({"a": [1]}), encode_example({"a": [1]}), encode_example({"a": [1, 2]})]
+    with pytest.raises(DlstoreError) as info:
+        bytes_feature_spans(_Batch(records), "a")
+    e = info.value
+    assert e.record == 0 and str(e) == f"record 0: {e.reason}" and not e.reason.startswith("record")
+    batch = _Batch(records)
+    with pytest.raises(DlstoreError) as info:
+        parse_batch(batch, {"a": (np.int64, 1)})
+    e = info.value
+    assert e.record == 2 and "has 2 values, expected 1" in e.reason and str(e).startswith("record 2: ")
+
+
+def test_a_corrupt_record_in_the_middle_keeps_its_class_and_index():
+    records = [encode_example({"image/encoded": b"x"})] * 3 + [b"\x0a\xff"]
+    with pytest.raises(CorruptRecordError) as info:
+        bytes_feature_spans(_Batch(records), "image/encoded")
+    assert info.value.record == 3 and info.value.errno is None
+
+
+def test_a_jpeg_that_fails_names_its_image():
+    images = [b"\xff\xd8\xff\xe0 not really a jpeg", b"\xff\xd8 nor this"]
+    buffer = b"".join(images)
+    offsets = np.array([0, len(images[0])], np.uint64)
+    lengths = np.array([len(i) for i in images], np.uint64)
+    out = np.zeros((2, 8, 8, 3), np.uint8)
+    with pytest.raises(CorruptRecordError) as info:
+        decode_batch(buffer, offsets, lengths, out, train=False)
+    e = info.value
+    assert e.record in (0, 1) and e.reason.startswith("JPEG decode failed") and e.reason in str(e)
+
+
+def test_a_failed_system_call_carries_its_errno(tmp_path):
+    # The core reader, given a directory (dlstore's own path expansion would look inside it): open()
+    # works, pread() fails with EISDIR.
+    from dlstore import _C
+    from dlstore.source import ReadOptions
+
+    reader = _C.Reader([str(tmp_path)], "tfrecord", [""], ReadOptions().core("buffered"))
+    with pytest.raises(DlstoreIOError) as info:
+        reader.next_batch()
+    e = info.value
+    assert (e.errno, e.path, e.offset) == (errno.EISDIR, str(tmp_path), 0)
+    assert isinstance(e, OSError) and e.reason.startswith("pread") and str(e).endswith(e.reason)
+
+
+def test_of_record_builds_the_message_from_the_fields():
+    e = CorruptRecordError.of_record(4, "IRHeader says 9 extra labels")
+    assert (str(e), e.record, e.reason, e.path, e.offset, e.errno) == (
+        "record 4: IRHeader says 9 extra labels", 4, "IRHeader says 9 extra labels", None, None, None)
+    assert DlstoreError("plain").reason == "plain"
