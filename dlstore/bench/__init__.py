@@ -1,33 +1,27 @@
 """``python -m dlstore.bench <scenario>``: benchmarks of your storage, as storage reference architectures measure it.
 
 Scenarios are registered by name in :data:`SCENARIOS`. Each names the module that implements it;
-that module provides ``add_arguments(parser)`` and ``run(args) -> int`` (the exit status). A
-scenario without a module is planned: the command line lists it and says so (exit 2).
+that module provides ``add_arguments(parser)`` and ``run(args) -> int`` (the exit status).
 
-To add one: write ``dlstore/bench/<name>.py`` with those two functions and set ``module`` in its
-entry below.
+To add one: write ``dlstore/bench/<name>.py`` with those two functions and add its entry below.
 """
 from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Dict, Optional
+from typing import Dict
 
 __all__ = ["Scenario", "SCENARIOS", "load_scenario"]
 
 
 @dataclass(frozen=True)
 class Scenario:
-    """A benchmark scenario: its name, a one-line summary, and the module that runs it (None: planned)."""
+    """A benchmark scenario: its name, a one-line summary, and the module that runs it."""
 
     name: str
     summary: str
-    module: Optional[str] = None
-
-    @property
-    def implemented(self) -> bool:
-        return self.module is not None
+    module: str
 
 
 SCENARIOS: Dict[str, Scenario] = {
@@ -50,11 +44,5 @@ def load_scenario(name: str) -> ModuleType:
     ------
     KeyError
         When no scenario has that name.
-    NotImplementedError
-        When the scenario is planned but not implemented yet.
     """
-    scenario = SCENARIOS[name]
-    if scenario.module is None:
-        raise NotImplementedError(f"'{name}' is not implemented yet; implemented: "
-                                  + ", ".join(n for n, s in SCENARIOS.items() if s.implemented))
-    return importlib.import_module(scenario.module)
+    return importlib.import_module(SCENARIOS[name].module)

@@ -16,25 +16,15 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="scenario", required=True, metavar="SCENARIO")
     for name, scenario in SCENARIOS.items():
         p = sub.add_parser(name, help=scenario.summary, description=scenario.summary)
-        if scenario.implemented:
-            load_scenario(name).add_arguments(p)
+        load_scenario(name).add_arguments(p)
     return parser
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     from dlstore import _console
 
-    parser = build_parser()
-    # Known arguments first, so a planned scenario given options says "not implemented yet"
-    # rather than "unrecognized arguments".
-    args, unknown = parser.parse_known_args(argv)
-    try:
-        module = load_scenario(args.scenario)
-    except NotImplementedError as e:
-        print(f"python -m dlstore.bench {args.scenario}: {e}", file=sys.stderr)
-        return 2
-    if unknown:
-        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    args = build_parser().parse_args(argv)
+    module = load_scenario(args.scenario)
     return _console.run(f"python -m dlstore.bench {args.scenario}", lambda: module.run(args))
 
 

@@ -13,7 +13,8 @@ import time
 import numpy as np
 import pytest
 
-from dlstore.bench import SCENARIOS, cache, report, sysinfo
+from dlstore.bench import cache, load_scenario, report, sysinfo
+from dlstore.bench import storage as storage_bench
 from dlstore.bench.fio import FioError, fio_job_file, fio_missing_reason, parse_fio_json, run_fio
 from dlstore.bench.storage import _BatchBarrier, count_records
 
@@ -262,8 +263,8 @@ def _bench(*args, env=None, timeout=300):
 
 
 def test_registry_and_unknown_scenarios_exit_2():
-    # resnet50 and bert: tests/unit/test_bench_pipelines.py (a planned scenario's refusal too).
-    assert SCENARIOS["storage"].implemented
+    # resnet50 and bert: tests/unit/test_bench_pipelines.py.
+    assert load_scenario("storage") is storage_bench
     r = _bench("nonsense")
     assert r.returncode == 2 and "invalid choice" in r.stderr
 
