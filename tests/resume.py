@@ -39,7 +39,7 @@ def assert_resumes_exactly(make: Callable[[], Any], stops: Sequence[int], *, run
     Parameters
     ----------
     make : callable
-        A fresh resumable, at epoch 0.
+        A fresh resumable, each time at the same starting state (its epoch: the first read).
     stops : sequence of int
         Items (batches) read before saving; a stop may lie in a later epoch than the first.
     run : callable
@@ -51,6 +51,7 @@ def assert_resumes_exactly(make: Callable[[], Any], stops: Sequence[int], *, run
     """
     reference: List[Any] = []
     straight = make()
+    end = _epoch_of(straight) + epochs
     for _ in range(epochs):
         for item in run(straight):
             reference += values(item)
@@ -59,7 +60,7 @@ def assert_resumes_exactly(make: Callable[[], Any], stops: Sequence[int], *, run
         first = make()
         got: List[Any] = []
         taken = 0
-        while taken < stop and _epoch_of(first) < epochs:
+        while taken < stop and _epoch_of(first) < end:
             it = iter(run(first))
             for item in it:
                 got += values(item)
@@ -73,10 +74,10 @@ def assert_resumes_exactly(make: Callable[[], Any], stops: Sequence[int], *, run
         resumed = make()
         resumed.load_state_dict(state)
         for _ in range(epochs + 1):  # bounded: a resumable that never moves on fails below, not hangs
-            if _epoch_of(resumed) >= epochs:
+            if _epoch_of(resumed) >= end:
                 break
             for item in run(resumed):
                 got += values(item)
-        assert len(got) == len(reference), (stop, len(got), len(reference))
+        assert len(got) == len(reference), f"stop {stop}: {len(got)} samples, expected {len(reference)}"
         for i, (a, b) in enumerate(zip(got, reference)):
             assert a == b, f"stop {stop}: sample {i} differs"

@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from typing import Callable, List, Optional
+from typing import Callable
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dlstore.errors import PlacementError
-from dlstore.placement.sharding import REMAINDERS, SHUFFLES, IndexSampler, SamplerState
+from dlstore.placement.sharding import REMAINDERS, SHUFFLES, SamplerState
+
+from tests.index_model import IndexSampler
+from tests.resume import assert_resumes_exactly
 
 
 def _take(it, count: int) -> list:
@@ -43,36 +46,19 @@ def _rest(it, end_epoch: int) -> list:
     return out
 
 
-def check_resume(make: Callable[[], object], epochs: int = 2, positions: Optional[List[int]] = None) -> int:
-    """Saves after every position of ``epochs`` epochs, resumes a fresh iterator from the (JSON
-    round-tripped) state, and checks that the rest equals the uninterrupted sequence.
-
-    Parameters
-    ----------
-    make : callable
-        Returns a fresh iterator object at the same starting state each time.
-    epochs : int
-    positions : list of int, optional
-        Where to save (default: every position, 0 to the end).
-
-    Returns
-    -------
-    int
-        The length of the uninterrupted sequence.
-    """
+def check_resume(make: Callable[[], IndexSampler], epochs: int = 2) -> int:
+    """:func:`tests.resume.assert_resumes_exactly` stopping after every sample of ``epochs`` epochs, plus
+    a check that saving leaves the saved iterator's own rest unchanged. Returns the samples' count."""
     reference = make()
-    start_epoch = reference.state_dict()["epoch"]
-    end_epoch = start_epoch + epochs
-    full = _rest(reference, end_epoch)
-    for p in positions if positions is not None else range(len(full) + 1):
+    full = _rest(reference, reference.state_dict()["epoch"] + epochs)
+    if full:
+        assert_resumes_exactly(make, range(len(full) + 1), run=iter, values=lambda item: [item], epochs=epochs)
+    for p in (0, len(full) // 2, len(full)):
         first = make()
-        head = _take(first, p)
-        assert head == full[:p]
-        state = json.loads(json.dumps(first.state_dict()))
-        second = make()
-        second.load_state_dict(state)
-        assert _rest(second, end_epoch) == full[p:], f"resume after {p} items differs"
-        assert _rest(first, end_epoch) == full[p:], f"continuing after {p} items differs"  # saving is harmless
+        end = first.state_dict()["epoch"] + epochs
+        assert _take(first, p) == full[:p]
+        first.state_dict()
+        assert _rest(first, end) == full[p:], f"continuing after {p} items differs"  # saving is harmless
     return len(full)
 
 
@@ -108,7 +94,7 @@ def test_harness_catches_a_broken_resume():
         def load_state_dict(self, state):
             super().load_state_dict(dict(state, sample_in_epoch=0))
 
-    with pytest.raises(AssertionError, match="resume after"):
+    with pytest.raises(AssertionError, match="stop 1: 11 samples, expected 10"):
         check_resume(lambda: Forgetful([5, 5], 1, 0), epochs=1)
 
 
