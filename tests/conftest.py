@@ -1,76 +1,16 @@
-"""Shared fixtures: a tiny pure-Python TFRecord/RecordIO oracle and writers of known payloads."""
+"""Shared fixtures: payloads of awkward sizes, a directory that takes O_DIRECT, each engine in turn,
+unreadable files. Helpers that tests import live in tests/helpers.py."""
 from __future__ import annotations
 
 import os
 import shutil
-import struct
 import tempfile
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-ENGINES = ["buffered", "mmap", "direct"]
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-# ---- pure-Python oracle, independent of the C++ core --------------------------------------------
-
-_POLY = 0x82F63B78
-_TABLE = []
-for _i in range(256):
-    _c = _i
-    for _ in range(8):
-        _c = (_c >> 1) ^ _POLY if _c & 1 else _c >> 1
-    _TABLE.append(_c)
-
-
-def oracle_crc32c(data: bytes) -> int:
-    c = 0xFFFFFFFF
-    for b in data:
-        c = _TABLE[(c ^ b) & 0xFF] ^ (c >> 8)
-    return c ^ 0xFFFFFFFF
-
-
-def oracle_masked(data: bytes) -> int:
-    c = oracle_crc32c(data)
-    return (((c >> 15) | (c << 17)) + 0xA282EAD8) & 0xFFFFFFFF
-
-
-def oracle_tfrecord_bytes(records) -> bytes:
-    out = bytearray()
-    for r in records:
-        n = struct.pack("<Q", len(r))
-        out += n + struct.pack("<I", oracle_masked(n)) + r + struct.pack("<I", oracle_masked(r))
-    return bytes(out)
-
-
-def oracle_read_tfrecord(blob: bytes) -> list:
-    out, pos = [], 0
-    while pos < len(blob):
-        (n,) = struct.unpack_from("<Q", blob, pos)
-        out.append(blob[pos + 12:pos + 12 + n])
-        pos += 16 + n
-    return out
-
-
-def oracle_read_recordio(blob: bytes) -> list:
-    """MXNet's reader: parts joined with the magic word between them."""
-    out, pos, cur = [], 0, None
-    while pos < len(blob):
-        magic, lrec = struct.unpack_from("<II", blob, pos)
-        assert magic == 0xCED7230A
-        cflag, n = lrec >> 29, lrec & ((1 << 29) - 1)
-        data = blob[pos + 8:pos + 8 + n]
-        pos += 8 + n + (-n) % 4
-        if cflag == 0:
-            out.append(data)
-        elif cflag == 1:
-            cur = data + struct.pack("<I", 0xCED7230A)
-        elif cflag == 2:
-            cur += data + struct.pack("<I", 0xCED7230A)
-        else:
-            out.append(cur + data)
-    return out
+from tests.helpers import ENGINES, REPO, direct_refused
 
 
 @pytest.fixture
@@ -80,37 +20,6 @@ def payloads():
     sizes = [0, 1, 3, 4095, 4096, 4097, 12, 16, 200_000, 0, 65_536, 70_001, 5, 1_000_000, 333]
     sizes += rng.integers(0, 20_000, 60).tolist()
     return [rng.bytes(int(n)) for n in sizes]
-
-
-def batch_records(batch) -> list:
-    """The records of one RecordBatch (or anything with the buffer protocol, offsets and lengths) as bytes."""
-    view = memoryview(batch).cast("B")
-    return [bytes(view[o:o + n]) for o, n in zip(batch.offsets.tolist(), batch.lengths.tolist())]
-
-
-def write_tfrecord(path, records) -> str:
-    with open(path, "wb") as f:
-        f.write(oracle_tfrecord_bytes(records))
-    return os.fspath(path)
-
-
-# ---- where the direct engine really runs -----------------------------------------------------------
-
-def direct_refused(directory):
-    """None when files in ``directory`` can be opened with O_DIRECT (tmpfs and some FUSE mounts refuse),
-    else why not."""
-    from dlstore.io.select import probe_direct
-
-    probe = os.path.join(os.fspath(directory), f".o_direct-probe-{os.getpid()}")
-    try:
-        with open(probe, "wb") as f:
-            f.write(b"\0" * 4096)
-        return probe_direct(probe)
-    except OSError as e:
-        return f"cannot write a probe file in {directory}: {e.strerror}"
-    finally:
-        if os.path.exists(probe):
-            os.unlink(probe)
 
 
 @pytest.fixture
@@ -150,12 +59,6 @@ def engine_dir(engine, request, tmp_path):
     if engine == "direct":
         return request.getfixturevalue("direct_dir")
     return tmp_path
-
-
-def check_engine(reader, engine: str) -> None:
-    """The engine asked for is the one that ran, with no per-file fallback (call after a pass)."""
-    assert reader.engine == engine, reader.engine_reason
-    assert reader.stats()["notes"] == []
 
 
 @pytest.fixture

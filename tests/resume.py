@@ -14,12 +14,6 @@ import json
 from typing import Any, Callable, Iterable, List, Sequence
 
 
-def source_records(batch) -> List[bytes]:
-    """The records of one ``RecordBatch`` as bytes (a source's items)."""
-    view = memoryview(batch).cast("B")
-    return [bytes(view[o:o + n]) for o, n in zip(batch.offsets.tolist(), batch.lengths.tolist())]
-
-
 def loader_rows(batch) -> List[bytes]:
     """Each row of a loader's (or adapter's) batch, all its arrays together, as bytes."""
     import numpy as np

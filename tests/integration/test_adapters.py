@@ -20,7 +20,7 @@ from dlstore.adapters.base import LastBatch, check_last_batch, rank_source
 from dlstore.formats.example import encode_example
 from dlstore.placement.world import World
 from dlstore.synthetic import generate_bert, generate_imagenet
-from tests.conftest import REPO, batch_records
+from tests.helpers import REPO, batch_records
 from tests.resume import assert_resumes_exactly, loader_rows
 
 CUDA_REASON = "needs a CUDA GPU (torch.cuda.is_available() is False here)"

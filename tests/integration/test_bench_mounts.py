@@ -10,7 +10,7 @@ import pytest
 
 from dlstore.synthetic import cached_dataset
 
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 
 @pytest.mark.parametrize("scenario, kind", [("bert", "bert"), ("resnet50", "imagenet")])

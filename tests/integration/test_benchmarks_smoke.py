@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO as ROOT
+from tests.helpers import REPO as ROOT
 SCRIPT = os.path.join(ROOT, "benchmarks", "pipelines.py")
 
 

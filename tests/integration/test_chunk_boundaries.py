@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import dlstore
-from tests.conftest import batch_records, check_engine, oracle_read_tfrecord, oracle_tfrecord_bytes, write_tfrecord
+from tests.helpers import batch_records, check_engine, oracle_read_tfrecord, oracle_tfrecord_bytes, write_tfrecord
 
 CHUNK = 64 << 10  # the smallest chunk_size: boundaries come often
 FRAME = 16  # TFRecord framing: 8-byte length, 4-byte length CRC, data, 4-byte data CRC

@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from tests.conftest import REPO, oracle_tfrecord_bytes, write_tfrecord
+from tests.helpers import REPO, oracle_tfrecord_bytes, write_tfrecord
 
 def dlstore(*args):
     return subprocess.run([sys.executable, "-m", "dlstore", *map(str, args)], capture_output=True, text=True,

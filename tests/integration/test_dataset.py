@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 import dlstore
 from dlstore.dataset import Dataset
 from dlstore.placement.world import World
-from tests.conftest import batch_records
-from tests.resume import assert_resumes_exactly, source_records
+from tests.helpers import batch_records
+from tests.resume import assert_resumes_exactly
 
 
 def _write_shards(root, shards=6, seed=2):
@@ -97,7 +97,7 @@ def test_every_shuffle_resumes_exactly(tmp_path, shuffle, io):
                        shuffle=shuffle, buffer_size=7, remainder="pad", batch_size=3, block_size=64 << 10, io=io,
                        seed=9)
 
-    assert_resumes_exactly(make, stops=[0, 1, 2, 5, 9, 13], run=lambda ds: ds.batches(), values=source_records)
+    assert_resumes_exactly(make, stops=[0, 1, 2, 5, 9, 13], run=lambda ds: ds.batches(), values=batch_records)
 
 
 @pytest.mark.parametrize("shuffle", ["none", "block", "buffer", "global"])
@@ -114,7 +114,7 @@ def test_two_mounts_per_rank_read_every_record_once_and_resume_exactly(tmp_path,
 
     seen = collections.Counter(r for rank in range(2) for r in _read(make(rank)))
     assert seen == everything
-    assert_resumes_exactly(make, stops=[1, 4, 9], run=lambda ds: ds.batches(), values=source_records)
+    assert_resumes_exactly(make, stops=[1, 4, 9], run=lambda ds: ds.batches(), values=batch_records)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -10,7 +10,8 @@ import pytest
 import dlstore
 from dlstore.io import resolve_engine
 from dlstore.reader import expand_paths
-from tests.conftest import batch_records, check_engine, oracle_tfrecord_bytes, write_tfrecord
+from tests.helpers import ENGINES, batch_records, check_engine, oracle_tfrecord_bytes, write_tfrecord
+from tests.resume import assert_resumes_exactly
 
 CHUNKS = [64 << 10, 1 << 20, 8 << 20]
 
@@ -306,3 +307,13 @@ def test_compression_none_means_uncompressed_as_in_tf_data(tmp_path):
     assert dlstore.open_records(tmp_path / "z.tfrecord", compression="auto").compression == ["gzip"]
     assert dlstore.open_records(tmp_path / "z.tfrecord", compression="GZIP").compression == ["gzip"]
     assert dlstore.open_records(tmp_path / "z.tfrecord", compression=None).compression == ["none"]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_open_records_resumes_exactly_through_the_shared_harness(engine, engine_dir, payloads):
+    paths = [write_tfrecord(engine_dir / f"part-{i}", payloads[i::3]) for i in range(3)]
+
+    def make():
+        return dlstore.open_records(paths, io=engine, chunk_size=1 << 16)
+
+    assert_resumes_exactly(make, stops=[0, 1, 3, 7], run=lambda source: source.batches(), values=batch_records)

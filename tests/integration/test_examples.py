@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO
+from tests.helpers import REPO
 EXAMPLES = os.path.join(REPO, "examples")
 
 

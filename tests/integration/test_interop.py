@@ -14,7 +14,7 @@ import pytest
 
 import dlstore
 from dlstore.indexing import build_index, load_index
-from tests.conftest import REPO, ENGINES, write_tfrecord
+from tests.helpers import REPO, ENGINES, write_tfrecord
 
 
 

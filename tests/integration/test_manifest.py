@@ -13,7 +13,7 @@ import dlstore
 from dlstore import indexing
 from dlstore.dataset import Dataset
 from dlstore.placement.world import World
-from tests.conftest import batch_records
+from tests.helpers import batch_records
 
 
 def _write(root, shards=5, records=12, tag=""):

@@ -8,7 +8,7 @@ import pytest
 
 from dlstore.tools.testbed import missing_tools, root_refusal
 
-from tests.conftest import REPO
+from tests.helpers import REPO
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 
 

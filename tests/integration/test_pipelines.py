@@ -18,7 +18,7 @@ from dlstore.pipeline.bert import Bert, bert_loader
 from dlstore.pipeline.loader import Loader
 from dlstore.synthetic import generate_bert, generate_imagenet
 
-from tests.conftest import REPO
+from tests.helpers import REPO
 from tests.resume import assert_resumes_exactly, loader_rows
 
 _TF_PARSE = r"""

@@ -14,7 +14,7 @@ import dlstore
 from dlstore.dataset import Dataset
 from dlstore.indexing import ensure_index
 from dlstore.placement.world import World
-from tests.conftest import ENGINES, batch_records, write_tfrecord
+from tests.helpers import ENGINES, batch_records, write_tfrecord
 
 
 def _shards(directory, counts, seed=0, size=(100, 20_000)):

@@ -14,7 +14,7 @@ import dlstore
 from dlstore import _C, Dataset, ReadOptions
 from dlstore.indexing import ensure_index
 from dlstore.placement.world import World
-from tests.conftest import batch_records, write_tfrecord
+from tests.helpers import batch_records, write_tfrecord
 
 
 def _records(rng, n):

@@ -36,7 +36,7 @@ from dlstore.tools.testbed import (
     throttle_rule,
     validate_request,
 )
-from tests.conftest import REPO, oracle_read_tfrecord, write_tfrecord
+from tests.helpers import REPO, oracle_read_tfrecord, write_tfrecord
 
 MB = 1_000_000
 

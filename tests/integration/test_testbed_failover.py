@@ -11,7 +11,7 @@ import dlstore
 from dlstore.dataset import Dataset
 from dlstore.placement.world import World
 from dlstore.tools.testbed import create_testbed, destroy_testbed, missing_tools, root_refusal
-from tests.conftest import batch_records
+from tests.helpers import batch_records
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 

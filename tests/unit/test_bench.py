@@ -18,8 +18,8 @@ from dlstore.bench import storage as storage_bench
 from dlstore.bench.fio import FioError, fio_job_file, fio_missing_reason, parse_fio_json, run_fio
 from dlstore.bench.storage import _BatchBarrier, count_records
 
-from tests.conftest import REPO as ROOT
-from tests.conftest import direct_refused
+from tests.helpers import REPO as ROOT
+from tests.helpers import direct_refused
 
 
 def _load(path) -> dict:

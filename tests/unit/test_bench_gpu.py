@@ -10,7 +10,7 @@ import pytest
 
 from dlstore.bench.__main__ import main
 from dlstore.io import cuda
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 NO_DRIVER = cuda.CudaFacts(driver_error="no CUDA driver (libcuda.so.1 cannot be loaded)",
                            kvikio_error="kvikio is not installed", cupy_error="cupy is not installed")

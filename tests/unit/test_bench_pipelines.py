@@ -33,7 +33,7 @@ from dlstore.bench.pipeline_bench import (
     summarize_jobs,
 )
 
-from tests.conftest import REPO as ROOT
+from tests.helpers import REPO as ROOT
 TIER_KEYS = ["tier", "io", "mb_per_s", "steps", "cpu_busiest_core_pct"]
 
 

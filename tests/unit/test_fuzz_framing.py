@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import dlstore
-from tests.conftest import check_engine, oracle_tfrecord_bytes
+from tests.helpers import check_engine, oracle_tfrecord_bytes
 
 RECORDS = [bytes([i % 256]) * (i * 37 % 3000) for i in range(40)]
 GOOD_TF = oracle_tfrecord_bytes(RECORDS)

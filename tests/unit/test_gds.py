@@ -14,7 +14,7 @@ import pytest
 import dlstore
 from dlstore.indexing import build_index
 from dlstore.io import cuda, gds
-from tests.conftest import oracle_read_tfrecord, oracle_tfrecord_bytes, write_tfrecord
+from tests.helpers import oracle_read_tfrecord, oracle_tfrecord_bytes, write_tfrecord
 
 
 def frames_of(records):

@@ -11,7 +11,7 @@ from dlstore.formats.example import encode_example
 from dlstore.io import cuda, memory
 from dlstore.pipeline.bert import Bert
 from dlstore.pipeline.loader import Loader
-from tests.conftest import write_tfrecord
+from tests.helpers import write_tfrecord
 
 
 class Registry:

@@ -11,7 +11,7 @@ import dlstore
 from dlstore.errors import PlacementError
 from dlstore.placement.world import _LABELS, LAUNCHERS, World, detect_world, parse_tasks_per_node
 
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 # name, environment, expected (rank, size, local_rank, local_size, source)
 ENVIRONMENTS = [

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 import dlstore
 from dlstore.formats import recordio
-from tests.conftest import ENGINES, oracle_read_recordio
+from tests.helpers import ENGINES, oracle_read_recordio
 
 MAGIC = struct.pack("<I", 0xCED7230A)
 

@@ -14,7 +14,7 @@ import pytest
 
 from dlstore import synthetic
 from dlstore._progress import Progress
-from tests.conftest import oracle_masked, oracle_read_recordio, oracle_read_tfrecord
+from tests.helpers import oracle_masked, oracle_read_recordio, oracle_read_tfrecord
 
 PIL = pytest.importorskip("PIL.Image")
 

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 import dlstore
 from dlstore import _C
-from tests.conftest import ENGINES, oracle_crc32c, oracle_masked, oracle_read_tfrecord, write_tfrecord
+from tests.helpers import ENGINES, oracle_crc32c, oracle_masked, oracle_read_tfrecord, write_tfrecord
 
 
 @given(st.binary(max_size=5000), st.integers(0, 2**32 - 1))
