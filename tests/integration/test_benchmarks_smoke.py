@@ -132,7 +132,7 @@ def test_pipelines_quick(tmp_path):
             if expected_ok:  # measured, with batches of the agreed shapes and dtypes
                 assert row["status"] == "ok", (name, row["status"])
                 # CPU time comes in 10 ms clock ticks: a quick BERT row's timed part can end within one.
-                assert row[f"{unit}_per_s"] > 0 and row["cpu_ms_per_item"] >= 0
+                assert row[f"{unit}_per_s"] > 0 and 0 <= row["cpu_ms_per_item"] < 1000
                 assert task == "bert" or row["cpu_ms_per_item"] > 0
                 assert row["runs"][0]["items"] >= doc["plans"][task]["items"]
             else:

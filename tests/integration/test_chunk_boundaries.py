@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import dlstore
+from pathlib import Path
 from tests.helpers import batch_records, check_engine, oracle_read_tfrecord, oracle_tfrecord_bytes, write_tfrecord
 
 CHUNK = 64 << 10  # the smallest chunk_size: boundaries come often
@@ -40,7 +41,7 @@ def test_frame_boundary_at_each_offset_around_a_chunk_boundary(engine_dir, engin
                rng.bytes(3)]
     path = write_tfrecord(engine_dir / "edge.tfrecord", records)
     assert _frame_starts(records)[1] == CHUNK + shift
-    assert oracle_read_tfrecord(open(path, "rb").read()) == records
+    assert oracle_read_tfrecord(Path(path).read_bytes()) == records
     got, starts, reader = _read(path, engine)
     assert got == records, f"frame boundary at chunk boundary {shift:+d}"
     assert starts == _frame_starts(records)

@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,7 +19,7 @@ def dlstore(*args):
 def test_verify_names_each_corrupt_offset(tmp_path):
     records = [bytes([i]) * 1000 for i in range(100)]
     good = write_tfrecord(tmp_path / "good.tfrecord", records)
-    blob = bytearray(open(good, "rb").read())
+    blob = bytearray(Path(good).read_bytes())
     blob[30 * 1016 + 500] ^= 0x01  # one flipped byte in record 30's data
     bad = tmp_path / "bad.tfrecord"
     bad.write_bytes(bytes(blob))
@@ -43,7 +44,7 @@ def test_index_writes_offset_size_lines(tmp_path):
     path = write_tfrecord(tmp_path / "a.tfrecord", records)
     out = dlstore("index", path)
     assert out.returncode == 0, out.stderr
-    lines = open(path + ".idx").read().splitlines()
+    lines = Path(path + ".idx").read_text().splitlines()
     offsets = np.cumsum([0] + [16 + len(r) for r in records])
     assert lines == [f"{o} {16 + len(r)}" for o, r in zip(offsets[:-1].tolist(), records)]
 
@@ -87,9 +88,9 @@ def test_verify_names_offset_zero(tmp_path):
     # A corrupt first record sits at byte 0, and the message's own digits must not hide it.
     records = [bytes([7]) * 5000, b"next"]
     path = write_tfrecord(tmp_path / "first.tfrecord", records)
-    blob = bytearray(open(path, "rb").read())
+    blob = bytearray(Path(path).read_bytes())
     blob[100] ^= 0x20
-    open(path, "wb").write(bytes(blob))
+    Path(path).write_bytes(bytes(blob))
     out = dlstore("verify", path, "--quiet")
     assert out.returncode == 1
     assert f"{path}: at byte 0: bad data CRC in a record of 5000 bytes" in out.stdout

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import dlstore
+from pathlib import Path
 from dlstore.indexing import build_index, load_index
 from tests.helpers import REPO, ENGINES, write_tfrecord
 
@@ -96,7 +97,7 @@ def test_index_equals_tfrecord_package(shard, tmp_path):
     theirs = tmp_path / "theirs.idx"
     _run("import sys; from tfrecord.tools.tfrecord2idx import create_index; create_index(sys.argv[1], sys.argv[2])",
          path, theirs)
-    assert open(ours).read() == theirs.read_text() and n == 300
+    assert Path(ours).read_text() == theirs.read_text() and n == 300
     # and the package reads the same records through our index. Given an index alone it starts at a
     # random record; split into 3 shards it seeks to the offsets our index gives, in order.
     out = _run("""
@@ -118,7 +119,7 @@ def test_dali_reads_with_our_index(shard, tmp_path):
     tool = shutil.which("tfrecord2idx")
     if tool:  # DALI's own converter, when its script is on PATH
         subprocess.run([tool, path, str(dali_idx)], check=True, capture_output=True)
-        assert dali_idx.read_text() == open(idx).read()
+        assert dali_idx.read_text() == Path(idx).read_text()
     # DALI parses tf.train.Example records: build an Example shard and read it with our index.
     from dlstore.formats.example import encode_example
 
@@ -152,7 +153,7 @@ def test_index_validation(shard, tmp_path):
     path, _ = shard
     idx, _ = build_index(path, out=str(tmp_path / "v.idx"))
     assert len(load_index(path, idx)) == 300
-    lines = open(idx).read().splitlines()
+    lines = Path(idx).read_text().splitlines()
     (tmp_path / "short.idx").write_text("\n".join(lines[:-1]) + "\n")
     with pytest.raises(ValueError, match="last record ends"):
         load_index(path, str(tmp_path / "short.idx"))
@@ -188,7 +189,7 @@ def test_build_index_refuses_more_than_one_file(tmp_path):
 def test_index_must_start_at_byte_zero(shard, tmp_path):
     path, records = shard
     # Every entry after the first: contiguous, ending where the file ends, but not from byte 0.
-    lines = open(build_index(path, out=str(tmp_path / "v.idx"))[0]).read().splitlines()
+    lines = Path(build_index(path, out=str(tmp_path / "v.idx"))[0]).read_text().splitlines()
     (tmp_path / "tail.idx").write_text("\n".join(lines[1:]) + "\n")
     with pytest.raises(ValueError, match=f"first record starts at byte {16 + len(records[0])}, not 0"):
         load_index(path, str(tmp_path / "tail.idx"))

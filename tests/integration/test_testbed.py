@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -199,7 +200,7 @@ def test_expand_copies_shards_and_their_indexes(tmp_path):
     for p in src:
         for k in range(3):
             copy = out / copy_name(os.path.basename(p), k, 3)
-            assert copy.read_bytes() == open(p, "rb").read()
+            assert copy.read_bytes() == Path(p).read_bytes()
             assert os.stat(copy).st_ino != os.stat(p).st_ino
             offsets = load_index(str(copy), str(copy) + ".idx")  # valid for the copy, and not older than it
             assert len(offsets) == 20
@@ -226,7 +227,7 @@ def test_expand_reflink_needs_a_filesystem_that_has_them(tmp_path):
         assert "cannot reflink" in str(e) and "--mode copy" in str(e)
         assert not os.listdir(tmp_path / "out")  # no temporary left behind
     else:  # tmp is on xfs or btrfs: a reflink is a full copy to the reader
-        assert open(r.outputs[0], "rb").read() == open(src[0], "rb").read()
+        assert Path(r.outputs[0]).read_bytes() == Path(src[0]).read_bytes()
 
 
 def test_expand_leaves_a_stale_index_out_unless_asked_to_rebuild(tmp_path):
@@ -329,13 +330,13 @@ def test_replicated_testbed_is_throttled_and_torn_down(tmp_path, testbed_dir):
     tb = create_testbed(testbed_dir, 2, size_bytes=64 << 20, throttle_bps=limit, data=[str(tmp_path / "src")] + [big],
                         layout="replicated", progress=False)
     mounted = tbm._mountinfo()
-    rules = parse_throttle_rules(open(os.path.join(tbm.BLKIO_ROOT, "blkio.throttle.read_bps_device")).read())
+    rules = parse_throttle_rules(Path(os.path.join(tbm.BLKIO_ROOT, "blkio.throttle.read_bps_device")).read_text())
     for m in tb.mounts:
         assert m.mountpoint in mounted and m.direct_io is True
         assert rules[m.devno] == limit
         for p in src + [big]:
             copy = os.path.join(m.mountpoint, os.path.basename(p))
-            assert open(copy, "rb").read() == open(p, "rb").read()
+            assert Path(copy).read_bytes() == Path(p).read_bytes()
         for p in src:  # indexes went along, valid
             copy = os.path.join(m.mountpoint, os.path.basename(p))
             assert len(load_index(copy, copy + ".idx")) == 20
@@ -403,7 +404,7 @@ def test_a_failed_step_is_named_and_rolled_back(tmp_path, testbed_dir, monkeypat
 @root_only
 def test_teardown_after_a_crash_and_after_a_partial_teardown(tmp_path, testbed_dir):
     create_testbed(testbed_dir, 2, size_bytes=32 << 20)
-    state = json.loads(open(tbm.state_path(testbed_dir)).read())
+    state = json.loads(Path(tbm.state_path(testbed_dir)).read_text())
     # As if the process died right after `losetup` attached mount 1's device and before recording it.
     state["mounts"][1].update(device=None, devno=None, formatted=False, mounted=False)
     with open(tbm.state_path(testbed_dir), "w") as f:
@@ -423,16 +424,16 @@ def test_break_and_restore_each_way(tmp_path, testbed_dir):
     tb = create_testbed(testbed_dir, 2, size_bytes=32 << 20, data=str(tmp_path / "src"), progress=False)
     name = "shard-00000.tfrecord"
     path = os.path.join(tb.mountpoints[0], name)
-    expected = open(tmp_path / "src" / name, "rb").read()
+    expected = Path(tmp_path / "src" / name).read_bytes()
 
     with open(path, "rb") as held:  # umount -l: new opens ENOENT, open files keep reading
         tb.break_mount(0, "umount")
         with pytest.raises(FileNotFoundError):
             open(path, "rb")
         assert held.read() == expected
-        assert open(os.path.join(tb.mountpoints[1], name), "rb").read() == expected  # the replica
+        assert Path(os.path.join(tb.mountpoints[1], name)).read_bytes() == expected  # the replica
     tb.restore(0)
-    assert open(path, "rb").read() == expected
+    assert Path(path).read_bytes() == expected
 
     tb.evict()
     with open(path, "rb", buffering=0) as held:  # eio: even an open file fails
@@ -441,7 +442,7 @@ def test_break_and_restore_each_way(tmp_path, testbed_dir):
             held.read(100)
         assert e.value.errno == errno.EIO
     tb.restore(0)  # the file is closed: the filesystem mounts again
-    assert open(path, "rb").read() == expected
+    assert Path(path).read_bytes() == expected
     assert oracle_read_tfrecord(expected)
 
     tb.evict()
@@ -497,6 +498,6 @@ def test_xfs_testbed_and_reflinked_copies(tmp_path, testbed_dir):
     r = expand_shards(src, os.path.join(tb.mountpoints[0], "x"), 3, mode="reflink", progress=False)
     assert r.indexes == 3
     for out in r.outputs:
-        assert open(out, "rb").read() == open(src[0], "rb").read()
+        assert Path(out).read_bytes() == Path(src[0]).read_bytes()
         assert os.stat(out).st_ino != os.stat(src[0]).st_ino
     assert tb.status()["mounts"][0]["mounted"]

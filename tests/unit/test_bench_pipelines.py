@@ -140,7 +140,8 @@ def test_run_steps_with_real_time_counts_wall_and_process_cpu():
     out = run_steps(({"x": np.zeros(2)} for _ in range(4)), [2, 2], compute_s=0.01)
     assert out["samples"] == 8 and out["seconds"] >= 0.04
     assert 50 <= out["accelerator_util_pct"] <= 100
-    assert out["process_cpu_pct"] is not None and out["process_cpu_pct"] >= 0
+    # One thread mostly asleep: some CPU, bounded by the cores there are.
+    assert out["process_cpu_pct"] is not None and 0 <= out["process_cpu_pct"] <= 100 * (os.cpu_count() or 1)
 
 
 def test_counting_source_counts_and_delegates():

@@ -8,6 +8,7 @@ import json
 import os
 import struct
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -392,7 +393,7 @@ def test_progress_off_a_terminal_is_silent_unless_asked_for_lines(monkeypatch):
 def test_bert_copies_repeat_the_shards_without_encoding_again(tmp_path):
     paths = synthetic.generate_bert(tmp_path, shards=2, records_per_shard=3, copies=3, progress=False)
     assert [os.path.basename(p) for p in paths] == [f"part-{i:05d}-of-00006" for i in range(6)]
-    blobs = [open(p, "rb").read() for p in paths]
+    blobs = [Path(p).read_bytes() for p in paths]
     assert blobs[0] != blobs[1] and blobs[0::2] == [blobs[0]] * 3 and blobs[1::2] == [blobs[1]] * 3
     with pytest.raises(ValueError, match="copies"):
         synthetic.generate_bert(tmp_path / "none", shards=1, records_per_shard=1, copies=0)

@@ -1,6 +1,7 @@
 """TFRecord framing against the pure-Python oracle, and every corruption case."""
 import os
 import struct
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -52,7 +53,7 @@ def test_round_trip(tmp_path_factory, records, engine, compression):
 
 
 def _corrupt(tmp_path, records, mutate, name="bad.tfrecord"):
-    blob = bytearray(open(write_tfrecord(tmp_path / "good.tfrecord", records), "rb").read())
+    blob = bytearray(Path(write_tfrecord(tmp_path / "good.tfrecord", records)).read_bytes())
     blob = mutate(blob)
     path = tmp_path / name
     path.write_bytes(bytes(blob))
