@@ -40,6 +40,10 @@ workers included), the busiest core (system-wide) and the tree's resident memory
 files are read once before every measurement, so the page cache holds them (warm-cache figures,
 even where a neighbour on a shared machine drops the cache); the fraction cached is recorded.
 A contender that is not installed, not built yet, or fails keeps its row with the reason.
+
+This script plans and runs; the contenders, one module a framework, and what a worker measures are
+in ``benchmarks/contenders/``; the tables, targets and the markdown page in
+``benchmarks/pipelines_report.py``.
 """
 from __future__ import annotations
 
