@@ -18,7 +18,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
 
-from benchmarks.pipelines import AREA_RANGE, CROP_ATTEMPTS, RATIO_RANGE  # noqa: E402
+from benchmarks.contenders.spec import AREA_RANGE, CROP_ATTEMPTS, RATIO_RANGE  # noqa: E402
 from dlstore.pipeline.decode import crop_windows  # noqa: E402
 
 

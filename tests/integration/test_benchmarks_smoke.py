@@ -12,6 +12,9 @@ import sys
 
 import pytest
 
+from benchmarks.contenders.spec import RATIO_RANGE
+from benchmarks.contenders.torch_dataloader import random_resized_crop
+from benchmarks.pipelines_report import add_ratios, targets
 from tests.helpers import REPO as ROOT
 SCRIPT = os.path.join(ROOT, "benchmarks", "pipelines.py")
 
@@ -47,11 +50,11 @@ def _dlstore_pipeline_built() -> bool:
 # ---- pieces ----------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("height,width", [(375, 500), (500, 300), (224, 224), (40, 900), (900, 40), (1, 1)])
-def test_random_resized_crop_window(pipelines, height, width):
+def test_random_resized_crop_window(height, width):
     rng = random.Random(3)
-    lo, hi = pipelines.RATIO_RANGE
+    lo, hi = RATIO_RANGE
     for _ in range(300):
-        top, left, h, w = pipelines.random_resized_crop(rng, height, width)
+        top, left, h, w = random_resized_crop(rng, height, width)
         assert 0 < h <= height and 0 < w <= width
         assert 0 <= top <= height - h and 0 <= left <= width - w
         if width / height > 4 * hi or height / width > 4 / lo:  # no draw fits: the clamped centre fallback
@@ -59,11 +62,11 @@ def test_random_resized_crop_window(pipelines, height, width):
             assert lo - 0.05 <= w / h <= hi + 0.05
 
 
-def test_random_resized_crop_draws_area_and_ratio(pipelines):
+def test_random_resized_crop_draws_area_and_ratio():
     rng = random.Random(0)
     areas, ratios = [], []
     for _ in range(2000):
-        _, _, h, w = pipelines.random_resized_crop(rng, 400, 400)
+        _, _, h, w = random_resized_crop(rng, 400, 400)
         areas.append(h * w / 160000)
         ratios.append(math.log(w / h))
     # Rounding to whole pixels moves the bounds a little; the draws cover the range.
@@ -82,7 +85,7 @@ def test_select_by_name_family_and_task(pipelines):
         pipelines.select("nope")
 
 
-def test_targets_pass_fail_and_skip(pipelines):
+def test_targets_pass_fail_and_skip():
     def row(family, rate, shuffle=None, status="ok"):
         return {"family": family, "items_per_s": rate, "status": status, "shuffle": shuffle or "buffer 10,000"}
 
@@ -91,14 +94,14 @@ def test_targets_pass_fail_and_skip(pipelines):
                            row("torch", 680.0)],
               "bert": [row("dlstore", 500_000.0, "none"), row("dlstore", 300_000.0, "global"), row("dali", 70_000.0),
                        row("tfdata", 50_000.0)]}
-    verdicts = pipelines.targets(tables)
+    verdicts = targets(tables)
     # bert: global vs DALI, vs its unshuffled read; resnet50: vs unshuffled, DALI, tf.data.
     assert [v["verdict"] for v in verdicts] == ["PASS", "FAIL", "PASS", "PASS", "FAIL"]
     assert verdicts[0]["text"] == "4.29x DALI" and verdicts[1]["value"] == pytest.approx(0.6)
     assert verdicts[4]["value"] == pytest.approx(1950 / 1700)  # against the shuffled peer, not the block row
     tables["resnet50"][2] = row("dlstore", None, "global", status="not available: not built")
-    assert pipelines.targets(tables)[2]["verdict"] == "SKIP (dlstore global not measured)"
-    pipelines.add_ratios(tables["bert"])
+    assert targets(tables)[2]["verdict"] == "SKIP (dlstore global not measured)"
+    add_ratios(tables["bert"])
     assert tables["bert"][1]["vs_dali"] == pytest.approx(300 / 70)
     assert tables["bert"][1]["vs_none"] == pytest.approx(0.6) and "vs_none" not in tables["bert"][2]
 

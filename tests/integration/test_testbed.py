@@ -22,6 +22,7 @@ import pytest
 from dlstore import cli
 from dlstore.indexing import build_index, load_index
 from dlstore.tools import testbed as tbm
+from dlstore.tools.testbed import loopdev, mkfs
 from dlstore.tools.expand import copy_name, expand_shards
 from dlstore.tools.testbed import (
     Testbed,
@@ -278,8 +279,8 @@ def test_expand_command(tmp_path):
 def _ours_left(base):
     """Loop devices, mounts and state of a testbed under ``base`` that are still there."""
     base = os.path.realpath(base)
-    loops = [d for d, f in tbm._loop_backing_files().items() if f.startswith(base + os.sep)]
-    mounts = [m for m in tbm._mountinfo() if m.startswith(base + os.sep)]
+    loops = [d for d, f in loopdev.loop_backing_files().items() if f.startswith(base + os.sep)]
+    mounts = [m for m in loopdev.mountinfo() if m.startswith(base + os.sep)]
     return loops + mounts + ([tbm.state_path(base)] if os.path.exists(tbm.state_path(base)) else [])
 
 
@@ -329,7 +330,7 @@ def test_replicated_testbed_is_throttled_and_torn_down(tmp_path, testbed_dir):
     limit = 10 * MB
     tb = create_testbed(testbed_dir, 2, size_bytes=64 << 20, throttle_bps=limit, data=[str(tmp_path / "src")] + [big],
                         layout="replicated", progress=False)
-    mounted = tbm._mountinfo()
+    mounted = loopdev.mountinfo()
     rules = parse_throttle_rules(Path(os.path.join(tbm.BLKIO_ROOT, "blkio.throttle.read_bps_device")).read_text())
     for m in tb.mounts:
         assert m.mountpoint in mounted and m.direct_io is True
@@ -384,14 +385,14 @@ def test_striped_testbed_from_the_command_line(tmp_path, testbed_dir):
 @pytest.mark.root
 @root_only
 def test_a_failed_step_is_named_and_rolled_back(tmp_path, testbed_dir, monkeypatch):
-    real_run = tbm._run
+    real_run = mkfs.run_step
 
     def failing_mkfs(step, cmd, timeout=300):
         if step == "mkfs mount 1":
             cmd = ["mkfs.ext4", "-q", "-b", "999", cmd[-1]]  # a block size mkfs refuses
         return real_run(step, cmd, timeout)
 
-    monkeypatch.setattr(tbm, "_run", failing_mkfs)
+    monkeypatch.setattr(mkfs, "run_step", failing_mkfs)
     with pytest.raises(TestbedError) as e:
         create_testbed(testbed_dir, 2, size_bytes=32 << 20)
     assert e.value.step == "mkfs mount 1" and e.value.command[0] == "mkfs.ext4"

@@ -14,6 +14,8 @@ import numpy as np
 import pytest
 
 from dlstore import synthetic
+from dlstore.synthetic import cache as synthetic_cache
+from dlstore.synthetic import imagenet as synthetic_imagenet
 from dlstore._progress import Progress
 from tests.helpers import oracle_masked, oracle_read_recordio, oracle_read_tfrecord
 
@@ -169,7 +171,7 @@ def test_worker_processes_give_the_same_bytes(tmp_path):
 
 
 def test_mean_record_size_is_imagenet_like():
-    sizes = [len(b) for b in synthetic._imagenet_payloads((0, 0, 48, (300, 500), 95, "tfrecord"))]
+    sizes = [len(b) for b in synthetic_imagenet._imagenet_payloads((0, 0, 48, (300, 500), 95, "tfrecord"))]
     # The full calibration (2,000 records) gives 114.8 KB; 48 records stay within a few KB of it.
     assert 100e3 < np.mean(sizes) < 135e3
     assert min(sizes) > 30e3 and max(sizes) < 400e3
@@ -293,7 +295,7 @@ def test_bert_reads_back_through_dlstore_into_fixed_shape_batches(tmp_path):
 def counted_generators(monkeypatch):
     """Counts calls to the generators that cached_dataset dispatches to."""
     calls = []
-    real = dict(synthetic._GENERATORS)
+    real = dict(synthetic_cache._GENERATORS)
 
     def wrap(kind):
         def generate(out_dir, **kwargs):
@@ -301,7 +303,7 @@ def counted_generators(monkeypatch):
             return real[kind](out_dir, **kwargs)
         return generate
 
-    monkeypatch.setattr(synthetic, "_GENERATORS", {k: wrap(k) for k in real})
+    monkeypatch.setattr(synthetic_cache, "_GENERATORS", {k: wrap(k) for k in real})
     return calls
 
 
@@ -312,7 +314,7 @@ def test_cached_dataset_generates_once(tmp_path, counted_generators):
     assert len(first) == 2 and all(os.path.isfile(p) for p in first)
     directory = os.path.dirname(first[0])
     assert os.path.basename(directory).startswith("bert-tiny-")
-    marker = json.loads(file_bytes(os.path.join(directory, synthetic._MARKER)))
+    marker = json.loads(file_bytes(os.path.join(directory, synthetic_cache._MARKER)))
     assert marker["params"] == {"shards": 2, "records_per_shard": 32}
     assert sorted(marker["shards"]) == [os.path.basename(p) for p in first]
 
@@ -320,7 +322,7 @@ def test_cached_dataset_generates_once(tmp_path, counted_generators):
 def test_interrupted_generation_is_redone(tmp_path, counted_generators):
     paths = synthetic.cached_dataset("imagenet", "tiny", cache_dir=tmp_path, progress=False)
     before = [file_bytes(p) for p in paths]
-    os.remove(os.path.join(os.path.dirname(paths[0]), synthetic._MARKER))  # as if killed before the marker
+    os.remove(os.path.join(os.path.dirname(paths[0]), synthetic_cache._MARKER))  # as if killed before the marker
     with open(paths[1], "r+b") as f:
         f.truncate(100)
     redone = synthetic.cached_dataset("imagenet", "tiny", cache_dir=tmp_path, progress=False)
