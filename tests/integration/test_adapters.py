@@ -23,6 +23,8 @@ from dlstore.synthetic import generate_bert, generate_imagenet
 from tests.helpers import REPO, batch_records
 from tests.resume import assert_resumes_exactly, loader_rows
 
+pytestmark = pytest.mark.slow  # imports torch, TensorFlow and DALI
+
 CUDA_REASON = "needs a CUDA GPU (torch.cuda.is_available() is False here)"
 
 

@@ -12,6 +12,8 @@ from dlstore.synthetic import cached_dataset
 
 from tests.helpers import REPO
 
+pytestmark = pytest.mark.slow  # runs the bench in subprocesses
+
 
 @pytest.mark.parametrize("scenario, kind", [("bert", "bert"), ("resnet50", "imagenet")])
 def test_target_tier_over_two_mounts(tmp_path, scenario, kind):

@@ -16,6 +16,8 @@ from benchmarks.contenders.spec import RATIO_RANGE
 from benchmarks.contenders.torch_dataloader import random_resized_crop
 from benchmarks.pipelines_report import add_ratios, targets
 from tests.helpers import REPO as ROOT
+
+pytestmark = pytest.mark.slow  # runs the benchmark scripts in subprocesses
 SCRIPT = os.path.join(ROOT, "benchmarks", "pipelines.py")
 
 

@@ -5,12 +5,12 @@ Each case is built, not sampled: a first record of the right size puts the next 
 exactly where the case needs it, so a failure names the offset that broke.
 """
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 import dlstore
-from pathlib import Path
 from tests.helpers import batch_records, check_engine, oracle_read_tfrecord, oracle_tfrecord_bytes, write_tfrecord
 
 CHUNK = 64 << 10  # the smallest chunk_size: boundaries come often

@@ -165,6 +165,7 @@ def _bench_plot(*args):
                           text=True, cwd=REPO, timeout=300)
 
 
+@pytest.mark.slow
 def test_gen_refuses_bad_counts_in_one_line(tmp_path):
     for flag in ("--shards", "--records-per-shard"):
         err = _one_line_error(dlstore("gen", "bert", "--out", tmp_path / "x", flag, "-1"))
@@ -187,6 +188,7 @@ def test_index_of_a_non_record_file_is_one_line(tmp_path):
     assert f"{notes}: does not look like TFRecord or RecordIO" in err and "format=" not in err
 
 
+@pytest.mark.slow
 def test_settings_mistakes_are_usage_errors_not_corrupt_files(tmp_path):
     path = write_tfrecord(tmp_path / "a.tfrecord", [b"a"] * 3)
     err = _one_line_error(dlstore("verify", "--io", "foo", path))
@@ -197,6 +199,7 @@ def test_settings_mistakes_are_usage_errors_not_corrupt_files(tmp_path):
     assert "DLSTORE_IO" in _one_line_error(out) and "CORRUPT" not in out.stdout
 
 
+@pytest.mark.slow
 def test_unknown_command_and_bad_option_values_are_one_line():
     assert "invalid choice" in _one_line_error(dlstore("frobnicate"))
     assert "--world-size" in _one_line_error(dlstore("plan", "--mounts", REPO, "--world-size", "many"))
@@ -209,6 +212,7 @@ def test_version():
     assert out.returncode == 0 and out.stdout.strip() == f"dlstore {ds.__version__}"
 
 
+@pytest.mark.slow
 def test_plot_refuses_what_is_not_a_bench_result(tmp_path):
     other = tmp_path / "other.json"
     other.write_text('{"benchmark": "storage", "gb_per_s": 1.5}')

@@ -73,6 +73,7 @@ def test_direct_io_unaligned_file_sizes(direct_dir, size):
     check_engine(reader, "direct")
 
 
+@pytest.mark.slow
 def test_record_larger_than_chunk_and_headroom(engine_dir, engine):
     big = np.random.default_rng(0).bytes(5 << 20)
     path = write_tfrecord(engine_dir / "big.tfrecord", [b"a", big, b"b", big[:300_000]])
@@ -238,6 +239,7 @@ def _held(path) -> bool:
         return any(line.rstrip("\n").endswith(" " + real) for line in f)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc/self/fd and /proc/self/maps")
 @pytest.mark.parametrize("how", ["break", "close"])
 def test_stopping_early_releases_the_files(engine_dir, engine, how):

@@ -15,6 +15,8 @@ import sys
 import pytest
 
 from tests.helpers import REPO
+
+pytestmark = pytest.mark.slow  # runs the examples in subprocesses, TensorFlow and torch among them
 EXAMPLES = os.path.join(REPO, "examples")
 
 

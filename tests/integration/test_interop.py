@@ -8,15 +8,16 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 import dlstore
-from pathlib import Path
 from dlstore.indexing import build_index, load_index
 from tests.helpers import REPO, ENGINES, write_tfrecord
 
+pytestmark = pytest.mark.slow  # imports TensorFlow, DALI and the tfrecord package
 
 
 def _has(module):

@@ -21,6 +21,8 @@ from dlstore.synthetic import generate_bert, generate_imagenet
 from tests.helpers import REPO
 from tests.resume import assert_resumes_exactly, loader_rows
 
+pytestmark = pytest.mark.slow  # compares with TensorFlow's parsing and decoding
+
 _TF_PARSE = r"""
 import json, sys
 import numpy as np, tensorflow as tf

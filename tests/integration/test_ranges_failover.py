@@ -125,6 +125,7 @@ def test_a_missing_shard_fails_over_to_the_replica(tmp_path, engine):
     assert stats["records"] == sum(len(recs) for recs in data)  # nothing read twice was handed out twice
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shuffle", ["none", "block", "global"])
 def test_failover_mid_shard_neither_loses_nor_repeats(tmp_path, monkeypatch, shuffle):
     data, roots = _replicated(tmp_path, shards=2, n=200)
@@ -204,6 +205,7 @@ def hung_file(tmp_path):
         pass  # nobody was waiting any more
 
 
+@pytest.mark.slow
 def test_an_open_that_hangs_times_out_after_the_earlier_records(tmp_path, hung_file):
     good = write_tfrecord(tmp_path / "good.tfrecord", [b"a" * 100] * 5)
     core = _core("buffered", timeout_s=0.5)([good, hung_file], [])
@@ -214,6 +216,7 @@ def test_an_open_that_hangs_times_out_after_the_earlier_records(tmp_path, hung_f
     assert sum(got) == 5 and e.value.path == hung_file
 
 
+@pytest.mark.slow
 def test_a_hung_open_fails_over_to_the_replica(tmp_path):
     data, roots = _replicated(tmp_path, shards=2, n=20)
     ds = _in_order(roots, read_timeout=0.5)

@@ -319,6 +319,7 @@ def _read_direct(path, nbytes=None, block=1 << 20, untimed=0):
         buf.close()
 
 
+@pytest.mark.slow
 @needs_throttle
 @pytest.mark.root
 @root_only
@@ -360,6 +361,7 @@ def test_replicated_testbed_is_throttled_and_torn_down(tmp_path, testbed_dir):
     assert destroy_testbed(testbed_dir) == []  # idempotent
 
 
+@pytest.mark.slow
 @pytest.mark.root
 @root_only
 def test_striped_testbed_from_the_command_line(tmp_path, testbed_dir):

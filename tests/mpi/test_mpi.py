@@ -13,7 +13,7 @@ import pytest
 
 import dlstore
 
-pytestmark = pytest.mark.mpi
+pytestmark = [pytest.mark.mpi, pytest.mark.slow]  # slow: launches mpirun
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 

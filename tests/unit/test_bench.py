@@ -224,6 +224,7 @@ def test_other_processes_cores_is_the_machine_busy_time_less_ours():
     assert sysinfo.other_processes_cores([], [], 1.0, 2.0) is None
 
 
+@pytest.mark.slow
 def test_a_busy_neighbour_is_seen():
     if not sysinfo.per_core_cpu_ticks():
         pytest.skip("no /proc/stat on this system")
@@ -341,6 +342,7 @@ STORAGE_KEYS = {"io", "io_reason", "cache", "cache_method", "records", "bytes", 
                 "sysinfo"}
 
 
+@pytest.mark.slow
 def test_bench_storage_writes_the_json_keys(tiny_set):
     out = tiny_set / "s.json"
     r = _bench("storage", "--data", os.fspath(tiny_set / "*.tfrecord"), "--io", "buffered", "--cache", "warm",
@@ -366,6 +368,7 @@ def test_bench_storage_writes_the_json_keys(tiny_set):
         assert "vs fio: fio psync qd1" in r.stdout and "not the device's ceiling" in r.stdout
 
 
+@pytest.mark.slow
 def test_bench_storage_cold_with_synchronised_readers(tiny_set):
     out = tiny_set / "s.json"
     r = _bench("storage", "--data", os.fspath(tiny_set), "--io", "direct", "--cache", "cold", "--repeat", "1",
@@ -383,6 +386,7 @@ def test_bench_storage_bad_data_exits_2(tmp_path):
     assert r.returncode == 2 and "no record file matches" in r.stderr
 
 
+@pytest.mark.slow
 def test_read_throughput_quick(tmp_path):
     pytest.importorskip("PIL", reason="the synthetic ImageNet-like set needs pillow")
     out = tmp_path / "rt.json"

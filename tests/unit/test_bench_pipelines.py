@@ -397,6 +397,7 @@ def test_run_tier_prepares_the_cache_and_reports_it(shards, cold):
         assert out["cached_before"] in (None, pytest.approx(1.0, abs=0.05))
 
 
+@pytest.mark.slow
 def test_run_jobs_runs_one_to_n_processes(shards):
     spec = FakeSpec("ResNet50", {}, tuple(shards), batch_size=4, io="buffered", fake_batches=3)
     prepared = []
@@ -423,6 +424,7 @@ def test_scenarios_are_registered():
         load_scenario("planned")
 
 
+@pytest.mark.slow
 def test_plot_writes_a_png(tmp_path):
     pytest.importorskip("matplotlib", reason="--plot needs matplotlib")
     from dlstore.bench.plot import plot_document
@@ -465,6 +467,7 @@ def _load(path):
         return json.load(f)
 
 
+@pytest.mark.slow
 def test_bench_resnet50_tiny_writes_the_json_keys(tmp_path):
     pytest.importorskip("PIL", reason="the synthetic ImageNet-like set needs pillow")
     out, md = tmp_path / "r.json", tmp_path / "r.md"
@@ -485,6 +488,7 @@ def test_bench_resnet50_tiny_writes_the_json_keys(tmp_path):
     assert md.read_text().startswith("## dlstore.bench resnet50")
 
 
+@pytest.mark.slow
 def test_bench_bert_tiny_with_jobs_and_compute(tmp_path):
     out = tmp_path / "b.json"
     r = _bench("bert", "--size", "tiny", "--jobs", "2", "--compute", "5", "--json", os.fspath(out),
@@ -499,6 +503,7 @@ def test_bench_bert_tiny_with_jobs_and_compute(tmp_path):
     assert all(row["rate"] > 0 for row in doc["jobs"]["rows"])
 
 
+@pytest.mark.slow
 def test_bench_resnet50_target_tier_from_data(tmp_path):
     pytest.importorskip("PIL", reason="the synthetic ImageNet-like set needs pillow")
     from dlstore.synthetic import generate_imagenet
@@ -513,6 +518,7 @@ def test_bench_resnet50_target_tier_from_data(tmp_path):
     assert doc["tiers"][0]["images_per_s"] > 0
 
 
+@pytest.mark.slow
 def test_bench_pipeline_argument_errors_exit_2(tmp_path):
     r = _bench("resnet50", "--tiers", "target", tmp_path=tmp_path)
     assert r.returncode == 2 and "needs --data" in r.stderr

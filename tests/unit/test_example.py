@@ -637,6 +637,7 @@ def _tf_example(tf, features):
     return tf.train.Example(features=tf.train.Features(feature={k: feature(v) for k, v in features.items()}))
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(feature_dicts)
 def test_against_tensorflow_serialization(tf, features):
@@ -653,6 +654,7 @@ def test_against_tensorflow_serialization(tf, features):
     assert ours == _tf_example(tf, features).SerializeToString(deterministic=True)
 
 
+@pytest.mark.slow
 def test_batch_against_tf_io_parse_single_example(tf):
     recs = bert_records(8, seed=11)
     tf_spec = {

@@ -176,6 +176,7 @@ class _Workers:
         yield (w.worker, w.num_workers, w.consumer, w.num_consumers)
 
 
+@pytest.mark.slow
 def test_torch_dataloader_workers_are_consumers():
     pytest.importorskip("torch", reason="needs torch (pip install torch==2.13.0) for real DataLoader workers")
     from torch.utils.data import DataLoader, IterableDataset

@@ -162,6 +162,7 @@ def test_record_depends_on_its_number_not_on_the_sharding(tmp_path, imagenet_tin
     assert file_bytes(flat[0]) == split
 
 
+@pytest.mark.slow
 def test_worker_processes_give_the_same_bytes(tmp_path):
     args = {"shards": 2, "records_per_shard": 20, "progress": False}
     one = synthetic.generate_imagenet(tmp_path / "1", workers=1, **args)
@@ -338,6 +339,7 @@ def test_shard_changed_after_the_marker_is_redone(tmp_path, counted_generators):
     assert counted_generators == ["bert", "bert"]
 
 
+@pytest.mark.slow
 def test_each_parameter_set_has_its_own_directory(tmp_path, counted_generators):
     a = synthetic.cached_dataset("bert", "tiny", cache_dir=tmp_path, progress=False)
     b = synthetic.cached_dataset("bert", "tiny", cache_dir=tmp_path, progress=False, seq_len=384,
