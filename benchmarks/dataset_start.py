@@ -103,7 +103,7 @@ def markdown(doc: Dict) -> str:
 
 
 def main(argv: List[str] = None) -> int:
-    from dlstore.bench import cache
+    from dlstore.io import pagecache as cache
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--dir", default=os.path.expanduser("~/.cache/dlstore/bench/start-20k"),

@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import dlstore  # noqa: E402
 from benchmarks import _harness  # noqa: E402
-from dlstore.bench.cache import drop_page_cache, drop_page_cache_refusal  # noqa: E402
+from dlstore.io.pagecache import drop_page_cache, drop_page_cache_refusal  # noqa: E402
 from dlstore.bench.fio import fio_missing_reason  # noqa: E402
 from dlstore.bench.storage import dataset_paths  # noqa: E402
 

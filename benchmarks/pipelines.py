@@ -73,7 +73,7 @@ from benchmarks.contenders.spec import (  # noqa: E402
 from benchmarks.pipelines_report import TARGET_COLUMNS, columns, markdown_doc, plan_line, targets, task_rows  # noqa: E402
 from benchmarks.read_throughput import index_files  # noqa: E402
 from dlstore.bench import report, sysinfo  # noqa: E402
-from dlstore.bench.cache import make_warm, resident_fraction  # noqa: E402
+from dlstore.io.pagecache import make_warm, resident_fraction  # noqa: E402
 from dlstore.bench.storage import SIZES, dataset_paths  # noqa: E402
 from dlstore.errors import DlstoreError  # noqa: E402
 from dlstore.reader import open_records  # noqa: E402

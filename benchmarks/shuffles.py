@@ -61,7 +61,7 @@ def measure(plan: Dict) -> Dict:
     """Reads ``plan["epochs"]`` epochs of one configuration; figures of the first, RSS after each."""
     import numpy as np
 
-    from dlstore.bench import cache
+    from dlstore.io import pagecache as cache
     from dlstore.dataset import Dataset
     from dlstore.placement import expand_runs
 

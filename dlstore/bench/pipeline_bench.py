@@ -59,7 +59,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 
 from dlstore import settings
 from dlstore._progress import Progress
-from dlstore.bench import cache as cache_control
+from dlstore.io import pagecache as cache_control
 from dlstore.bench import report, sysinfo
 from dlstore.io.select import ENGINES
 from dlstore.placement.sharding import SHUFFLES

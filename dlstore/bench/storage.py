@@ -26,7 +26,7 @@ import numpy as np
 
 from dlstore import settings
 from dlstore._progress import Progress
-from dlstore.bench import cache as cache_control
+from dlstore.io import pagecache as cache_control
 from dlstore.bench import report, sysinfo
 from dlstore.bench.fio import FioError, fio_missing_reason, run_fio
 from dlstore.errors import DlstoreError

@@ -66,7 +66,7 @@ def collect(paths: Sequence[str] = (), engine: Optional[str] = None,
             engine_reason: Optional[str] = None) -> dict:
     """The header's facts as a dict (it goes into the JSON as ``sysinfo``)."""
     from dlstore import __version__
-    from dlstore.bench.cache import cached_bytes
+    from dlstore.io.pagecache import cached_bytes
 
     info: dict = {
         "cpu": cpu_model(),

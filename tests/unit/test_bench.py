@@ -13,7 +13,8 @@ import time
 import numpy as np
 import pytest
 
-from dlstore.bench import cache, load_scenario, report, sysinfo
+from dlstore.bench import load_scenario, report, sysinfo
+from dlstore.io import pagecache as cache
 from dlstore.bench import storage as storage_bench
 from dlstore.bench.fio import FioError, fio_job_file, fio_missing_reason, parse_fio_json, run_fio
 from dlstore.bench.storage import _BatchBarrier, count_records

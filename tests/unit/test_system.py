@@ -2,7 +2,8 @@
 benchmark header share."""
 import os
 
-from dlstore.bench import cache, sysinfo
+from dlstore.bench import sysinfo
+from dlstore.io import pagecache as cache
 from dlstore.io import select, system
 
 MOUNTS = """\

@@ -10,7 +10,7 @@ import shutil
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 from dlstore._progress import Progress
-from dlstore.bench.cache import evict_files
+from dlstore.io.pagecache import evict_files
 from dlstore.indexing import index_path_for
 from dlstore.io.system import format_bytes
 from dlstore.reader import expand_paths

@@ -14,7 +14,7 @@ import threading
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
 
-from dlstore.bench.cache import evict_files
+from dlstore.io.pagecache import evict_files
 from dlstore.tools.testbed.blkio import (
     BLKIO_ROOT,
     blkio_cgroup_of,

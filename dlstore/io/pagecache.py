@@ -1,4 +1,4 @@
-"""Cold and warm page cache for benchmarks: drop it, evict files from it, and see what it holds.
+"""The page cache, controlled: drop it, evict files from it, warm files into it, and see what it holds.
 
 A *cold* read must come from the device. As root the whole page cache is dropped
 (``sync; echo 3 > /proc/sys/vm/drop_caches``); otherwise each file is written back and evicted
