@@ -18,6 +18,9 @@ if python -c "import horovod.torch" 2>/dev/null; then
   exit 0
 fi
 
+# The build runs cmake (the PyPI wheel will do) and compiles against MPI and torch headers.
+command -v cmake >/dev/null 2>&1 || pip install -q cmake
+
 cd "$work"
 pip download -q --no-deps --no-binary :all: "horovod==$version"
 tar xzf "horovod-$version.tar.gz"
