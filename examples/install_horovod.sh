@@ -26,6 +26,10 @@ pip download -q --no-deps --no-binary :all: "horovod==$version"
 tar xzf "horovod-$version.tar.gz"
 sed -i 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 17)/' \
   "horovod-$version/CMakeLists.txt" "horovod-$version/horovod/torch/CMakeLists.txt"
+if ! grep -q "CMAKE_CXX_STANDARD 17" "horovod-$version/horovod/torch/CMakeLists.txt"; then
+  echo "install_horovod.sh: horovod $version's CMakeLists.txt does not set C++14 as 0.28.1's does: adapt the recipe" >&2
+  exit 1
+fi
 
 export CMAKE_POLICY_VERSION_MINIMUM=3.5
 export HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1
