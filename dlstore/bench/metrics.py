@@ -1,6 +1,6 @@
 """Live figures of a running benchmark in the Prometheus text format (``--metrics-port``).
 
-Storage reference architectures watch their runs in Prometheus and Grafana; with
+The Dell EMC reference architecture watched its runs in Prometheus and Grafana; with
 ``python -m dlstore.bench SCENARIO --metrics-port PORT`` the benchmark serves, while it runs, the
 figures it computes anyway, updated as each step (``resnet50``, ``bert``) or pass (``storage``)
 completes. Every series is labelled with ``bench`` (the scenario), ``engine`` (the resolved I/O
@@ -8,21 +8,24 @@ engine) and ``tier`` (``page-cache``, ``local-cold``, ``target``; ``cold`` or ``
 ``storage``). Units follow Prometheus' conventions: bytes rather than MB, ratios 0..1 rather
 than percentages.
 
-=====================================================  ===========================================================
-``dlstore_bench_samples_per_second``                   images/s, samples/s or records/s (label ``unit``) of the
-                                                       last step or pass
-``dlstore_bench_read_bytes_per_second``                record bytes delivered per second (the bench's MB/s x 1e6)
-``dlstore_bench_busiest_core_ratio``                   the busiest core's utilisation (system-wide, /proc/stat)
-``dlstore_bench_accelerator_utilisation_ratio``        time the emulated accelerator computed over wall time
-                                                       (only with ``--compute``)
-``dlstore_bench_needed_bytes_per_second_per_accelerator``  what one emulated accelerator needs (with ``--compute``)
-``dlstore_bench_step``                                 number of the last completed step or pass of the tier
-``dlstore_bench_running``                              1 while the tier runs, 0 once it is done
-``dlstore_bench_records_total``                        records read (a counter)
-``dlstore_bench_read_bytes_total``                     record bytes read (a counter: ``rate()`` of it is smoother
-                                                       than the per-step MB/s, which is lumpy as the reader reads
-                                                       8 MiB chunks ahead)
-=====================================================  ===========================================================
+``dlstore_bench_samples_per_second``
+    images/s, samples/s or records/s (label ``unit``) of the last step or pass
+``dlstore_bench_read_bytes_per_second``
+    record bytes delivered per second in it (the bench's MB/s x 1e6)
+``dlstore_bench_busiest_core_ratio``
+    the busiest core's utilisation in it (system-wide, /proc/stat)
+``dlstore_bench_accelerator_utilisation_ratio``
+    the emulated accelerator's compute time over wall time in it (only with ``--compute``)
+``dlstore_bench_needed_bytes_per_second_per_accelerator``
+    what one emulated accelerator needs at the tier's record size, set when the tier ends
+    (only with ``--compute``)
+``dlstore_bench_step``
+    number of the last completed step or pass of the tier
+``dlstore_bench_running``
+    1 while the tier runs, 0 once it is done
+``dlstore_bench_records_total``, ``dlstore_bench_read_bytes_total``
+    counters of the records and record bytes read; ``rate()`` of the bytes is smoother than the
+    per-step figure, which is lumpy as the reader reads 8 MiB chunks ahead
 
 ``prometheus_client`` is imported only when metrics are asked for (``pip install dlstore[bench]``).
 """
