@@ -18,7 +18,7 @@ import urllib.request
 
 import pytest
 
-from tests.conftest import REPO as ROOT
+from tests.helpers import REPO as ROOT
 
 pytest.importorskip("prometheus_client", reason="--metrics-port needs prometheus_client")
 
