@@ -19,11 +19,12 @@ import time
 import torch
 from torch import nn
 
+from data_parallel import log, threads_per_rank
+
 import dlstore
 import dlstore.synthetic
 from dlstore.adapters.torch import TorchLoader
 from dlstore.pipeline import Loader, ResNet50
-from dlstore.pipeline.stages import available_cores
 from dlstore.placement.world import detect_world
 
 NUM_CLASSES = 1001  # labels 1..1000 as TensorFlow's ImageNet converter writes them (0: background)
@@ -57,16 +58,13 @@ def main(argv=None) -> None:
     world = detect_world(rank=hvd.rank(), size=hvd.size(), local_rank=hvd.local_rank(),
                          local_size=hvd.local_size())
 
-    def log(message: str) -> None:
-        print(f"[rank {world.rank}/{world.size}] {message}", flush=True)
-
     torch.manual_seed(args.seed)
-    torch.set_num_threads(max(1, available_cores() // world.local_size))
+    torch.set_num_threads(threads_per_rank(world))
     paths = args.data or dlstore.synthetic.cached_dataset("imagenet", "tiny", progress=world.rank == 0)
     # remainder="drop": every rank gets the same number of full batches, so none waits in an allreduce
     # for a batch that never comes.
     dataset = dlstore.Dataset(paths, world=world, shuffle="block", seed=args.seed, remainder="drop")
-    log(f"Horovod rank {hvd.rank()} of {hvd.size()} "
+    log(world, f"Horovod rank {hvd.rank()} of {hvd.size()} "
         f"(local {hvd.local_rank()} of {hvd.local_size()}); reads {dataset.describe()}")
     loader = Loader(dataset, ResNet50(train=True, layout="NCHW", dtype="float32", size=args.image_size),
                     args.batch_size, last_batch="DROP", seed=args.seed, epochs=None)
@@ -90,7 +88,7 @@ def main(argv=None) -> None:
         optimizer.step()
         step += 1
         samples += len(labels)
-        log(f"step {step} loss {loss.item():.4f} images {tuple(images.shape)}")
+        log(world, f"step {step} loss {loss.item():.4f} images {tuple(images.shape)}")
         if step == args.steps:
             break
     loader.close()
@@ -100,7 +98,7 @@ def main(argv=None) -> None:
     images_per_s = hvd.allreduce(torch.tensor(samples / elapsed), op=hvd.Sum).item()
     # The same weights on every rank after the averaged steps: the checksums printed agree.
     checksum = sum(float(p.detach().double().sum()) for p in model.parameters())
-    log(f"done: {step} steps, {samples} images in {elapsed:.1f} s; all ranks {images_per_s:.1f} images/s; "
+    log(world, f"done: {step} steps, {samples} images in {elapsed:.1f} s; all ranks {images_per_s:.1f} images/s; "
         f"parameter checksum {checksum:.6f}")
 
 
