@@ -5,7 +5,7 @@
 #   * cmake >= 4 refuses horovod's `cmake_minimum_required(VERSION 2.8...)` unless
 #     CMAKE_POLICY_VERSION_MINIMUM is set;
 #   * torch >= 2.1 headers need C++17, horovod 0.28.1 asks for C++14 (top level and torch/).
-# The build takes about 3 minutes on 2 cores. Usage: bash examples/install_horovod.sh
+# The build took 9 minutes on 2 busy cores. Usage: bash examples/install_horovod.sh
 # Exit status: 0 when `import horovod.torch` works afterwards, non-zero otherwise.
 set -euo pipefail
 
