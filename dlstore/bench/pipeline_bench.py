@@ -231,6 +231,7 @@ class CountingSource:
 
 def run_steps(batches: Iterable, plan: Sequence[int], *, compute_s: float = 0.0,
               counter: Optional[Any] = None, progress: Optional[Callable[[int], None]] = None,
+              on_step: Optional[Callable[[Dict[str, Any]], None]] = None,
               clock: Callable[[], float] = time.perf_counter, sleep: Callable[[float], None] = time.sleep,
               cpu_ticks: Callable[[], List[tuple]] = sysinfo.per_core_cpu_ticks) -> Dict[str, Any]:
     """Consumes ``batches`` step by step as ``plan`` says; times each step.
@@ -251,6 +252,8 @@ def run_steps(batches: Iterable, plan: Sequence[int], *, compute_s: float = 0.0,
         Read at step boundaries for MB/s (a :class:`CountingSource`).
     progress : callable, optional
         Called with the samples of each batch.
+    on_step : callable, optional
+        Called with each step's figures as the step completes (live metrics).
 
     Returns
     -------
@@ -307,6 +310,8 @@ def run_steps(batches: Iterable, plan: Sequence[int], *, compute_s: float = 0.0,
                 "compute_seconds": computing if compute_s > 0 else None,
                 "accelerator_util_pct": 100.0 * computing / seconds if compute_s > 0 and seconds > 0 else None,
             })
+            if on_step is not None:
+                on_step(steps[-1])
             t_prev, ticks_prev = t_now, ticks_now
             bytes_prev += nbytes
             if ended:
@@ -438,8 +443,11 @@ def warm_up(spec: LoaderSpec, batches: int = 1) -> None:
 
 
 def run_tier(tier: str, spec: LoaderSpec, plan: Sequence[int], *, cold: bool, compute_s: float = 0.0,
-             quiet: bool = True, log: Callable[[str], None] = print, unit: str = "images") -> Dict[str, Any]:
+             quiet: bool = True, log: Callable[[str], None] = print, unit: str = "images",
+             metrics: Optional[Any] = None) -> Dict[str, Any]:
     """One tier: the cache prepared (warm: read once; cold: dropped or evicted), then :func:`run_steps`.
+
+    ``metrics`` (a :class:`dlstore.bench.metrics.BenchMetrics`) gets each step as it completes.
 
     Returns
     -------
@@ -459,9 +467,15 @@ def run_tier(tier: str, spec: LoaderSpec, plan: Sequence[int], *, cold: bool, co
             log(f"note: {tier}: only {100 * resident:.0f}% of the data stayed in the page cache: the warm tier "
                 "is partly cold")
         bar = Progress(sum(plan) * spec.batch_size, tier, unit=unit, enabled=False if quiet else None)
+        on_step = None
+        if metrics is not None:
+            metrics.begin(tier, source.engine)
+
+            def on_step(step: Dict[str, Any]) -> None:
+                metrics.step(tier, source.engine, step, records=source.records)
         try:
             measured = run_steps(loader, plan, compute_s=compute_s, counter=source,
-                                 progress=bar.update if bar.enabled else None)
+                                 progress=bar.update if bar.enabled else None, on_step=on_step)
         finally:
             bar.close()
         stats = loader.stats() if hasattr(loader, "stats") else None
@@ -1050,13 +1064,17 @@ def run_workload(workload: Workload, args: argparse.Namespace) -> int:
 
     specs = specs_for(batch_size)
     compute_s = compute.seconds_per_batch if compute else 0.0
+    metrics = getattr(args, "metrics", None)  # --metrics-port: live figures (dlstore.bench.metrics)
     warm_up(specs[wanted[0]])  # before any cache is prepared: the cold tiers undo what it read
     results = []
     for tier in wanted:
         if comm is not None:
             comm.Barrier()
         results.append(run_tier(tier, specs[tier], plan, cold=tier != "page-cache", compute_s=compute_s,
-                                quiet=quiet, log=log, unit=workload.unit))
+                                quiet=quiet, log=log, unit=workload.unit, metrics=metrics))
+        if metrics is not None:
+            entry = _tier_entry(results[-1], workload.rate_key, compute, batch_size)
+            metrics.end(tier, results[-1]["io"], entry.get("required_mb_per_s_per_accelerator"))
         if results[-1]["ended_early"]:
             notes.append(f"{tier}: the data ended after {results[-1]['batches']} of {sum(plan)} batches")
         warnings += sysinfo.trust_warnings(f"tier {tier}" + (f" (rank {rank})" if comm is not None else ""),

@@ -212,13 +212,14 @@ def rates(result: Dict) -> Dict:
 
 def measure_passes(prepare: Callable[[], Callable[[], Tuple[int, int]]], paths: Sequence[str], *,
                    cache: str = "cold", repeat: int = 3, after_pass: Optional[Callable[[int], None]] = None,
-                   log: Callable[[str], None] = print) -> Dict:
+                   log: Callable[[str], None] = print, on_pass: Optional[Callable[[Dict], None]] = None) -> Dict:
     """Times ``repeat`` passes of any reader over ``paths`` in one cache state.
 
     ``prepare()`` builds a pass (a pipeline, an iterator: untimed) and returns the function that
     runs it and returns ``(records, bytes)``. One untimed warm-up pass runs first; then ``cold``
     drops the cache or evicts the files after preparing and before each pass, and ``warm`` does
-    not. ``after_pass(i)`` runs after pass ``i``, outside the timing (fio is interleaved that way).
+    not. ``after_pass(i)`` runs after pass ``i``, outside the timing (fio is interleaved that way);
+    ``on_pass(result)`` gets each timed pass's figures (live metrics).
     The same function measures dlstore and its peers, so they are timed alike.
 
     Returns
@@ -265,6 +266,8 @@ def measure_passes(prepare: Callable[[], Callable[[], Tuple[int, int]]], paths: 
             raise DlstoreError(f"pass {i + 1} read {records} records ({nbytes} bytes), pass 1 read "
                                f"{passes[0]['records']} ({passes[0]['bytes']} bytes): the data changed")
         passes.append(result)
+        if on_pass is not None:
+            on_pass(result)
         if after_pass is not None:
             after_pass(i)
     return {"cache_method": method, "passes": passes}
@@ -273,8 +276,12 @@ def measure_passes(prepare: Callable[[], Callable[[], Tuple[int, int]]], paths: 
 def timed_passes(paths: Sequence[str], *, io: str = "auto", cache: str = "cold", repeat: int = 3,
                  verify: bool = True, readers: int = 1, sync: bool = False, quiet: bool = True,
                  after_pass: Optional[Callable[[int], None]] = None,
-                 log: Callable[[str], None] = print, sink: Optional[Callable[[Any], None]] = None) -> Dict:
+                 log: Callable[[str], None] = print, sink: Optional[Callable[[Any], None]] = None,
+                 metrics: Optional[Any] = None) -> Dict:
     """dlstore's passes through :func:`measure_passes`, with fresh readers for every pass.
+
+    ``metrics`` (a :class:`dlstore.bench.metrics.BenchMetrics`) gets each pass as it completes,
+    labelled with the cache state as the tier.
 
     Returns
     -------
@@ -291,6 +298,8 @@ def timed_passes(paths: Sequence[str], *, io: str = "auto", cache: str = "cold",
         held["readers"] = None
         held["readers"] = rs = open_readers(paths, io=io, verify=verify, readers=readers)
         held["n"] += 1
+        if metrics is not None and held["n"] == 1:  # the untimed warm-up pass: the cache state starts
+            metrics.begin(cache, rs[0].engine)
         bar = Progress(file_bytes, f"{cache} {rs[0].engine} {held['n']}", unit="B",
                        enabled=False if quiet else None)
 
@@ -301,8 +310,14 @@ def timed_passes(paths: Sequence[str], *, io: str = "auto", cache: str = "cold",
                 bar.close()
         return one_pass
 
-    measured = measure_passes(prepare, paths, cache=cache, repeat=repeat, after_pass=after_pass, log=log)
+    def on_pass(result: Dict) -> None:
+        metrics.step(cache, held["readers"][0].engine, result)
+
+    measured = measure_passes(prepare, paths, cache=cache, repeat=repeat, after_pass=after_pass, log=log,
+                              on_pass=on_pass if metrics is not None else None)
     rs = held["readers"]
+    if metrics is not None:
+        metrics.end(cache, rs[0].engine)
     measured["engine"] = rs[0].engine
     measured["engine_reason"] = rs[0].engine_reason
     measured["notes"] = sorted({n for r in rs for n in r.stats().get("notes", [])})
@@ -425,14 +440,15 @@ def _summary(cache: str, io: str, measured: Dict, verify: bool, readers: int, sy
 def run_storage(paths: Sequence[str], *, io: str = "auto", cache: str = "both", repeat: int = 3,
                 verify: bool = True, readers: int = 1, sync: bool = False, fio: bool = True,
                 fio_ioengine: str = "psync", fio_iodepth: int = 1, quiet: bool = True,
-                log: Callable[[str], None] = print, device: Optional[int] = None) -> List[Dict]:
+                log: Callable[[str], None] = print, device: Optional[int] = None,
+                metrics: Optional[Any] = None) -> List[Dict]:
     """Runs the storage benchmark in each requested cache state; returns one result dict per state.
 
     fio runs ``repeat`` times, interleaved with the passes of the first state, with as many jobs as
     dlstore has reading threads (readers x ``io_threads``); every result carries its median. With a
     GPU ``device`` (``--io gds``, or a host engine whose batches are copied through pinned memory),
     kvikio's own ``CuFile.pread`` of the same files is timed in each state too (``kvikio_gb_per_s``,
-    ``ratio_vs_kvikio``).
+    ``ratio_vs_kvikio``). ``metrics`` gets each dlstore pass as it completes.
     """
 
     chunk = settings.get("chunk_size")
@@ -457,7 +473,7 @@ def run_storage(paths: Sequence[str], *, io: str = "auto", cache: str = "both", 
     for k, mode in enumerate(modes):
         measured = timed_passes(paths, io=io, cache=mode, repeat=repeat, verify=verify, readers=readers,
                                 sync=sync, quiet=quiet, after_pass=fio_after if k == 0 else None, log=log,
-                                sink=sink)
+                                sink=sink, metrics=metrics)
         if k == 0:  # each pass beside the fio run that followed it, for the per-pass ratio
             for p, f in zip(measured["passes"], fio_runs):
                 p["fio_gb_per_s"] = f.gb_per_s
@@ -566,7 +582,8 @@ def run(args: argparse.Namespace) -> int:
     results = run_storage(paths, io=args.io, cache=args.cache, repeat=args.repeat, verify=args.verify,
                           readers=args.readers, sync=args.sync, fio=args.fio, fio_ioengine=args.fio_ioengine,
                           fio_iodepth=args.fio_iodepth, quiet=args.quiet,
-                          log=lambda s: print(s, file=sys.stderr, flush=True), device=device)
+                          log=lambda s: print(s, file=sys.stderr, flush=True), device=device,
+                          metrics=getattr(args, "metrics", None))
     print(format_results(results))
     if args.json:
         doc = dict(results[0])
