@@ -20,6 +20,8 @@ import pytest
 
 from tests.helpers import REPO as ROOT
 
+pytestmark = pytest.mark.slow  # runs the bench in subprocesses
+
 pytest.importorskip("prometheus_client", reason="--metrics-port needs prometheus_client")
 
 _SAMPLE = re.compile(r'^(\w+)\{([^}]*)\} (\S+)$')
@@ -71,7 +73,8 @@ def _run_scraped(tmp_path, *args):
                              "--metrics-port", "0", "--metrics-linger", "120"],
                             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     q: "queue.Queue[str]" = queue.Queue()
-    threading.Thread(target=_lines, args=(proc.stderr, q), daemon=True).start()
+    reader = threading.Thread(target=_lines, args=(proc.stderr, q), daemon=True)
+    reader.start()
     seen: list = []
     try:
         port = int(_wait_for(q, r"metrics: serving on http://0\.0\.0\.0:(\d+)/metrics", seen, 120).group(1))
@@ -82,6 +85,8 @@ def _run_scraped(tmp_path, *args):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+        reader.join(timeout=30)  # it reads to the end of stderr, which the exit closed
+        proc.stderr.close()
     with open(out) as f:
         return final, json.load(f)
 

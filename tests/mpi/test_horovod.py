@@ -15,7 +15,7 @@ import pytest
 
 from tests.mpi.test_mpi import _write
 
-pytestmark = pytest.mark.mpi
+pytestmark = [pytest.mark.mpi, pytest.mark.slow]  # slow: launches horovodrun
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 
