@@ -42,7 +42,7 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
-from dlstore.errors import CorruptRecordError
+from dlstore.errors import CorruptRecordError, DlstoreError
 
 __all__ = [
     "IMAGENET_MEAN",
@@ -296,6 +296,11 @@ def decode_batch(buffer: Any, offsets: np.ndarray, lengths: np.ndarray, out: np.
 def is_jpeg(buffer: Any, offsets: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """Which images start as a JPEG does (``FF D8 FF``): bool ``[N]``, in numpy, no per-image Python.
 
+    Raises
+    ------
+    DlstoreError
+        An image's bytes lie outside the buffer.
+
     Examples
     --------
     >>> is_jpeg(b"\\xff\\xd8\\xff\\xe0..\\x89PNG", np.array([0, 6], np.uint64), np.array([6, 4], np.uint64)).tolist()
@@ -304,6 +309,10 @@ def is_jpeg(buffer: Any, offsets: np.ndarray, lengths: np.ndarray) -> np.ndarray
     offsets = np.asarray(offsets, dtype=np.uint64)
     lengths = np.asarray(lengths, dtype=np.uint64)
     data = np.frombuffer(buffer, dtype=np.uint8)
+    if len(offsets) and int((offsets + lengths).max()) > data.size:
+        k = int(np.argmax(offsets + lengths > np.uint64(data.size)))
+        raise DlstoreError(f"image {k}: bytes {int(offsets[k])}..{int(offsets[k] + lengths[k])} lie outside the "
+                           f"buffer of {data.size} bytes")
     long_enough = lengths >= np.uint64(len(_JPEG_MAGIC))
     heads = data[offsets[long_enough, None] + np.arange(len(_JPEG_MAGIC), dtype=np.uint64)]
     out = np.zeros(len(offsets), bool)

@@ -143,6 +143,11 @@ def test_is_jpeg_handles_short_and_empty_images():
     offsets = np.array([0, 4, 4, 6, 0], np.uint64)
     lengths = np.array([4, 2, 0, 4, 3], np.uint64)
     assert is_jpeg(buffer, offsets, lengths).tolist() == [True, False, False, False, True]
+    with pytest.raises(dlstore.DlstoreError, match="image 1: bytes 8..12 lie outside the buffer of 10 bytes"):
+        is_jpeg(buffer, np.array([0, 8], np.uint64), np.array([4, 4], np.uint64))
+    with pytest.raises(dlstore.DlstoreError, match="outside the buffer"):  # the pil path checks as the native one
+        decode_batch(buffer, np.array([8], np.uint64), np.array([4], np.uint64), np.empty((1, 224, 224, 3), np.uint8),
+                     train=False, backend="pil")
 
 
 # ---- through the loader --------------------------------------------------------------------------------
