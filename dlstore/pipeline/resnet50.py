@@ -11,6 +11,10 @@ the labels are parsed into the label array (TFRecord: ``image/class/label``; Rec
 header), and :func:`dlstore.pipeline.decode.decode_batch` decodes and augments every image into
 its row of the batch on several threads. Each image's crop and flip come from a seed that is a
 function of ``(seed, epoch, sample position)`` only.
+
+An image that is not a JPEG (a PNG, GIF, BMP...) is decoded by Pillow instead, with the same crop,
+resize, flip and normalisation, and counted in ``loader.stats()["fallback_decodes"]``; see
+:mod:`dlstore.pipeline.decode`.
 """
 from __future__ import annotations
 
@@ -80,6 +84,11 @@ class ResNet50(Pipeline):
         self.label_offset = int(label_offset)
         self.scale, self.ratio = (float(scale[0]), float(scale[1])), (float(ratio[0]), float(ratio[1]))
         self.eval_resize = int(eval_resize)
+        self._counts = {"fallback_decodes": 0}
+
+    def counters(self) -> Dict[str, int]:
+        """``fallback_decodes``: images that were not JPEGs, decoded by Pillow (since the last :meth:`bind`)."""
+        return dict(self._counts)
 
     def fields(self) -> Dict[str, Field]:
         s = self.size
@@ -91,7 +100,7 @@ class ResNet50(Pipeline):
 
     def bind(self, *, format: str, seed: int, threads: int) -> PipelineRun:
         from dlstore import _C
-        from dlstore.pipeline.decode import decode_batch
+        from dlstore.pipeline.decode import FALLBACK, decode_batch
 
         self.check_format(format)
         label_spec = [("image/class/label", "int64", 1, None)]
@@ -99,6 +108,15 @@ class ResNet50(Pipeline):
         locate = _C.example_bytes_spans
         options = dict(train=self.train, mean=self.mean, std=self.std, threads=threads, on_error="raise",
                        scale=self.scale, ratio=self.ratio, eval_resize=self.eval_resize)
+        counts = self._counts = {"fallback_decodes": 0}
+
+        def decode(buffer: Any, offsets: np.ndarray, lengths: np.ndarray, images: np.ndarray,
+                   seeds: np.ndarray) -> None:
+            status = decode_batch(buffer, offsets, lengths, images, seeds=seeds, **options)
+            # Counted once the run succeeds: a run that raises is decoded again record by record
+            # (the loader's on_error), and its fallbacks are counted then.
+            counts["fallback_decodes"] += int(np.count_nonzero(status == FALLBACK))
+
         offset = self.label_offset
 
         def run_tfrecord(buffer: Any, offsets: np.ndarray, lengths: np.ndarray, out: Dict[str, np.ndarray],
@@ -109,16 +127,16 @@ class ResNet50(Pipeline):
             if offset:
                 labels[row:row + n] += offset
             jpeg_offsets, jpeg_lengths = locate(buffer, offsets, lengths, "image/encoded")
-            decode_batch(buffer, jpeg_offsets, jpeg_lengths, out["image"][row:row + n],
-                         seeds=sample_seeds(seed, epoch, position, n), **options)
+            decode(buffer, jpeg_offsets, jpeg_lengths, out["image"][row:row + n],
+                   sample_seeds(seed, epoch, position, n))
 
         def run_recordio(buffer: Any, offsets: np.ndarray, lengths: np.ndarray, out: Dict[str, np.ndarray],
                          row: int, epoch: int, position: int) -> None:
             n = len(offsets)
             labels, jpeg_offsets, jpeg_lengths = recordio_labels(buffer, offsets, lengths)
             out["label"][row:row + n] = labels + offset
-            decode_batch(buffer, jpeg_offsets, jpeg_lengths, out["image"][row:row + n],
-                         seeds=sample_seeds(seed, epoch, position, n), **options)
+            decode(buffer, jpeg_offsets, jpeg_lengths, out["image"][row:row + n],
+                   sample_seeds(seed, epoch, position, n))
 
         return run_tfrecord if format == "tfrecord" else run_recordio
 

@@ -124,6 +124,11 @@ class Pipeline:
         """What runs, for :meth:`Loader.stats` (e.g. which decoder and why)."""
         return {"pipeline": self.name}
 
+    def counters(self) -> Dict[str, int]:
+        """What the pipeline counted since :meth:`bind` (e.g. images a fallback decoder took), for
+        :meth:`Loader.stats`; none by default."""
+        return {}
+
     def check_format(self, format: str) -> None:
         """Raises ValueError, naming the formats it reads, when the pipeline cannot read ``format``."""
         if format not in self.formats:

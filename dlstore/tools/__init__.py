@@ -2,6 +2,8 @@
 
 - :mod:`dlstore.tools.expand`: ``dlstore expand``, K copies of every shard to make a dataset larger
   than every cache, as the Dell EMC Isilon reference architecture did 150x.
+- :mod:`dlstore.tools.convert`: ``dlstore convert``, a folder of class folders of images to TFRecord
+  (TensorFlow's ImageNet converter's features) or RecordIO (MXNet's ``im2rec`` layout).
 - :mod:`dlstore.tools.testbed`: ``dlstore testbed``, N loop-mounted filesystems on one host, each
   optionally throttled, to emulate a multi-mount storage system (root only).
 """

@@ -1,0 +1,301 @@
+"""``dlstore convert``: an ImageNet-style tree of class folders of images -> TFRecord or RecordIO shards.
+
+The input is ``SRC/<class>/<image>`` (files in subfolders of a class folder count too): one folder
+per class, as ImageNet's ``train/n01440764/*.JPEG`` or torchvision's ``ImageFolder``. Classes are
+the folder names in sorted order; hidden files and folders, and files directly in ``SRC``, are
+not read.
+
+TFRecord records are ``tf.train.Example`` protos with the features of TensorFlow's ImageNet
+converter (``build_imagenet_data.py``): ``image/encoded`` (the file's bytes, unchanged),
+``image/class/label`` (1-based in sorted folder order; 0 is left for "background"),
+``image/class/synset`` (the folder name), ``image/height``, ``image/width``,
+``image/colorspace`` (``RGB``), ``image/channels`` (3), ``image/format`` (``JPEG``, or the real
+format: ``PNG``, ``GIF``...) and ``image/filename`` (the file's name). Unlike that converter, a PNG
+or a CMYK JPEG is stored as it is, not re-encoded: colorspace and channels say what a decoder
+that converts to RGB gives (dlstore's ResNet-50 pipeline does, see :mod:`dlstore.pipeline.decode`).
+
+RecordIO records are as MXNet's ``im2rec`` packs them: an ``IRHeader`` (flag 0, the 0-based label
+as float32, the record's number as id, id2 0) then the file's bytes; each ``.rec`` gets im2rec's
+``.idx`` (``id<TAB>offset``) and ``.lst`` (``id<TAB>label<TAB>path relative to SRC``) beside it.
+
+The records are in a seeded shuffle of all files (the same seed, the same bytes, whatever the
+number of workers), split into shards of consecutive runs named as ``dlstore gen`` names them
+(``train-00000-of-00004``, ``.rec`` for RecordIO). Every file is decoded once by Pillow, in a
+pool of threads (Pillow releases the GIL while decoding), to check it and to read its size; a
+file that does not decode as an image is reported and left out, never written.
+"""
+from __future__ import annotations
+
+import io
+import os
+import re
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, List, NamedTuple, Optional, Sequence, Tuple
+
+import numpy as np
+
+__all__ = ["FORMATS", "ImageFile", "ConvertResult", "scan_tree", "check_image", "shard_names", "convert_tree"]
+
+FORMATS = ("tfrecord", "recordio")
+_JPEG_MAGIC = b"\xff\xd8\xff"
+_BYTESIO_REPR = re.compile(r" <_io\.BytesIO object at 0x[0-9a-fA-F]+>")
+
+
+class ImageFile(NamedTuple):
+    """One file of the tree: where it is and its class."""
+
+    path: str  # as found: os.path.join(src, relpath)
+    relpath: str  # relative to the tree's root, "/"-separated ("n01440764/a.JPEG")
+    label: int  # 0-based index of its class in sorted folder order
+    synset: str  # the class folder's name
+
+
+@dataclass
+class ConvertResult:
+    """What :func:`convert_tree` wrote."""
+
+    outputs: List[str]  # the shard files, in order
+    records: int  # images written
+    classes: int  # class folders
+    bytes: int  # image bytes written (the files' sizes)
+    left_out: List[Tuple[str, str]] = field(default_factory=list)  # (path, why) of each file not written
+    companions: List[str] = field(default_factory=list)  # RecordIO: the .idx and .lst files
+
+
+def _pillow():
+    try:
+        from PIL import Image
+    except ImportError:
+        raise ImportError("dlstore convert decodes every image with Pillow, which is not installed: "
+                          "pip install 'dlstore[convert]' (or pip install pillow)") from None
+    return Image
+
+
+def scan_tree(src) -> Tuple[List[str], List[ImageFile]]:
+    """The classes (sorted folder names) and files (sorted within each class) of an image tree.
+
+    Raises
+    ------
+    FileNotFoundError
+        ``src`` does not exist.
+    ValueError
+        ``src`` is not a directory, or holds no class folder with a file in it.
+    """
+    src = os.fspath(src)
+    if not os.path.exists(src):
+        raise FileNotFoundError(2, "no such directory", src)
+    if not os.path.isdir(src):
+        raise ValueError(f"{src}: not a directory (give the folder holding one folder per class)")
+    classes = sorted(e.name for e in os.scandir(src) if e.is_dir() and not e.name.startswith("."))
+    files: List[ImageFile] = []
+    for label, name in enumerate(classes):
+        top = os.path.join(src, name)
+        for root, dirs, names in os.walk(top):
+            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+            for n in sorted(names):
+                if n.startswith("."):
+                    continue
+                path = os.path.join(root, n)
+                rel = os.path.relpath(path, src).replace(os.sep, "/")
+                files.append(ImageFile(path, rel, label, name))
+    if not files:
+        what = "no class folders" if not classes else f"{len(classes)} class folders but no files in them"
+        raise ValueError(f"{src}: {what} (expected SRC/<class>/<image files>)")
+    return classes, files
+
+
+class _Checked(NamedTuple):
+    data: Optional[bytes]  # None: left out
+    height: int
+    width: int
+    format: str  # "JPEG", "PNG"...; or why the file was left out
+
+
+def check_image(data: bytes) -> Tuple[int, int, str]:
+    """Decodes ``data`` with Pillow: ``(height, width, format)``, format ``JPEG`` for every JPEG
+    (Pillow's ``MPO``, a camera's multi-picture JPEG, included).
+
+    Raises
+    ------
+    Exception
+        Whatever Pillow raises for data that is not a whole, decodable image.
+    """
+    Image = _pillow()
+    with Image.open(io.BytesIO(data)) as image:
+        width, height = image.size
+        kind = "JPEG" if data[:3] == _JPEG_MAGIC else str(image.format)
+        if kind == "JPEG":
+            # Every byte is still entropy-decoded (a truncated file fails), but the IDCT runs at 1/8.
+            image.draft(image.mode, (max(width // 8, 1), max(height // 8, 1)))
+        image.load()
+    return height, width, kind
+
+
+def _read_and_check(f: ImageFile) -> _Checked:
+    try:
+        with open(f.path, "rb") as fh:
+            data = fh.read()
+    except OSError as e:
+        return _Checked(None, 0, 0, f"cannot read: {e.strerror}")
+    try:
+        height, width, kind = check_image(data)
+    except ImportError:
+        raise
+    except Exception as e:  # noqa: BLE001 - Pillow raises many kinds for bad data; each is reported
+        said = _BYTESIO_REPR.sub("", str(e)) or type(e).__name__
+        return _Checked(None, 0, 0, f"not a decodable image ({said})")
+    return _Checked(data, height, width, kind)
+
+
+def _checked_in_order(files: Sequence[ImageFile], workers: int) -> Iterator[_Checked]:
+    """:func:`_read_and_check` of each file, in order, ``workers`` at a time, a bounded window ahead."""
+    if workers <= 1:
+        for f in files:
+            yield _read_and_check(f)
+        return
+    window = 4 * workers  # enough to keep the pool busy; bounds the images held in memory
+    with ThreadPoolExecutor(workers, thread_name_prefix="dlstore-convert") as pool:
+        pending: deque = deque()
+        it = iter(files)
+        for f in it:
+            pending.append(pool.submit(_read_and_check, f))
+            if len(pending) >= window:
+                break
+        while pending:
+            done = pending.popleft().result()
+            nxt = next(it, None)
+            if nxt is not None:
+                pending.append(pool.submit(_read_and_check, nxt))
+            yield done
+
+
+def _tfrecord_example(f: ImageFile, c: _Checked) -> bytes:
+    from dlstore.formats.example import encode_example
+
+    return encode_example({
+        "image/height": [c.height],
+        "image/width": [c.width],
+        "image/colorspace": b"RGB",
+        "image/channels": [3],
+        "image/class/label": [f.label + 1],
+        "image/class/synset": f.synset.encode(),
+        "image/format": c.format.encode(),
+        "image/filename": os.path.basename(f.path).encode(),
+        "image/encoded": c.data,
+    })
+
+
+def shard_names(prefix: str, shards: int) -> List[str]:
+    """``prefix-00000-of-0000N`` ..., as ``dlstore gen`` names its shards."""
+    return [f"{prefix}-{i:05d}-of-{shards:05d}" for i in range(shards)]
+
+
+def convert_tree(src, out, *, format: str = "tfrecord", shards: int = 1, seed: int = 0,
+                 workers: Optional[int] = None, prefix: str = "train", progress: Optional[bool] = None,
+                 on_left_out: Optional[Callable[[str, str], None]] = None) -> ConvertResult:
+    """Writes the images of a class-folder tree as TFRecord or RecordIO shards.
+
+    Parameters
+    ----------
+    src : str or path-like
+        The tree: one folder per class (see the module's docstring).
+    out : str or path-like
+        Created if missing; existing shards of the same names are overwritten. Not inside ``src``.
+    format : {"tfrecord", "recordio"}
+    shards : int
+        Files to write. The shuffled file list is cut into ``shards`` runs of equal length (to
+        one); files left out make their shard that much shorter.
+    seed : int
+        The record order is a shuffle of all files drawn from this seed alone.
+    workers : int, optional
+        Threads reading and decoding images; default: the cores this process may use.
+    prefix : str
+        Shard names start with it (``train``, ``validation``).
+    progress : bool, optional
+        ``None``: a progress bar on a terminal, a plain line now and then in a pipe; ``False``: none.
+    on_left_out : callable, optional
+        Called with ``(path, why)`` for each file left out, as it is met.
+
+    Returns
+    -------
+    ConvertResult
+
+    Raises
+    ------
+    FileNotFoundError, ValueError
+        ``src`` is missing or holds no image files; an argument is out of range.
+    ImportError
+        Pillow is not installed.
+    """
+    import dlstore
+    from dlstore._progress import Progress
+    from dlstore.formats import recordio
+
+    if format not in FORMATS:
+        raise ValueError(f"format must be one of {', '.join(FORMATS)}, not {format!r}")
+    if int(shards) < 1:
+        raise ValueError(f"shards must be at least 1, got {shards}")
+    if int(seed) < 0:
+        raise ValueError(f"seed must be non-negative, got {seed}")
+    if not prefix or "/" in prefix or prefix.startswith("."):
+        raise ValueError(f"prefix must be a plain file name start, got {prefix!r}")
+    _pillow()  # fail before creating anything
+    classes, files = scan_tree(src)
+    src, out = os.path.abspath(os.fspath(src)), os.path.abspath(os.fspath(out))
+    if out == src or out.startswith(src + os.sep):
+        raise ValueError(f"{out}: the output must not be inside the image tree {src} (it would become a class)")
+    shards = int(shards)
+    if workers is None:
+        from dlstore.pipeline.stages import available_cores
+
+        workers = available_cores()
+    workers = max(1, int(workers))
+    order = np.random.default_rng(int(seed)).permutation(len(files))
+    ordered = [files[i] for i in order]
+    # Shard k takes files [bounds[k], bounds[k + 1]) of the shuffled list, as np.array_split cuts.
+    bounds = [len(files) * k // shards for k in range(shards + 1)]
+    names = shard_names(prefix, shards)
+    os.makedirs(out, exist_ok=True)
+    result = ConvertResult([], 0, len(classes), 0)
+    bar = Progress(len(files), f"convert {format}", unit="img", enabled=False if progress is False else None,
+                   piped="lines")
+    checked = _checked_in_order(ordered, workers)
+    try:
+        for k, name in enumerate(names):
+            base = os.path.join(out, name)
+            if format == "tfrecord":
+                writer = dlstore.TFRecordWriter(base)
+                lst = None
+            else:
+                writer = dlstore.RecordIOWriter(base + ".rec", idx_path=base + ".idx")
+                lst = open(base + ".lst", "w")
+                result.companions += [base + ".idx", base + ".lst"]
+            result.outputs.append(writer.path)
+            try:
+                for f in ordered[bounds[k]:bounds[k + 1]]:
+                    c = next(checked)
+                    bar.update()
+                    if c.data is None:
+                        result.left_out.append((f.path, c.format))
+                        if on_left_out is not None:
+                            on_left_out(f.path, c.format)
+                        continue
+                    if format == "tfrecord":
+                        writer.write(_tfrecord_example(f, c))
+                    else:
+                        # im2rec: the record's number is its id and its .idx key; .lst labels as "%f".
+                        record_id = result.records
+                        writer.write(recordio.pack(0, float(f.label), record_id, 0, c.data), key=record_id)
+                        lst.write(f"{record_id}\t{float(f.label):f}\t{f.relpath}\n")
+                    result.records += 1
+                    result.bytes += len(c.data)
+            finally:
+                writer.close()
+                if lst is not None:
+                    lst.close()
+    finally:
+        checked.close()
+        bar.close()
+    return result
