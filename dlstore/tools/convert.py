@@ -36,6 +36,12 @@ from typing import Callable, Iterator, List, NamedTuple, Optional, Sequence, Tup
 
 import numpy as np
 
+from dlstore._progress import Progress
+from dlstore.formats import recordio
+from dlstore.formats.example import encode_example
+from dlstore.io.system import available_cores
+from dlstore.writers import RecordIOWriter, TFRecordWriter
+
 __all__ = ["FORMATS", "ImageFile", "ConvertResult", "scan_tree", "check_image", "shard_names", "convert_tree"]
 
 FORMATS = ("tfrecord", "recordio")
@@ -172,7 +178,6 @@ def _checked_in_order(files: Sequence[ImageFile], workers: int) -> Iterator[_Che
 
 
 def _tfrecord_example(f: ImageFile, c: _Checked) -> bytes:
-    from dlstore.formats.example import encode_example
 
     return encode_example({
         "image/height": [c.height],
@@ -229,9 +234,6 @@ def convert_tree(src, out, *, format: str = "tfrecord", shards: int = 1, seed: i
     ImportError
         Pillow is not installed.
     """
-    import dlstore
-    from dlstore._progress import Progress
-    from dlstore.formats import recordio
 
     if format not in FORMATS:
         raise ValueError(f"format must be one of {', '.join(FORMATS)}, not {format!r}")
@@ -248,7 +250,6 @@ def convert_tree(src, out, *, format: str = "tfrecord", shards: int = 1, seed: i
         raise ValueError(f"{out}: the output must not be inside the image tree {src} (it would become a class)")
     shards = int(shards)
     if workers is None:
-        from dlstore.pipeline.stages import available_cores
 
         workers = available_cores()
     workers = max(1, int(workers))
@@ -266,10 +267,10 @@ def convert_tree(src, out, *, format: str = "tfrecord", shards: int = 1, seed: i
         for k, name in enumerate(names):
             base = os.path.join(out, name)
             if format == "tfrecord":
-                writer = dlstore.TFRecordWriter(base)
+                writer = TFRecordWriter(base)
                 lst = None
             else:
-                writer = dlstore.RecordIOWriter(base + ".rec", idx_path=base + ".idx")
+                writer = RecordIOWriter(base + ".rec", idx_path=base + ".idx")
                 lst = open(base + ".lst", "w")
                 result.companions += [base + ".idx", base + ".lst"]
             result.outputs.append(writer.path)

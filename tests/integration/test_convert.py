@@ -6,6 +6,7 @@ import os
 import struct
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -105,6 +106,7 @@ def label_of(rel):
 # ---- TFRecord, read by TensorFlow ---------------------------------------------------------------------
 
 
+@pytest.mark.slow  # imports TensorFlow
 def test_tfrecord_reads_back_identically_with_tf_data(tree, tfrecord_set):
     tf = pytest.importorskip("tensorflow")
     _, good = tree
@@ -194,10 +196,10 @@ def test_recordio_reads_back_with_an_independent_parser(tree, recordio_set):
     assert sorted(os.listdir(out)) == sorted(n + ext for n in names for ext in (".rec", ".idx", ".lst"))
     seen, next_id = set(), 0
     for name in names:
-        blob = open(os.path.join(out, name + ".rec"), "rb").read()
+        blob = Path(os.path.join(out, name + ".rec")).read_bytes()
         records = parse_recordio(blob)
-        idx = [line.split("\t") for line in open(os.path.join(out, name + ".idx")).read().splitlines()]
-        lst = [line.split("\t") for line in open(os.path.join(out, name + ".lst")).read().splitlines()]
+        idx = [line.split("\t") for line in Path(os.path.join(out, name + ".idx")).read_text().splitlines()]
+        lst = [line.split("\t") for line in Path(os.path.join(out, name + ".lst")).read_text().splitlines()]
         assert len(idx) == len(lst) == len(records) > 0
         for (offset, payload), (key, at), (index, label, rel) in zip(records, idx, lst):
             flag, hlabel, rid, id2 = struct.unpack_from("<IfQQ", payload)
@@ -207,7 +209,7 @@ def test_recordio_reads_back_with_an_independent_parser(tree, recordio_set):
             assert int(at) == offset  # the .idx offset is where the record's first frame starts
             assert struct.unpack_from("<I", blob, int(at))[0] == MAGIC
             assert hlabel == float(label) == label_of(rel)  # 0-based, as im2rec
-            assert image == good[rel][0] == open(os.path.join(src, rel), "rb").read()
+            assert image == good[rel][0] == Path(os.path.join(src, rel)).read_bytes()
             seen.add(rel)
             next_id += 1
     assert seen == set(good)
@@ -236,7 +238,7 @@ def test_the_seed_alone_decides_the_bytes(tree, tmp_path):
     a = convert_tree(src, tmp_path / "a", shards=2, seed=5, workers=1, progress=False)
     b = convert_tree(src, tmp_path / "b", shards=2, seed=5, workers=3, progress=False)
     c = convert_tree(src, tmp_path / "c", shards=2, seed=6, workers=3, progress=False)
-    read = [[open(p, "rb").read() for p in r.outputs] for r in (a, b, c)]
+    read = [[Path(p).read_bytes() for p in r.outputs] for r in (a, b, c)]
     assert read[0] == read[1]
     assert read[0] != read[2] and sorted(b"".join(read[0])) == sorted(b"".join(read[2]))
     assert a.records == len(good) and len(a.left_out) == len(BAD)
