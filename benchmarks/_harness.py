@@ -100,6 +100,15 @@ def results_path(name: str, *, json_path: Optional[str] = None, save: bool = Fal
     return os.path.join(ROOT, "benchmarks", "results", f"{name}{suffix}.json")
 
 
+def output_path(p, args, name: str) -> str:
+    """:func:`results_path` for a script's parsed ``args`` (``--json``, ``--save``, ``--quick`` where the
+    script has it); a refused combination is ``p``'s usage error (exit 2)."""
+    try:
+        return results_path(name, json_path=args.json, save=args.save, quick=getattr(args, "quick", False))
+    except ValueError as e:
+        p.error(str(e))
+
+
 def write_outputs(doc: Dict, json_path: str, markdown_path: Optional[str], markdown: Callable[[Dict], str]) -> None:
     """Writes ``doc`` as JSON to ``json_path`` (:func:`results_path`) and, when asked, its markdown
     page; prints where."""

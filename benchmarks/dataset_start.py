@@ -120,10 +120,7 @@ def main(argv: List[str] = None) -> int:
     args = p.parse_args(argv)
     if args.render:
         return _harness.render(args.render, args.markdown, markdown)
-    try:
-        json_path = _harness.results_path("dataset_start", json_path=args.json, save=args.save)
-    except ValueError as e:
-        p.error(str(e))
+    json_path = _harness.output_path(p, args, "dataset_start")
     load = os.getloadavg()[0]
     paths = write_shards(args.dir, args.shards, args.records, args.record_bytes)
     for stale in glob.glob(os.path.join(args.dir, ".dlstore-manifest*")) + glob.glob(os.path.join(args.dir, "*.idx")):

@@ -53,10 +53,7 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=2)
     _harness.add_output_arguments(p, "direct_sweep")
     args = p.parse_args()
-    try:
-        json_path = _harness.results_path("direct_sweep", json_path=args.json, save=args.save)
-    except ValueError as e:
-        p.error(str(e))
+    json_path = _harness.output_path(p, args, "direct_sweep")
     why = drop_page_cache_refusal() or fio_missing_reason()
     if why:
         print(f"direct_sweep needs root (to drop the page cache) and fio: {why}", file=sys.stderr)

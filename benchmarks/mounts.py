@@ -37,7 +37,7 @@ from benchmarks import _harness  # noqa: E402
 
 import dlstore  # noqa: E402
 from dlstore.bench import report, sysinfo  # noqa: E402
-from dlstore.indexing import ensure_index  # noqa: E402
+from dlstore.sources.indexing import ensure_index  # noqa: E402
 
 MiB = 1 << 20
 COLUMNS = [report.Column("mounts", "mounts"), report.Column("ranks", "ranks"),
@@ -81,7 +81,7 @@ def write_dataset(directory: str, total_bytes: int, shards: int, record_bytes: i
 
 def _rank_main(args):
     mounts, rank, size, per_rank, shuffle, barrier, queue = args
-    from dlstore.dataset import Dataset
+    from dlstore.sources.dataset import Dataset
     from dlstore.placement.world import World
 
     ds = Dataset("*.tfrecord", mounts=mounts, world=World(rank=rank, size=size), mounts_per_rank=per_rank,
@@ -136,10 +136,7 @@ def main(argv=None) -> int:
     _harness.add_output_arguments(p, "mounts")
     p.add_argument("--markdown", default=None, help="write the table to this markdown file")
     args = p.parse_args(argv)
-    try:
-        json_path = _harness.results_path("mounts", json_path=args.json, save=args.save, quick=args.quick)
-    except ValueError as e:
-        p.error(str(e))
+    json_path = _harness.output_path(p, args, "mounts")
     from dlstore.tools.testbed import create_testbed, destroy_testbed, root_refusal
 
     why = root_refusal()

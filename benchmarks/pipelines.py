@@ -76,7 +76,7 @@ from dlstore.bench import report, sysinfo  # noqa: E402
 from dlstore.io.pagecache import make_warm, resident_fraction  # noqa: E402
 from dlstore.bench.storage import SIZES, dataset_paths  # noqa: E402
 from dlstore.errors import DlstoreError  # noqa: E402
-from dlstore.reader import open_records  # noqa: E402
+from dlstore.sources.reader import open_records  # noqa: E402
 from dlstore.synthetic import PRESETS, cached_paths  # noqa: E402
 
 

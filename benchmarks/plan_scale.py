@@ -104,10 +104,7 @@ def main(argv: List[str] = None) -> int:
     args = p.parse_args(argv)
     if args.render:
         return _harness.render(args.render, args.markdown, markdown)
-    try:
-        json_path = _harness.results_path("plan_scale", json_path=args.json, save=args.save)
-    except ValueError as e:
-        p.error(str(e))
+    json_path = _harness.output_path(p, args, "plan_scale")
     cells = []
     load = os.getloadavg()[0]
     for shuffle in SHUFFLES:

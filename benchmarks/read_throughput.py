@@ -236,7 +236,7 @@ def index_files(paths: Sequence[str]) -> Tuple[List[str], int, int]:
     reused while newer than their data; also the records and payload bytes they describe."""
     from dlstore import settings
     from dlstore.formats.index import parse_tfrecord_index
-    from dlstore.indexing import build_index, load_index
+    from dlstore.sources.indexing import build_index, load_index
 
     out, records, payload = [], 0, 0
     root = os.path.join(settings.get("cache_dir"), "bench-indexes")
@@ -550,7 +550,7 @@ def phase_rows(selected: Sequence[str], results: Dict[str, Dict], phase: str, re
 def main(argv: Optional[List[str]] = None) -> int:
     from dlstore.bench.storage import dataset_paths
     from dlstore.errors import DlstoreError
-    from dlstore.reader import open_records
+    from dlstore.sources.reader import open_records
 
     p = build_parser()
     args = p.parse_args(argv)

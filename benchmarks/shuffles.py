@@ -62,7 +62,7 @@ def measure(plan: Dict) -> Dict:
     import numpy as np
 
     from dlstore.io import pagecache as cache
-    from dlstore.dataset import Dataset
+    from dlstore.sources.dataset import Dataset
     from dlstore.placement import expand_runs
 
     ds = Dataset(plan["files"], io=plan["engine"], shuffle=plan["shuffle"], batch_size=plan["batch_size"],
@@ -142,7 +142,7 @@ def run(args) -> Dict:
     from dlstore.bench.storage import dataset_paths
 
     files = dataset_paths(args.data, args.size, "imagenet", progress=not args.quiet)
-    from dlstore.dataset import Dataset
+    from dlstore.sources.dataset import Dataset
 
     probe = Dataset(files, batch_size=args.batch_size)  # builds the indexes before any cache is prepared
     configs = configurations(args)
@@ -321,10 +321,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return worker(args.worker)
     if args.render:
         return _harness.render(args.render, args.markdown, markdown)
-    try:
-        json_path = _harness.results_path("shuffles", json_path=args.json, save=args.save, quick=args.quick)
-    except ValueError as e:
-        p.error(str(e))
+    json_path = _harness.output_path(p, args, "shuffles")
     if args.quick:
         args.size, args.repeat, args.epochs, args.batch_size = "tiny", 1, 2, 8
     doc = run(args)

@@ -59,10 +59,7 @@ def main() -> int:
     p.add_argument("--repeat", type=int, default=3)
     _harness.add_output_arguments(p, "warm_budget")
     args = p.parse_args()
-    try:
-        json_path = _harness.results_path("warm_budget", json_path=args.json, save=args.save)
-    except ValueError as e:
-        p.error(str(e))
+    json_path = _harness.output_path(p, args, "warm_budget")
     paths = dataset_paths(args.data, "default")  # --data (glob, dir, file) or the cached set
     total = sum(os.path.getsize(x) for x in paths)
     read_pass(paths, total)  # warm the page cache

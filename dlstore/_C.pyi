@@ -18,7 +18,7 @@ class RecordBatch:
     def path(self, i: int) -> Optional[str]: ...
     def slice(self, start: int, stop: int) -> "RecordBatch": ...
 
-# `options`: dlstore.source.ReadOptions.core(engine): engine, chunk_size, headroom, depth, io_threads,
+# `options`: dlstore.sources.source.ReadOptions.core(engine): engine, chunk_size, headroom, depth, io_threads,
 # verify_threads, verify, on_error ("raise" | "skip"), read_timeout; optional max_records, max_open_files.
 
 class Reader:

@@ -4,10 +4,10 @@
 """
 from dlstore.errors import (CorruptRecordError, DlstoreError, DlstoreIOError,
                             GdsUnavailableError, PlacementError)
-from dlstore.dataset import Dataset
+from dlstore.sources.dataset import Dataset
 from dlstore.formats import recordio
-from dlstore.reader import RecordReader, open_records
-from dlstore.source import ReadOptions, Source
+from dlstore.sources.reader import RecordReader, open_records
+from dlstore.sources.source import ReadOptions, Source
 from dlstore.writers import RecordIOWriter, TFRecordWriter
 
 __version__ = "0.1.0"

@@ -61,8 +61,8 @@ def cmd_index(args: argparse.Namespace) -> int:
     """Builds index files ('offset size' lines for TFRecord, 'key<TAB>offset' lines for RecordIO, which
     DALI and MXNet read) and one dataset manifest per directory (what dlstore.Dataset opens: one file
     for all its shards). A read-only directory's go to the cache directory ($DLSTORE_CACHE)."""
-    from dlstore.indexing import build_index, index_dataset
-    from dlstore.reader import expand_paths
+    from dlstore.sources.indexing import build_index, index_dataset
+    from dlstore.sources.reader import expand_paths
 
     files = expand_paths(args.paths)
     for f in files:
@@ -90,7 +90,7 @@ class _FileCheck(NamedTuple):
 def _verify_file(path: str, fmt: str, io: Optional[str]) -> _FileCheck:
     """Reads one file with every check on and says what is wrong with it."""
     from dlstore.errors import DlstoreError
-    from dlstore.reader import open_records
+    from dlstore.sources.reader import open_records
 
     try:
         reader = open_records(path, format=fmt, io=io, on_error="skip")
@@ -120,7 +120,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     """Reads every record, checks framing and CRCs, and lists each corrupt offset and each file that
     cannot be read. Exit 1 if any."""
     from dlstore._progress import Progress
-    from dlstore.reader import expand_paths
+    from dlstore.sources.reader import expand_paths
 
     _check_settings(io=args.io)
     files = expand_paths(args.paths)

@@ -65,12 +65,12 @@ def engine_dir(engine, request, tmp_path):
 def make_unreadable(monkeypatch):
     """A function that makes a file unreadable to dlstore, as ``chmod 000`` does for a user.
 
-    Root ignores file permissions, so for root the file's opening in :mod:`dlstore.reader` is
+    Root ignores file permissions, so for root the file's opening in :mod:`dlstore.sources.reader` is
     refused with EACCES as well.
     """
     import builtins
 
-    from dlstore import reader as reader_module
+    from dlstore.sources import reader as reader_module
 
     refused = set()
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import struct
 
+import numpy as np
+
 ENGINES = ["buffered", "mmap", "direct"]
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -104,3 +106,13 @@ def check_engine(reader, engine: str) -> None:
     """The engine asked for is the one that ran, with no per-file fallback (call after a pass)."""
     assert reader.engine == engine, reader.engine_reason
     assert reader.stats()["notes"] == []
+
+
+class SpanBatch:
+    """Records laid end to end in one buffer, with the ``buffer``, ``offsets`` and ``lengths`` a
+    ``RecordBatch`` has: what the parsers and locators of :mod:`dlstore.formats.example` take."""
+
+    def __init__(self, records):
+        self.buffer = b"".join(records)
+        self.lengths = np.array([len(r) for r in records], np.uint64)
+        self.offsets = np.concatenate([[0], np.cumsum(self.lengths)[:-1]]).astype(np.uint64)

@@ -1,7 +1,7 @@
 """What the framework adapters share: last-batch policy, the rank's source, lazy imports, a batch wrapper.
 
 A *consumer* is one reader of the data: a rank, or one DataLoader worker of a rank. Every adapter
-reads through a :class:`~dlstore.source.Source`, a :class:`dlstore.Dataset` when given files
+reads through a :class:`~dlstore.sources.source.Source`, a :class:`dlstore.Dataset` when given files
 (:func:`rank_source`), so every consumer takes its share of one epoch plan; it names its last-batch
 policies as DALI does (``FILL``, ``DROP``, ``PARTIAL``), imports its framework only when used
 (:func:`import_framework`), and converts the native loader's numpy batches without per-sample
@@ -66,7 +66,7 @@ def current_world(world: Any = None):
 
 
 def rank_source(source: Any, world: Any = None, defaults: Optional[Dict[str, Any]] = None, **dataset_kwargs: Any):
-    """This rank's records: ``source`` when it is a :class:`~dlstore.source.Source` already (a
+    """This rank's records: ``source`` when it is a :class:`~dlstore.sources.source.Source` already (a
     :class:`~dlstore.Dataset`, or :func:`~dlstore.open_records`), else a :class:`~dlstore.Dataset` over
     those files for ``world`` (detected when omitted), made with the adapter's ``defaults`` and the
     user's ``dataset_kwargs`` (``shuffle``, ``mounts``, reader options...). Every adapter shards through
@@ -77,14 +77,14 @@ def rank_source(source: Any, world: Any = None, defaults: Optional[Dict[str, Any
     ValueError
         When ``dataset_kwargs`` come with a ready source (they belong on it).
     """
-    from dlstore.source import Source
+    from dlstore.sources.source import Source
 
     if isinstance(source, Source):
         if dataset_kwargs:
             raise ValueError(f"{', '.join(sorted(dataset_kwargs))} belong to the source: set them on "
                              f"{type(source).__name__} when making it, not on the adapter")
         return source
-    from dlstore.dataset import Dataset
+    from dlstore.sources.dataset import Dataset
 
     return Dataset(source, world=current_world(world), **{**(defaults or {}), **dataset_kwargs})
 

@@ -31,7 +31,7 @@ from dlstore.adapters.base import LastBatch, check_last_batch, current_world, im
 from dlstore.errors import DlstoreError
 from dlstore.pipeline.decode import IMAGENET_MEAN, IMAGENET_STD
 from dlstore.io.system import available_cores
-from dlstore.source import start_at, state_at
+from dlstore.sources.source import start_at, state_at
 
 __all__ = ["dali_pipeline", "EncodedSamples"]
 

@@ -147,7 +147,7 @@ def _dataset_class():
         ----------
         source : dlstore.Dataset, or str, path-like or list of them
             A :class:`dlstore.Dataset` (its world, mounts and shuffle), or files, directories or
-            globs (:func:`dlstore.reader.expand_paths`) read through a Dataset made here.
+            globs (:func:`dlstore.sources.reader.expand_paths`) read through a Dataset made here.
         pipeline : ResNet50, Bert or None
             A :mod:`dlstore.pipeline` preset. With one, each item is a whole batch, a dict of
             tensors (use ``DataLoader(ds, batch_size=None)``); without one, each item is one record
@@ -178,7 +178,10 @@ def _dataset_class():
         count, so no rank waits for another in a collective.
         """
 
+    # Named as the module attribute it becomes, so that pickle finds it: DataLoader workers started
+    # with "spawn" or "forkserver" receive the dataset pickled.
     DlstoreIterableDataset.__module__ = __name__
+    DlstoreIterableDataset.__qualname__ = "DlstoreIterableDataset"
     return DlstoreIterableDataset
 
 

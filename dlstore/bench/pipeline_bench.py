@@ -397,7 +397,7 @@ class LoaderSpec:
 
     def dataset(self):
         """This rank's :class:`dlstore.Dataset` of the spec's data."""
-        from dlstore.dataset import Dataset
+        from dlstore.sources.dataset import Dataset
 
         if self.mounts:
             where: Dict[str, Any] = dict(shards=list(self.shards), mounts=list(self.mounts))
@@ -955,7 +955,7 @@ def target_paths(data: str, mounts: Optional[Sequence[str]]) -> List[str]:
     returned are what the cache is dropped or evicted for, while the tier itself reads through a
     :class:`dlstore.Dataset` over the mounts (:meth:`LoaderSpec.open`).
     """
-    from dlstore.reader import expand_paths
+    from dlstore.sources.reader import expand_paths
 
     if not mounts:
         return expand_paths(data)

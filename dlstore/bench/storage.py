@@ -94,7 +94,7 @@ def dataset_paths(data: Optional[str], size: str = "default", kind: str = "image
     DlstoreError
         When ``data`` matches nothing.
     """
-    from dlstore.reader import expand_paths
+    from dlstore.sources.reader import expand_paths
 
     if data:
         return expand_paths(data)
@@ -111,7 +111,7 @@ def open_readers(paths: Sequence[str], io: str = "auto", verify: bool = True, re
     The engine is resolved once over the whole dataset (``io="auto"`` compares all of it with the
     page cache), and every reader uses it and reports that reason.
     """
-    from dlstore.reader import open_records
+    from dlstore.sources.reader import open_records
 
     whole = open_records(list(paths), io=io, verify=verify)
     n = max(1, min(int(readers), len(paths)))

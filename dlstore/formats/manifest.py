@@ -17,7 +17,7 @@ Layout, little-endian::
     u32|u64[records]       frame offsets, shard after shard (u32 when every shard is under 4 GiB)
 
 A record's frame ends where the next one of its shard starts, or at the end of the shard.
-This module packs and unpacks bytes; :mod:`dlstore.indexing` reads and writes the files.
+This module packs and unpacks bytes; :mod:`dlstore.sources.indexing` reads and writes the files.
 """
 from __future__ import annotations
 

@@ -184,7 +184,7 @@ def file_plan(paths: Sequence[str]) -> Tuple[np.ndarray, np.ndarray, np.ndarray]
         When a file has no valid index (gds locates records from the index rather than by reading
         the file on the host first): the message says to build one.
     """
-    from dlstore.indexing import find_index
+    from dlstore.sources.indexing import find_index
 
     files, offsets, sizes = [], [], []
     for i, path in enumerate(paths):

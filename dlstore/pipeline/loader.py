@@ -1,6 +1,6 @@
 """The loader: records from a source -> fixed-size batches in reused buffers, prepared ahead in a thread.
 
-A background thread pulls ``RecordBatch`` objects from a :class:`~dlstore.source.Source` (the C++
+A background thread pulls ``RecordBatch`` objects from a :class:`~dlstore.sources.source.Source` (the C++
 reader releases the GIL), cuts them into runs that fill output batches of exactly ``batch_size`` rows
 (a :class:`~dlstore.Dataset` hands out batches of the loader's size, one run each; a reader's chunks
 may take two runs per batch, with no copy of the records), runs the pipeline's C++ batch function once
@@ -19,7 +19,7 @@ import numpy as np
 from dlstore.errors import DlstoreError
 from dlstore.pipeline.prefetch import BatchRing, Prefetcher
 from dlstore.pipeline.stages import Pipeline, check_last_batch
-from dlstore.source import ReadOptions, Source, start_at, state_at
+from dlstore.sources.source import ReadOptions, Source, start_at, state_at
 
 __all__ = ["Loader"]
 
@@ -49,7 +49,7 @@ class Loader:
     source : Source
         This consumer's records: a :class:`~dlstore.Dataset` (placement, shuffle) or
         :func:`~dlstore.open_records` (files in order), or anything implementing
-        :class:`~dlstore.source.Source`. Its batches are ``RecordBatch``-like: the buffer protocol
+        :class:`~dlstore.sources.source.Source`. Its batches are ``RecordBatch``-like: the buffer protocol
         over one region, numpy ``offsets`` / ``lengths`` / ``file_offsets``, ``num_records`` and
         ``path(i)`` (to name the file of a bad record). A Dataset without a batch size of its own
         takes the loader's.
@@ -110,7 +110,7 @@ class Loader:
                  device: Optional[str] = None):
         if not isinstance(source, Source):
             raise TypeError(f"source must be a dlstore Source (dlstore.Dataset, dlstore.open_records, or "
-                            f"anything with the methods of dlstore.source.Source), got {type(source).__name__}")
+                            f"anything with the methods of dlstore.sources.source.Source), got {type(source).__name__}")
         if not isinstance(pipeline, Pipeline):
             raise TypeError(f"pipeline must be a dlstore.pipeline.Pipeline (Bert, ResNet50), "
                             f"got {type(pipeline).__name__}")
@@ -495,7 +495,7 @@ DATASET_KEYS = ("shuffle", "shuffle_shards", "buffer_size", "remainder", "world"
 
 
 def open_source(source: Any, kw: Dict[str, Any], shuffle: str) -> Source:
-    """The :class:`~dlstore.source.Source` a loader helper reads: ``source`` when it is one, else a
+    """The :class:`~dlstore.sources.source.Source` a loader helper reads: ``source`` when it is one, else a
     :class:`dlstore.Dataset` over those paths, taking its arguments out of ``kw``.
 
     The Dataset's arguments (:data:`DATASET_KEYS`, ``seed``) and the reader options

@@ -35,7 +35,7 @@ EXPAND_MODES = ("copy", "reflink", "hardlink")
 _COMPRESSION_SUFFIXES = (".gz", ".gzip", ".zlib", ".zz")
 _FICLONE = 0x40049409  # _IOW(0x94, 9, int), linux/fs.h
 _COPY_CHUNK = 8 << 20  # large enough that the syscalls cost nothing next to the bytes
-_TMP_SUFFIX = ".tmp-expand"  # names with ".tmp" are never taken for shards (dlstore.reader)
+_TMP_SUFFIX = ".tmp-expand"  # names with ".tmp" are never taken for shards (dlstore.sources.reader)
 
 
 @dataclass
@@ -149,11 +149,11 @@ def valid_index(path: str, fmt: Optional[str] = None, build: bool = False) -> Tu
     """``(index, note)``: an index of ``path`` that matches it (beside it or in dlstore's cache
     directory), or ``None`` and why not.
 
-    With ``build``, a missing or stale index is built (:func:`dlstore.indexing.ensure_index`).
+    With ``build``, a missing or stale index is built (:func:`dlstore.sources.indexing.ensure_index`).
     Without it, a stale or damaged index is not returned: copying it would give it a newer time
     than the copy of the data, and its staleness could no longer be seen.
     """
-    from dlstore import indexing
+    from dlstore.sources import indexing
 
     fmt = fmt or format_of(path)
     if build:
@@ -171,7 +171,7 @@ def expand_shards(paths: Union[str, Sequence[str]], out_dir: str, copies: int, *
     Parameters
     ----------
     paths : str or list of str
-        Files, globs or directories (as :func:`dlstore.reader.expand_paths` reads them: indexes and
+        Files, globs or directories (as :func:`dlstore.sources.reader.expand_paths` reads them: indexes and
         metadata a glob matches or a directory holds are not shards).
     out_dir : str
         Created if missing; must not be a directory that holds a source shard (copies would then
@@ -198,7 +198,7 @@ def expand_shards(paths: Union[str, Sequence[str]], out_dir: str, copies: int, *
         When there is not enough free space for the copies, or a file cannot be read or written.
     """
     from dlstore._progress import Progress
-    from dlstore.reader import expand_paths
+    from dlstore.sources.reader import expand_paths
 
     if isinstance(copies, bool) or not isinstance(copies, int) or copies < 1:
         raise ValueError(f"copies must be a whole number >= 1, not {copies!r}")
@@ -236,7 +236,7 @@ def expand_shards(paths: Union[str, Sequence[str]], out_dir: str, copies: int, *
             result.notes.append(note)
 
     try:  # the sources' record offsets, for the copies' manifest (one pass over the sources if unindexed)
-        from dlstore.indexing import index_dataset
+        from dlstore.sources.indexing import index_dataset
 
         source_index = index_dataset(sources)
     except DlstoreError as e:
@@ -256,7 +256,7 @@ def expand_shards(paths: Union[str, Sequence[str]], out_dir: str, copies: int, *
                 _place_index(indexes[s][0], indexes[s][1], d, mode)
                 result.indexes += 1
     if source_index is not None:
-        from dlstore.indexing import record_manifest
+        from dlstore.sources.indexing import record_manifest
 
         where = {s: i for i, s in enumerate(sources)}
         result.manifest = record_manifest(out_dir, source_index.format, {
@@ -302,7 +302,7 @@ def _place_index(src_index: str, fmt: str, dst: str, mode: str) -> None:
     """The index beside the copy ``dst``, where dlstore looks for it (``x.idx`` for a RecordIO
     ``x.rec``, else ``dst + .idx``); written after the data, so it is never older than it. A hardlinked
     copy gets a hardlinked index: both keep the source's times, in the same order."""
-    from dlstore.indexing import index_path_for
+    from dlstore.sources.indexing import index_path_for
 
     dest = index_path_for(dst, fmt, writable=True)
     tmp = dest + _TMP_SUFFIX

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import dlstore
-from dlstore.dataset import Dataset
+from dlstore.sources.dataset import Dataset
 from dlstore.placement.world import World
 from tests.helpers import batch_records
 from tests.resume import assert_resumes_exactly

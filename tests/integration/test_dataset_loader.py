@@ -4,7 +4,7 @@ import collections
 
 import pytest
 
-from dlstore.dataset import Dataset
+from dlstore.sources.dataset import Dataset
 from dlstore.pipeline import bert_loader
 from dlstore.placement.world import World
 from dlstore.synthetic import generate_bert

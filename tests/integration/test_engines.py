@@ -9,7 +9,7 @@ import pytest
 
 import dlstore
 from dlstore.io import resolve_engine
-from dlstore.reader import expand_paths
+from dlstore.sources.reader import expand_paths
 from tests.helpers import ENGINES, batch_records, check_engine, oracle_tfrecord_bytes, write_tfrecord
 from tests.resume import assert_resumes_exactly
 

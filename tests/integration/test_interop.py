@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import dlstore
-from dlstore.indexing import build_index, load_index
+from dlstore.sources.indexing import build_index, load_index
 from tests.helpers import REPO, ENGINES, write_tfrecord
 
 pytestmark = pytest.mark.slow  # imports TensorFlow, DALI and the tfrecord package
@@ -164,7 +164,7 @@ def test_index_validation(shard, tmp_path):
 
 
 def test_ensure_index_uses_cache_dir_for_read_only_data(shard, tmp_path, monkeypatch):
-    from dlstore import indexing
+    from dlstore.sources import indexing
 
     path, _ = shard
     monkeypatch.setenv("DLSTORE_CACHE", str(tmp_path / "cache"))
@@ -198,7 +198,7 @@ def test_index_must_start_at_byte_zero(shard, tmp_path):
 
 @pytest.mark.parametrize("damage", ["huge number", "binary", "not offset size", "zero-size frames"])
 def test_ensure_index_rebuilds_a_damaged_index(shard, damage):
-    from dlstore import indexing
+    from dlstore.sources import indexing
 
     path, _ = shard
     beside = indexing.index_path_for(path)

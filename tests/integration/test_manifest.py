@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import dlstore
-from dlstore import indexing
-from dlstore.dataset import Dataset
+from dlstore.sources import indexing
+from dlstore.sources.dataset import Dataset
 from dlstore.placement.world import World
 from tests.helpers import batch_records
 

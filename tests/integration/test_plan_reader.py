@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 import dlstore
-from dlstore.dataset import Dataset
-from dlstore.indexing import ensure_index
+from dlstore.sources.dataset import Dataset
+from dlstore.sources.indexing import ensure_index
 from dlstore.placement.world import World
 from tests.helpers import ENGINES, batch_records, write_tfrecord
 

@@ -12,7 +12,7 @@ import pytest
 
 import dlstore
 from dlstore import _C, Dataset, ReadOptions
-from dlstore.indexing import ensure_index
+from dlstore.sources.indexing import ensure_index
 from dlstore.placement.world import World
 from tests.helpers import batch_records, write_tfrecord
 

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from dlstore import cli
-from dlstore.indexing import build_index, load_index
+from dlstore.sources.indexing import build_index, load_index
 from dlstore.tools import testbed as tbm
 from dlstore.tools.testbed import loopdev, mkfs
 from dlstore.tools.expand import copy_name, expand_shards
@@ -266,7 +266,7 @@ def test_expand_command(tmp_path):
     made = os.listdir(tmp_path / "out")
     assert len([n for n in made if not n.startswith(".dlstore")]) == 12  # 6 copies and 6 indexes
     assert ".dlstore-manifest" in made and "manifest: " in out.stdout
-    from dlstore.indexing import read_manifest
+    from dlstore.sources.indexing import read_manifest
 
     _, manifest, _ = read_manifest(str(tmp_path / "out"))
     assert len(manifest.names) == 6 and all(".copy" in n for n in manifest.names)

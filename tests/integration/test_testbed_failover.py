@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import dlstore
-from dlstore.dataset import Dataset
+from dlstore.sources.dataset import Dataset
 from dlstore.placement.world import World
 from dlstore.tools.testbed import create_testbed, destroy_testbed, missing_tools, root_refusal
 from tests.helpers import batch_records

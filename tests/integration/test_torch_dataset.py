@@ -7,12 +7,13 @@ import shutil
 import pytest
 
 import dlstore
-from dlstore.dataset import Dataset
+from dlstore.sources.dataset import Dataset
 from dlstore.placement.world import World
 
 torch = pytest.importorskip("torch", reason="the PyTorch adapter needs torch (pip install torch==2.13.0)")
 
 
+@pytest.mark.slow  # spawns DataLoader workers, each importing torch
 def test_ranks_and_workers_read_every_record_once(tmp_path):
     from dlstore.adapters.torch import DlstoreIterableDataset
 
@@ -36,6 +37,9 @@ def test_ranks_and_workers_read_every_record_once(tmp_path):
                          shuffle="global", seed=4)
             it = DlstoreIterableDataset(ds)
             it.set_epoch(epoch)
-            loader = torch.utils.data.DataLoader(it, batch_size=None, num_workers=2)
+            # Workers are spawned, not forked: a fork copies whatever locks the threads of earlier
+            # tests in this process hold at that moment, and a worker can hang on one. (It also
+            # checks that the dataset pickles, as spawn and forkserver need.)
+            loader = torch.utils.data.DataLoader(it, batch_size=None, num_workers=2, multiprocessing_context="spawn")
             seen.update(bytes(r) for r in loader)
         assert seen == collections.Counter(records)

@@ -8,7 +8,7 @@ import hashlib
 import json
 import sys
 
-from dlstore.dataset import Dataset
+from dlstore.sources.dataset import Dataset
 from dlstore.distributed import allgather, gather
 from dlstore.placement.world import detect_world
 

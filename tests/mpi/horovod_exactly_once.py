@@ -11,7 +11,7 @@ import sys
 
 import horovod.torch as hvd
 
-from dlstore.dataset import Dataset
+from dlstore.sources.dataset import Dataset
 from dlstore.placement.world import detect_world
 
 

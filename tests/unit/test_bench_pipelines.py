@@ -358,7 +358,7 @@ class FakeSpec(LoaderSpec):
     fake_delay: float = 0.002
 
     def open(self):
-        from dlstore.reader import open_records
+        from dlstore.sources.reader import open_records
 
         source = CountingSource(open_records(list(self.paths), io=self.io, verify=self.verify))
         return FakeLoader(source, self.batch_size, self.fake_batches, self.fake_delay), source

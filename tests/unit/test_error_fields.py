@@ -11,21 +11,16 @@ from dlstore.errors import CorruptRecordError, DlstoreError, DlstoreIOError
 from dlstore.formats.example import bytes_feature_spans, encode_example, parse_batch
 from dlstore.pipeline.decode import decode_batch
 
-
-class _Batch:
-    def __init__(self, records):
-        self.buffer = b"".join(records)
-        self.lengths = np.array([len(r) for r in records], np.uint64)
-        self.offsets = np.concatenate([[0], np.cumsum(self.lengths)[:-1]]).astype(np.uint64)
+from tests.helpers import SpanBatch
 
 
 def test_a_parse_error_names_its_record_in_a_field():
     records = [encode_example({"a": [1]}), encode_example({"a": [1]}), encode_example({"a": [1, 2]})]
     with pytest.raises(DlstoreError) as info:
-        bytes_feature_spans(_Batch(records), "a")
+        bytes_feature_spans(SpanBatch(records), "a")
     e = info.value
     assert e.record == 0 and str(e) == f"record 0: {e.reason}" and not e.reason.startswith("record")
-    batch = _Batch(records)
+    batch = SpanBatch(records)
     with pytest.raises(DlstoreError) as info:
         parse_batch(batch, {"a": (np.int64, 1)})
     e = info.value
@@ -35,7 +30,7 @@ def test_a_parse_error_names_its_record_in_a_field():
 def test_a_corrupt_record_in_the_middle_keeps_its_class_and_index():
     records = [encode_example({"image/encoded": b"x"})] * 3 + [b"\x0a\xff"]
     with pytest.raises(CorruptRecordError) as info:
-        bytes_feature_spans(_Batch(records), "image/encoded")
+        bytes_feature_spans(SpanBatch(records), "image/encoded")
     assert info.value.record == 3 and info.value.errno is None
 
 
@@ -55,7 +50,7 @@ def test_a_failed_system_call_carries_its_errno(tmp_path):
     # The core reader, given a directory (dlstore's own path expansion would look inside it): open()
     # works, pread() fails with EISDIR.
     from dlstore import _C
-    from dlstore.source import ReadOptions
+    from dlstore.sources.source import ReadOptions
 
     reader = _C.Reader([str(tmp_path)], "tfrecord", [""], ReadOptions().core("buffered"))
     with pytest.raises(DlstoreIOError) as info:

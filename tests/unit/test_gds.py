@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import dlstore
-from dlstore.indexing import build_index
+from dlstore.sources.indexing import build_index
 from dlstore.io import cuda, gds
 from tests.helpers import oracle_read_tfrecord, oracle_tfrecord_bytes, write_tfrecord
 

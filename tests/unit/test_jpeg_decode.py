@@ -24,6 +24,8 @@ from dlstore.formats.example import bytes_feature_spans, encode_example, parse_b
 from dlstore.pipeline import decode
 from dlstore.pipeline.decode import crop_windows, decode_batch, decode_path, native_jpeg_available
 
+from tests.helpers import SpanBatch
+
 Image = pytest.importorskip("PIL.Image", reason="Pillow makes the test JPEGs and the reference decode")
 ImageDraw = pytest.importorskip("PIL.ImageDraw")
 
@@ -476,17 +478,10 @@ def test_pil_backend_draws_the_same_crops(synthetic_jpegs):
 # ---- locating the JPEGs inside tf.train.Example records -------------------------------------------
 
 
-class _Batch:
-    def __init__(self, records):
-        self.buffer = b"".join(records)
-        self.lengths = np.array([len(r) for r in records], np.uint64)
-        self.offsets = np.concatenate([[0], np.cumsum(self.lengths)[:-1]]).astype(np.uint64)
-
-
 def test_bytes_feature_spans_point_into_the_records():
     images = [b"\xff\xd8first", b"", b"\xff\xd8" + bytes(range(256)) * 3]
     records = [encode_example({"image/encoded": img, "image/class/label": [i]}) for i, img in enumerate(images)]
-    batch = _Batch(records)
+    batch = SpanBatch(records)
     offsets, lengths = bytes_feature_spans(batch, "image/encoded")
     assert [batch.buffer[o:o + n] for o, n in zip(offsets.tolist(), lengths.tolist())] == images
     labels = parse_batch(batch, {"image/class/label": (np.int64, 1)})["image/class/label"]
@@ -496,12 +491,12 @@ def test_bytes_feature_spans_point_into_the_records():
 def test_bytes_feature_spans_errors_name_the_record():
     records = [encode_example({"image/encoded": b"x"}), encode_example({"other": b"y"})]
     with pytest.raises(DlstoreError, match="record 1: feature 'image/encoded': missing"):
-        bytes_feature_spans(_Batch(records), "image/encoded")
+        bytes_feature_spans(SpanBatch(records), "image/encoded")
     records = [encode_example({"image/encoded": [b"a", b"b"]})]
     with pytest.raises(DlstoreError, match="has 2 values, expected 1"):
-        bytes_feature_spans(_Batch(records), "image/encoded")
+        bytes_feature_spans(SpanBatch(records), "image/encoded")
     records = [encode_example({"image/encoded": [1, 2]})]
     with pytest.raises(DlstoreError, match="expected bytes_list"):
-        bytes_feature_spans(_Batch(records), "image/encoded")
+        bytes_feature_spans(SpanBatch(records), "image/encoded")
     with pytest.raises(CorruptRecordError, match="record 0"):
-        bytes_feature_spans(_Batch([b"\x0a\xff"]), "image/encoded")
+        bytes_feature_spans(SpanBatch([b"\x0a\xff"]), "image/encoded")

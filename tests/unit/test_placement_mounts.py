@@ -260,7 +260,7 @@ def _dataset(tmp_path, mounts=2, shards=3, records=(5, 0, 7)):
 
 
 def test_record_counts_from_indexes(tmp_path):
-    from dlstore.indexing import build_index
+    from dlstore.sources.indexing import build_index
 
     mounts = _dataset(tmp_path)
     layout = scan_layout(mounts)
@@ -273,7 +273,7 @@ def test_record_counts_from_indexes(tmp_path):
 
 
 def test_cli_plan(tmp_path, capsys):
-    from dlstore.indexing import build_index
+    from dlstore.sources.indexing import build_index
 
     mounts = _dataset(tmp_path)
     assert cli.main(["plan", "--mounts", *mounts, "--world-size", "3"]) == 0

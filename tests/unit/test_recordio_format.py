@@ -82,7 +82,7 @@ def test_idx_offsets_point_at_records(tmp_path):
     for o, p in zip(offsets.tolist(), payloads):
         assert blob[o:o + 4] == MAGIC and struct.unpack_from("<I", blob, o + 4)[0] == len(p)
     # the index the reader builds is the same
-    from dlstore.indexing import build_index
+    from dlstore.sources.indexing import build_index
 
     out, n = build_index(str(path), out=str(tmp_path / "rebuilt.idx"))
     assert n == 20 and (tmp_path / "rebuilt.idx").read_text() == idx.read_text()

@@ -3,7 +3,7 @@ import os
 import pytest
 
 from dlstore import settings
-from dlstore.source import ReadOptions
+from dlstore.sources.source import ReadOptions
 
 DOC = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "settings.md")
 

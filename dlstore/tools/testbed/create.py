@@ -11,9 +11,9 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 from dlstore._progress import Progress
 from dlstore.io.pagecache import evict_files
-from dlstore.indexing import index_path_for
+from dlstore.sources.indexing import index_path_for
 from dlstore.io.system import format_bytes
-from dlstore.reader import expand_paths
+from dlstore.sources.reader import expand_paths
 from dlstore.tools.expand import copy_file, format_of, valid_index
 from dlstore.tools.testbed.blkio import BLKIO_ROOT, RULE_FILE, make_cgroup
 from dlstore.tools.testbed.loopdev import BASE_TOOLS, attach_loop, devno, is_mounted, loop_direct_io

@@ -64,7 +64,7 @@ def build_index(path: str, fmt: str = "auto", out: Optional[str] = None, verify:
         When ``path`` names more than one file (an index describes one file), or the file is
         compressed.
     """
-    from dlstore.reader import expand_paths
+    from dlstore.sources.reader import expand_paths
 
     files = expand_paths(path)
     if len(files) != 1:
@@ -95,7 +95,7 @@ def scan_offsets(path: str, fmt: str = "auto", verify: bool = True) -> Tuple[str
     ValueError
         When the file is compressed (its records have no byte offsets).
     """
-    from dlstore.reader import open_records
+    from dlstore.sources.reader import open_records
 
     reader = open_records(path, format=fmt, io="buffered", verify=verify)
     if reader.compression[0] != "none":
@@ -276,7 +276,7 @@ def _compare(manifest: Manifest, directory: str, names: List[str], stats: List[o
 def _scan_shards(paths: List[str], fmt: str, verify: bool, bar=None) -> Tuple[str, List[np.ndarray]]:
     """The format and each shard's frame offsets: from valid per-file indexes where there are, the
     rest in one sequential pass of one reader over all of them."""
-    from dlstore.reader import RecordReader, detect_files, open_records
+    from dlstore.sources.reader import RecordReader, detect_files, open_records
 
     if not paths:
         return fmt, []

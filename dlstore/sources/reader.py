@@ -2,7 +2,7 @@
 
 The C++ core reads big chunks, splits them into records and checks CRCs; Python only sees batches
 (one per chunk). Iterating a reader record by record is a convenience built on those batches. A
-:class:`RecordReader` is the no-placement :class:`~dlstore.source.Source`: files read in order, for
+:class:`RecordReader` is the no-placement :class:`~dlstore.sources.source.Source`: files read in order, for
 one consumer; :class:`dlstore.Dataset` places records over ranks, workers and mounts, and shuffles.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ from dlstore.errors import DlstoreError, DlstoreIOError
 from dlstore.formats.detect import detect
 from dlstore.formats.index import is_companion_file
 from dlstore.io.select import EngineChoice, resolve_engine
-from dlstore.source import ReadOptions
+from dlstore.sources.source import ReadOptions
 
 __all__ = ["open_records", "RecordReader", "expand_paths", "detect_files", "CorruptionWarnings"]
 
@@ -161,7 +161,7 @@ class CorruptionWarnings:
 
 
 class RecordReader:
-    """Records of a list of files, read front to back: a :class:`~dlstore.source.Source`.
+    """Records of a list of files, read front to back: a :class:`~dlstore.sources.source.Source`.
 
     Iterate it for records, or call :meth:`batches` for the fast path.
 

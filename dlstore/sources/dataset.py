@@ -26,14 +26,14 @@ import numpy as np
 
 from dlstore import settings
 from dlstore.errors import DlstoreError, DlstoreIOError, PlacementError
-from dlstore.indexing import index_dataset
+from dlstore.sources.indexing import index_dataset
 from dlstore.io.failover import MountHealth
 from dlstore.io.select import EngineChoice, resolve_engine
 from dlstore.placement.mounts import assign_mounts, mount_for, mounts_for, read_in_turns
 from dlstore.placement.sharding import SHUFFLES, EpochPlan, ReadOrder, SamplerState, shuffle_sizes
 from dlstore.placement.world import World, detect_world
-from dlstore.reader import CorruptionWarnings, expand_paths
-from dlstore.source import ReadOptions
+from dlstore.sources.reader import CorruptionWarnings, expand_paths
+from dlstore.sources.source import ReadOptions
 
 __all__ = ["Dataset"]
 
@@ -56,7 +56,7 @@ class _ReaderPlan(NamedTuple):
 
 class Dataset:
     """TFRecord or RecordIO shards, possibly on several mount points, read by this consumer: a
-    :class:`~dlstore.source.Source`.
+    :class:`~dlstore.sources.source.Source`.
 
     Parameters
     ----------
