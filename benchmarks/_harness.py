@@ -100,6 +100,19 @@ def results_path(name: str, *, json_path: Optional[str] = None, save: bool = Fal
     return os.path.join(ROOT, "benchmarks", "results", f"{name}{suffix}.json")
 
 
+def add_page_arguments(p) -> None:
+    """``--markdown FILE`` and ``--render JSON``: the docs page a script writes, and rewriting it from an
+    earlier run's JSON without measuring."""
+    p.add_argument("--markdown", help="also write the markdown page here")
+    p.add_argument("--render", metavar="JSON", help="write --markdown from an earlier run's JSON, measuring nothing")
+
+
+def parse(p, name: str, argv=None):
+    """``p.parse_args(argv)`` and the results path of those arguments (:func:`output_path`)."""
+    args = p.parse_args(argv)
+    return args, output_path(p, args, name)
+
+
 def output_path(p, args, name: str) -> str:
     """:func:`results_path` for a script's parsed ``args`` (``--json``, ``--save``, ``--quick`` where the
     script has it); a refused combination is ``p``'s usage error (exit 2)."""

@@ -115,12 +115,10 @@ def main(argv: List[str] = None) -> int:
     p.add_argument("--world-size", type=int, default=1024)
     p.add_argument("--repeat", type=int, default=5)
     _harness.add_output_arguments(p, "dataset_start")
-    p.add_argument("--markdown", help="also write the markdown page here")
-    p.add_argument("--render", metavar="JSON", help="write --markdown from an earlier run's JSON, measuring nothing")
-    args = p.parse_args(argv)
+    _harness.add_page_arguments(p)
+    args, json_path = _harness.parse(p, "dataset_start", argv)
     if args.render:
         return _harness.render(args.render, args.markdown, markdown)
-    json_path = _harness.output_path(p, args, "dataset_start")
     load = os.getloadavg()[0]
     paths = write_shards(args.dir, args.shards, args.records, args.record_bytes)
     for stale in glob.glob(os.path.join(args.dir, ".dlstore-manifest*")) + glob.glob(os.path.join(args.dir, "*.idx")):

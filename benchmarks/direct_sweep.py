@@ -52,8 +52,7 @@ def main() -> int:
     p.add_argument("--data", help="files to read (default: the cached 'small' synthetic ImageNet-like set)")
     p.add_argument("--rounds", type=int, default=2)
     _harness.add_output_arguments(p, "direct_sweep")
-    args = p.parse_args()
-    json_path = _harness.output_path(p, args, "direct_sweep")
+    args, json_path = _harness.parse(p, "direct_sweep")
     why = drop_page_cache_refusal() or fio_missing_reason()
     if why:
         print(f"direct_sweep needs root (to drop the page cache) and fio: {why}", file=sys.stderr)

@@ -99,12 +99,10 @@ def main(argv: List[str] = None) -> int:
     p.add_argument("--max-share", type=int, default=40_000_000,
                    help="leave out cells where the rank reads more records than this (default 40 M)")
     _harness.add_output_arguments(p, "plan_scale")
-    p.add_argument("--markdown", help="also write the markdown page here")
-    p.add_argument("--render", metavar="JSON", help="write --markdown from an earlier run's JSON, measuring nothing")
-    args = p.parse_args(argv)
+    _harness.add_page_arguments(p)
+    args, json_path = _harness.parse(p, "plan_scale", argv)
     if args.render:
         return _harness.render(args.render, args.markdown, markdown)
-    json_path = _harness.output_path(p, args, "plan_scale")
     cells = []
     load = os.getloadavg()[0]
     for shuffle in SHUFFLES:

@@ -58,8 +58,7 @@ def main() -> int:
     p.add_argument("--data", help="files to read (default: the cached 'default' synthetic ImageNet-like set)")
     p.add_argument("--repeat", type=int, default=3)
     _harness.add_output_arguments(p, "warm_budget")
-    args = p.parse_args()
-    json_path = _harness.output_path(p, args, "warm_budget")
+    args, json_path = _harness.parse(p, "warm_budget")
     paths = dataset_paths(args.data, "default")  # --data (glob, dir, file) or the cached set
     total = sum(os.path.getsize(x) for x in paths)
     read_pass(paths, total)  # warm the page cache

@@ -116,3 +116,129 @@ class SpanBatch:
         self.buffer = b"".join(records)
         self.lengths = np.array([len(r) for r in records], np.uint64)
         self.offsets = np.concatenate([[0], np.cumsum(self.lengths)[:-1]]).astype(np.uint64)
+
+
+# ---- tf.train.Example: a tiny, strict, pure-Python protobuf decoder -----------------------------
+
+class Bad(Exception):
+    pass
+
+
+def _o_varint(b, pos):
+    v = 0
+    for i in range(10):
+        if pos >= len(b):
+            raise Bad("truncated varint")
+        c = b[pos]
+        pos += 1
+        v |= (c & 0x7F) << (7 * i)
+        if c < 0x80:
+            return v & ((1 << 64) - 1), pos
+    raise Bad("varint too long")
+
+
+def _o_fields(b):
+    """(field, wire, value) of one message: value is an int for varints, bytes otherwise."""
+    out, pos = [], 0
+    while pos < len(b):
+        tag, pos = _o_varint(b, pos)
+        field, wire = tag >> 3, tag & 7
+        if field == 0 or field >= 1 << 29:
+            raise Bad("field number")
+        if wire == 0:
+            v, pos = _o_varint(b, pos)
+        elif wire in (1, 5):
+            n = 8 if wire == 1 else 4
+            if pos + n > len(b):
+                raise Bad("truncated fixed")
+            v, pos = b[pos : pos + n], pos + n
+        elif wire == 2:
+            n, pos = _o_varint(b, pos)
+            if n > len(b) - pos:
+                raise Bad("length past end")
+            v, pos = b[pos : pos + n], pos + n
+        else:
+            raise Bad("wire type")
+        out.append((field, wire, v))
+    return out
+
+
+def _o_expect(wire, *allowed):
+    if wire not in allowed:
+        raise Bad("wrong wire type")
+
+
+def _o_list(kind, b):
+    vals = []
+    for field, wire, v in _o_fields(b):
+        if field != 1:
+            continue
+        if kind == "bytes":
+            _o_expect(wire, 2)
+            vals.append(bytes(v))
+        elif kind == "float":
+            _o_expect(wire, 2, 5)
+            if len(v) % 4:
+                raise Bad("packed float")
+            vals.append(bytes(v))
+        else:
+            _o_expect(wire, 0, 2)
+            if wire == 0:
+                vals.append(v)
+            else:
+                pos = 0
+                while pos < len(v):
+                    x, pos = _o_varint(v, pos)
+                    vals.append(x)
+    return vals
+
+
+def oracle_decode(record: bytes) -> dict:
+    """name -> (kind or None, values), with protobuf's merge rules; raises Bad."""
+    out = {}
+    for field, wire, features in _o_fields(record):
+        if field != 1:
+            continue
+        _o_expect(wire, 2)
+        for f2, w2, ent in _o_fields(features):
+            if f2 != 1:
+                continue
+            _o_expect(w2, 2)
+            key, feats = b"", []
+            for f3, w3, v in _o_fields(ent):
+                if f3 in (1, 2):
+                    _o_expect(w3, 2)
+                    if f3 == 1:
+                        key = bytes(v)
+                    else:
+                        feats.append(v)
+            kind, vals = None, []
+            for feat in feats:
+                for f4, w4, lst in _o_fields(feat):
+                    if f4 not in (1, 2, 3):
+                        continue
+                    _o_expect(w4, 2)
+                    k = {1: "bytes", 2: "float", 3: "int64"}[f4]
+                    if k != kind:
+                        kind, vals = k, []
+                    vals += _o_list(k, lst)
+            try:
+                name = key.decode()
+            except UnicodeDecodeError:
+                raise Bad("utf-8") from None
+            out[name] = (kind, vals)
+    return out
+
+
+def oracle_example(record: bytes) -> dict:
+    """:func:`oracle_decode` with the values as Python reads them: name -> ('bytes', [bytes]) |
+    ('int64', [signed int]) | ('float', [float])."""
+    out = {}
+    for name, (kind, vals) in oracle_decode(record).items():
+        if kind == "float":
+            packed = b"".join(vals)
+            vals = list(struct.unpack(f"<{len(packed) // 4}f", packed))
+        elif kind == "int64":
+            vals = [v - (1 << 64) if v >> 63 else v for v in vals]
+        out[name] = (kind, vals)
+    return out

@@ -41,6 +41,21 @@ __all__ = ["BenchMetrics", "MetricsUnavailable", "add_arguments", "serve_from_ar
 _LABELS = ("bench", "engine", "tier")
 
 
+#: The gauges besides the rate, each labelled bench, engine and tier: attribute, series, help.
+_GAUGES = (
+    ("_bytes", "dlstore_bench_read_bytes_per_second",
+     "Record bytes delivered per second in the last completed step or pass"),
+    ("_core", "dlstore_bench_busiest_core_ratio",
+     "Utilisation of the busiest core in the last completed step or pass (system-wide)"),
+    ("_au", "dlstore_bench_accelerator_utilisation_ratio",
+     "Emulated accelerator's compute time over wall time in the last completed step"),
+    ("_needed", "dlstore_bench_needed_bytes_per_second_per_accelerator",
+     "Bytes per second one emulated accelerator needs at the tier's record size"),
+    ("_step", "dlstore_bench_step", "Number of the last completed step or pass of the tier"),
+    ("_running", "dlstore_bench_running", "1 while the tier runs, 0 once it is done"),
+)
+
+
 class MetricsUnavailable(ValueError):
     """``--metrics-port`` was given but ``prometheus_client`` is not installed (a usage error: exit 2)."""
 
@@ -83,22 +98,8 @@ class BenchMetrics:
         r = self.registry
         self._rate = prom.Gauge("dlstore_bench_samples_per_second", "Rate of the last completed step or pass",
                                 _LABELS + ("unit",), registry=r)
-        self._bytes = prom.Gauge("dlstore_bench_read_bytes_per_second",
-                                 "Record bytes delivered per second in the last completed step or pass",
-                                 _LABELS, registry=r)
-        self._core = prom.Gauge("dlstore_bench_busiest_core_ratio",
-                                "Utilisation of the busiest core in the last completed step or pass (system-wide)",
-                                _LABELS, registry=r)
-        self._au = prom.Gauge("dlstore_bench_accelerator_utilisation_ratio",
-                              "Emulated accelerator's compute time over wall time in the last completed step",
-                              _LABELS, registry=r)
-        self._needed = prom.Gauge("dlstore_bench_needed_bytes_per_second_per_accelerator",
-                                  "Bytes per second one emulated accelerator needs at the tier's record size",
-                                  _LABELS, registry=r)
-        self._step = prom.Gauge("dlstore_bench_step", "Number of the last completed step or pass of the tier",
-                                _LABELS, registry=r)
-        self._running = prom.Gauge("dlstore_bench_running", "1 while the tier runs, 0 once it is done",
-                                   _LABELS, registry=r)
+        for attr, name, text in _GAUGES:
+            setattr(self, attr, prom.Gauge(name, text, _LABELS, registry=r))
         self._records = prom.Counter("dlstore_bench_records", "Records read", _LABELS, registry=r)
         self._read = prom.Counter("dlstore_bench_read_bytes", "Record bytes read", _LABELS, registry=r)
         self._records_seen: Dict[tuple, int] = {}

@@ -15,7 +15,7 @@ import sys
 from typing import List, Optional, Sequence, Tuple
 
 from dlstore.io.system import available_page_cache_bytes, filesystem_of, format_bytes, meminfo
-from dlstore.io.system import available_cores
+from dlstore.io.system import available_cores, cpuinfo_field
 
 # filesystem_of is dlstore.io.system's, the one the engine choice reads too.
 __all__ = ["cpu_model", "filesystem_of", "gpu_status", "collect", "format_header", "per_core_cpu_ticks",
@@ -31,14 +31,7 @@ OTHERS_TOLERATED_CORES = 0.25
 
 def cpu_model() -> str:
     """The CPU's model name from /proc/cpuinfo (``platform.processor()`` elsewhere)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
+    return cpuinfo_field("model name") or platform.processor() or "unknown"
 
 
 def gpu_status() -> str:

@@ -6,17 +6,30 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Dict, TypedDict
+from typing import Dict, Optional, TypedDict
 
 __all__ = [
-    "available_cores", "Mount", "filesystem_of", "unescape_mount_field", "meminfo", "available_page_cache_bytes",
-    "format_bytes",
+    "available_cores", "cpuinfo_field", "Mount", "filesystem_of", "unescape_mount_field", "meminfo",
+    "available_page_cache_bytes", "format_bytes",
 ]
 
 _PROC_MOUNTS = "/proc/mounts"
 _PROC_MEMINFO = "/proc/meminfo"
 # The kernel writes space, tab, newline and backslash in /proc/mounts fields as \040 \011 \012 \134.
 _OCTAL_ESCAPE = re.compile(r"\\([0-7]{3})")
+
+
+def cpuinfo_field(name: str, path: str = "/proc/cpuinfo") -> Optional[str]:
+    """The value of the first ``name`` line of /proc/cpuinfo (``model name``, ``flags``...), or None
+    where there is no such file or line."""
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.split(":", 1)[0].strip() == name:
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
 
 
 def available_cores() -> int:

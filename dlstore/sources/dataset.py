@@ -33,7 +33,7 @@ from dlstore.placement.mounts import assign_mounts, mount_for, mounts_for, read_
 from dlstore.placement.sharding import SHUFFLES, EpochPlan, ReadOrder, SamplerState, shuffle_sizes
 from dlstore.placement.world import World, detect_world
 from dlstore.sources.reader import CorruptionWarnings, expand_paths
-from dlstore.sources.source import ReadOptions
+from dlstore.sources.source import ReadOptions, ReadsWithOptions
 
 __all__ = ["Dataset"]
 
@@ -54,7 +54,7 @@ class _ReaderPlan(NamedTuple):
     places: List[Tuple[int, int]]  # per file: (shard, mount)
 
 
-class Dataset:
+class Dataset(ReadsWithOptions):
     """TFRecord or RecordIO shards, possibly on several mount points, read by this consumer: a
     :class:`~dlstore.sources.source.Source`.
 
@@ -184,16 +184,6 @@ class Dataset:
             return ()
         return tuple(assign_mounts(self._layout, self.world, policy=policy, mounts_per_rank=mounts_per_rank,
                                    throughput=throughput))
-
-    @property
-    def engine(self) -> str:
-        """The engine that runs (``io="auto"`` resolved)."""
-        return self.choice.engine
-
-    @property
-    def engine_reason(self) -> str:
-        """Why that engine."""
-        return self.choice.reason
 
     @property
     def layout(self):

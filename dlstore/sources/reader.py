@@ -17,7 +17,7 @@ from dlstore.errors import DlstoreError, DlstoreIOError
 from dlstore.formats.detect import detect
 from dlstore.formats.index import is_companion_file
 from dlstore.io.select import EngineChoice, resolve_engine
-from dlstore.sources.source import ReadOptions
+from dlstore.sources.source import ReadOptions, ReadsWithOptions
 
 __all__ = ["open_records", "RecordReader", "expand_paths", "detect_files", "CorruptionWarnings"]
 
@@ -160,7 +160,7 @@ class CorruptionWarnings:
                           f"without a warning each", RuntimeWarning, stacklevel=self.stacklevel)
 
 
-class RecordReader:
+class RecordReader(ReadsWithOptions):
     """Records of a list of files, read front to back: a :class:`~dlstore.sources.source.Source`.
 
     Iterate it for records, or call :meth:`batches` for the fast path.
@@ -201,22 +201,6 @@ class RecordReader:
         self.sample_in_epoch = 0
         self._core = None
         self._last = {"stats": {}, "notes": [], "corruptions": []}
-
-    @property
-    def engine(self) -> str:
-        return self.choice.engine
-
-    @property
-    def engine_reason(self) -> str:
-        return self.choice.reason
-
-    @property
-    def verify(self) -> bool:
-        return self.options.verify
-
-    @property
-    def on_error(self) -> str:
-        return self.options.on_error
 
     def _new_core(self):
         if self.engine == "gds":

@@ -132,6 +132,20 @@ class ReadOptions:
                 "read_timeout": float(self.get("read_timeout"))}
 
 
+class ReadsWithOptions:
+    """What dlstore's own sources share: an engine choice (``self.choice``, ``io="auto"`` resolved) and
+    :class:`ReadOptions` (``self.options``), shown as the attributes the loader and the reports read."""
+
+    choice: Any
+    options: ReadOptions
+
+    engine = property(lambda self: self.choice.engine, doc="The engine that runs (``io='auto'`` resolved).")
+    engine_reason = property(lambda self: self.choice.reason, doc="Why that engine.")
+    verify = property(lambda self: self.options.verify, doc="Whether TFRecord CRCs are checked.")
+    on_error = property(lambda self: self.options.on_error,
+                        doc="What a corrupt record does: ``raise``, ``skip`` or ``warn``.")
+
+
 @runtime_checkable
 class Source(Protocol):
     """A consumer's records, epoch after epoch, resumable: what the loader, the adapters and the

@@ -14,19 +14,13 @@ import tempfile
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from dlstore.io.cuda import CudaFacts, gds_verdict, probe_cuda
+from dlstore.io.system import cpuinfo_field
 
 __all__ = ["collect_info", "format_info", "direct_on"]
 
 
 def _cpu_flags() -> List[str]:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return line.split(":", 1)[1].split()
-    except OSError:
-        pass
-    return []
+    return (cpuinfo_field("flags") or "").split()
 
 
 def _crc() -> Dict[str, object]:

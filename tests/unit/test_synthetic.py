@@ -1,7 +1,7 @@
 """Synthetic ImageNet-like and BERT sets: keys, layouts, real JPEGs, determinism, the cache marker.
 
-Records are read back with a pure-Python oracle (TFRecord framing from conftest, a tiny protobuf
-decoder here), independent of the C++ core and of TensorFlow.
+Records are read back with the pure-Python oracles of tests/helpers.py (TFRecord framing and a tiny
+protobuf decoder), independent of the C++ core and of TensorFlow.
 """
 import io
 import json
@@ -17,68 +17,9 @@ from dlstore import synthetic
 from dlstore.synthetic import cache as synthetic_cache
 from dlstore.synthetic import imagenet as synthetic_imagenet
 from dlstore._progress import Progress
-from tests.helpers import oracle_masked, oracle_read_recordio, oracle_read_tfrecord
+from tests.helpers import oracle_example, oracle_masked, oracle_read_recordio, oracle_read_tfrecord
 
 PIL = pytest.importorskip("PIL.Image")
-
-# ---- oracle: tf.train.Example decoded by hand ---------------------------------------------------
-
-
-def _varint(buf: bytes, pos: int):
-    value = shift = 0
-    while True:
-        b = buf[pos]
-        pos += 1
-        value |= (b & 0x7F) << shift
-        shift += 7
-        if b < 0x80:
-            return value, pos
-
-
-def _fields(buf: bytes):
-    """(field number, wire type, value) for each field of one protobuf message."""
-    pos = 0
-    while pos < len(buf):
-        key, pos = _varint(buf, pos)
-        field, wire = key >> 3, key & 7
-        if wire == 0:
-            value, pos = _varint(buf, pos)
-        elif wire == 2:
-            n, pos = _varint(buf, pos)
-            value, pos = buf[pos:pos + n], pos + n
-        elif wire == 5:
-            value, pos = buf[pos:pos + 4], pos + 4
-        else:
-            raise AssertionError(f"unexpected wire type {wire}")
-        yield field, wire, value
-
-
-def oracle_example(record: bytes) -> dict:
-    """name -> ('bytes', [bytes]) | ('int64', [int]) | ('float', [float])."""
-    out = {}
-    for _, _, features in _fields(record):
-        for _, _, entry in _fields(features):
-            parts = {f: v for f, _, v in _fields(entry)}
-            name, feature = parts[1].decode(), parts[2]
-            for kind, _, body in _fields(feature):
-                if kind == 1:
-                    out[name] = ("bytes", [v for _, _, v in _fields(body)])
-                elif kind == 2:
-                    packed = b"".join(v for _, _, v in _fields(body))
-                    out[name] = ("float", list(struct.unpack(f"<{len(packed) // 4}f", packed)))
-                else:
-                    values = []
-                    for _, wire, v in _fields(body):
-                        if wire == 0:
-                            values.append(v)
-                        else:
-                            pos = 0
-                            while pos < len(v):
-                                x, pos = _varint(v, pos)
-                                values.append(x - (1 << 64) if x >> 63 else x)
-                    out[name] = ("int64", values)
-    return out
-
 
 def file_bytes(path) -> bytes:
     with open(path, "rb") as f:
