@@ -166,7 +166,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     --simulate, plans one rank of a dataset given as counts only, and what that costs."""
     import json
 
-    from dlstore.io.layout import record_counts, scan_layout
+    from dlstore.sources.layout import record_counts, scan_layout
     from dlstore.placement.mounts import plan_mounts
 
     if args.simulate:

@@ -11,6 +11,9 @@
 Importing this package or any adapter module imports no framework; each adapter imports its
 framework when first used. Last-batch policies are named as DALI names them: ``FILL``, ``DROP``,
 ``PARTIAL`` (:class:`~dlstore.adapters.base.LastBatch`). See docs/adapters.md.
+
+May import: :mod:`dlstore.pipeline`, :mod:`dlstore.sources`, :mod:`dlstore.placement`, :mod:`dlstore.io`,
+:mod:`dlstore.formats`, ``errors``; each framework only inside the functions that need it.
 """
 from dlstore.adapters.base import LastBatch, rank_source
 

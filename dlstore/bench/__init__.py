@@ -4,6 +4,10 @@ Scenarios are registered by name in :data:`SCENARIOS`. Each names the module tha
 that module provides ``add_arguments(parser)`` and ``run(args) -> int`` (the exit status).
 
 To add one: write ``dlstore/bench/<name>.py`` with those two functions and add its entry below.
+
+May import anything in dlstore below the command line (sources, pipeline, io, placement, synthetic,
+settings); optional packages (mpi4py, prometheus_client, matplotlib, kvikio) only where used.
+Nothing in dlstore imports the bench.
 """
 from __future__ import annotations
 

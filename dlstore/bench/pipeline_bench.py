@@ -959,7 +959,7 @@ def target_paths(data: str, mounts: Optional[Sequence[str]]) -> List[str]:
 
     if not mounts:
         return expand_paths(data)
-    from dlstore.io.layout import scan_layout
+    from dlstore.sources.layout import scan_layout
 
     layout = scan_layout(list(mounts), [data])
     return [layout.path(s, m) for s in range(len(layout.shards)) for m in layout.holders[s]]

@@ -1,3 +1,4 @@
+# Over 500 lines: one scenario, its passes, the reader threads' barrier, the kvikio comparison and its report.
 """``python -m dlstore.bench storage``: a read-only storage benchmark, beside fio.
 
 Records are read through one I/O engine with CRCs checked, and nothing else is done with them: the

@@ -1,3 +1,4 @@
+# Over 500 lines: the gds engine, the CUDA kernel it compiles and the host stand-in that runs the same code.
 """``io="gds"``: TFRecord records read straight into GPU memory through kvikio's ``CuFile``.
 
 The engine is written so that everything but the CUDA calls runs anywhere:

@@ -3,6 +3,10 @@
 Nothing is imported until used, so ``import dlstore.pipeline`` stays cheap: ``from
 dlstore.pipeline import Loader`` imports :mod:`dlstore.pipeline.loader` at that moment. Public
 names and the submodule that defines each are listed in ``_EXPORTS``.
+
+May import: :mod:`dlstore.sources` (a loader helper makes a Dataset), :mod:`dlstore.io`,
+:mod:`dlstore.formats`, :mod:`dlstore.placement`, ``errors``, the C++ core; never a framework (the
+adapters do that), never the bench or tools.
 """
 from __future__ import annotations
 

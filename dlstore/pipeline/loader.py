@@ -1,3 +1,4 @@
+# Over 500 lines: one class, the Loader (its thread, buffer ring, last-batch policies, resume and error policy).
 """The loader: records from a source -> fixed-size batches in reused buffers, prepared ahead in a thread.
 
 A background thread pulls ``RecordBatch`` objects from a :class:`~dlstore.sources.source.Source` (the C++

@@ -1,19 +1,21 @@
 """Who reads what from where: rank detection, shards over mounts, and the order of each epoch.
 
 Everything here is a pure function of (shard list, world, seed, epoch): no I/O, no global random
-state. :mod:`dlstore.io.layout` scans mounts to build a :class:`Layout`.
+state. :mod:`dlstore.sources.layout` scans mounts to build a :class:`Layout`.
+
+May import: ``errors`` and numpy only.
 """
 from dlstore.placement.mounts import (ASSIGNMENTS, Layout, MountPlan, assign_all_mounts, assign_mounts,
                                       interleave_by_mount, mount_for, mounts_for, plan_mounts, read_in_turns)
 from dlstore.placement.sharding import (REMAINDERS, SHUFFLES, EpochPlan, Piece, ReadOrder, Restart,
-                                        SamplerState, buffer_order, cut_blocks, expand_runs, global_permutation,
-                                        shard_order)
+                                        SamplerState, cut_blocks, expand_runs)
+from dlstore.placement.shuffle import buffer_order, global_permutation, permute, shard_order
 from dlstore.placement.world import LAUNCHERS, World, detect_world
 
 __all__ = [
     "World", "detect_world", "LAUNCHERS",
     "Piece", "Restart", "ReadOrder", "EpochPlan", "SamplerState", "REMAINDERS", "SHUFFLES",
-    "shard_order", "global_permutation", "buffer_order", "cut_blocks", "expand_runs",
+    "shard_order", "global_permutation", "permute", "buffer_order", "cut_blocks", "expand_runs",
     "Layout", "MountPlan", "ASSIGNMENTS", "assign_mounts", "assign_all_mounts", "mount_for", "mounts_for",
     "interleave_by_mount", "read_in_turns", "plan_mounts",
 ]

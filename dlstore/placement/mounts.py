@@ -1,7 +1,7 @@
 """Which mount point each rank reads each shard through.
 
 A dataset is relative shard paths plus mount points; a :class:`Layout` records which mounts hold
-which shards (found by :func:`dlstore.io.layout.scan_layout`). Ranks are given mounts by a policy
+which shards (found by :func:`dlstore.sources.layout.scan_layout`). Ranks are given mounts by a policy
 of :data:`ASSIGNMENTS`; a shard is then read through one of the rank's mounts that holds it,
 chosen by the shard's index alone, so the same shard goes through the same mount on every epoch
 (and its page cache, which mounts do not share, stays useful); the other holders are its

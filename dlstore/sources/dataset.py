@@ -33,6 +33,7 @@ from dlstore.placement.mounts import assign_mounts, mount_for, mounts_for, read_
 from dlstore.placement.sharding import SHUFFLES, EpochPlan, ReadOrder, SamplerState, shuffle_sizes
 from dlstore.placement.world import World, detect_world
 from dlstore.sources.reader import CorruptionWarnings, expand_paths
+from dlstore.sources.layout import scan_layout
 from dlstore.sources.source import ReadOptions, ReadsWithOptions
 
 __all__ = ["Dataset"]
@@ -172,7 +173,6 @@ class Dataset(ReadsWithOptions):
         if not mounts:
             files = [p if p.startswith(os.sep) else os.path.abspath(p) for p in expand_paths(shards)]
             return None, files
-        from dlstore.io.layout import scan_layout
 
         if isinstance(shards, (str, os.PathLike)):
             shards = [shards]

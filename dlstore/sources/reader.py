@@ -34,7 +34,7 @@ _TEMP_MARK = ".tmp"
 def _is_record_file_name(name: str) -> bool:
     """Whether a file a glob matched or a directory listed may hold records: not one of dlstore's
     companion files, hidden, another tool's index, metadata or a temporary. The one rule for every
-    place that expands paths (here and :mod:`dlstore.io.layout`)."""
+    place that expands paths (here and :mod:`dlstore.sources.layout`)."""
     lower = os.path.basename(name).lower()
     return not (is_companion_file(lower) or lower.startswith(".") or lower.endswith(_NOT_RECORD_SUFFIXES)
                 or _TEMP_MARK in lower)

@@ -16,6 +16,9 @@ What lives here, one module a job (each imports only those before it in this lis
 - :mod:`.shards`: writing shards in order from worker processes;
 - :mod:`.imagenet` and :mod:`.bert`: the records of each kind, and their generators;
 - :mod:`.cache`: named presets kept in a locked cache.
+
+Of the rest of dlstore it may import :mod:`dlstore.formats`, ``writers``, ``settings`` and the
+progress bar; never the sources, pipelines or bench (the bench imports it).
 """
 # The token ids and the generator version stay reachable here, as before the package was split.
 from dlstore.synthetic.bert import CLS_ID, MASK_ID, PAD_ID, SEP_ID, VOCAB_SIZE, generate_bert  # noqa: F401

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from dlstore import cli
 from dlstore.errors import PlacementError
-from dlstore.io.layout import record_counts, scan_layout
+from dlstore.sources.layout import record_counts, scan_layout
 from dlstore.placement.mounts import (Layout, assign_all_mounts, assign_mounts, mount_for, mounts_for,
                                       plan_mounts)
 from dlstore.placement.world import World

@@ -8,7 +8,8 @@ from dlstore.errors import PlacementError
 from dlstore.placement import Layout, World
 from dlstore.placement.mounts import assign_mounts, mounts_for, read_in_turns
 from dlstore.placement.rank import plan_rank
-from dlstore.placement.sharding import EpochPlan, global_permutation, permute
+from dlstore.placement.sharding import EpochPlan
+from dlstore.placement.shuffle import global_permutation, permute
 
 
 @settings(max_examples=200, deadline=None)

@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dlstore.errors import PlacementError
-from dlstore.placement.sharding import (REMAINDERS, SHUFFLES, EpochPlan, Piece, buffer_order, global_permutation,
-                                        shard_order)
+from dlstore.placement.sharding import REMAINDERS, SHUFFLES, EpochPlan, Piece
+from dlstore.placement.shuffle import buffer_order, global_permutation, shard_order
 from dlstore.placement.world import World
 
 counts_st = st.lists(st.integers(0, 25), min_size=0, max_size=12)

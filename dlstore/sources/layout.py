@@ -13,6 +13,8 @@ import numpy as np
 
 from dlstore.errors import DlstoreIOError, PlacementError
 from dlstore.placement.mounts import Layout
+from dlstore.sources.indexing import find_index, read_manifest
+from dlstore.sources.reader import _glob_record_files, _is_record_file_name
 
 __all__ = ["scan_layout", "record_counts"]
 
@@ -22,7 +24,6 @@ _GLOB_CHARS = "*?["
 def _files_under(mount: str) -> List[str]:
     """Relative paths of the record files under ``mount``, recursively (indexes, metadata, hidden
     and temporary files left out, as when a directory is read)."""
-    from dlstore.sources.reader import _is_record_file_name
 
     out = []
     for root, dirs, names in os.walk(mount):
@@ -37,7 +38,6 @@ def _files_under(mount: str) -> List[str]:
 def _matches(mount: str, pattern: str) -> List[str]:
     """Record files matching ``pattern`` under ``mount`` (a glob such as ``train-*`` also matches the
     shards' ``.idx`` files, which are left out as everywhere paths are expanded)."""
-    from dlstore.sources.reader import _glob_record_files
 
     found, _ = _glob_record_files(os.path.join(glob.escape(mount), pattern))
     return [os.path.relpath(f, mount) for f in found]
@@ -131,7 +131,6 @@ def record_counts(layout: Layout) -> Tuple[Optional[np.ndarray], str]:
     (numpy.ndarray or None, str)
         The counts, or ``None`` when a shard has no usable index; and a line saying which.
     """
-    from dlstore.sources.indexing import find_index, read_manifest
 
     counts = np.zeros(len(layout.shards), dtype=np.int64)
     manifests: dict = {}
