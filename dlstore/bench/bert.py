@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 
 from dlstore.bench import pipeline_bench
+from dlstore.bench.tiers import Workload
 
 __all__ = ["WORKLOAD", "MAX_PREDICTIONS", "add_arguments", "run"]
 
@@ -31,7 +32,7 @@ def _dataset_overrides(args: argparse.Namespace) -> dict:
     return {"seq_len": args.seq_len, "max_predictions": _max_predictions(args)}
 
 
-WORKLOAD = pipeline_bench.Workload(
+WORKLOAD = Workload(
     name="bert",
     unit="samples",
     dataset_kind="bert",

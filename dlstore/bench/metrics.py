@@ -119,7 +119,7 @@ class BenchMetrics:
         Parameters
         ----------
         figures : dict
-            A step of :func:`dlstore.bench.pipeline_bench.run_steps` or a pass of
+            A step of :func:`dlstore.bench.steps.run_steps` or a pass of
             :func:`dlstore.bench.storage.measure_passes`: ``step`` (else the step gauge counts up),
             ``rate`` or ``records_per_s``, ``mb_per_s`` or ``gb_per_s``, ``busiest_core_pct``,
             ``accelerator_util_pct``, ``bytes`` (read in this step); missing or None figures leave

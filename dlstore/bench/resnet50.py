@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 
 from dlstore.bench import pipeline_bench
+from dlstore.bench.tiers import Workload
 
 __all__ = ["WORKLOAD", "add_arguments", "run"]
 
@@ -25,7 +26,7 @@ def _describe(args: argparse.Namespace) -> str:
     return f"{what}, {args.layout} {args.dtype}"
 
 
-WORKLOAD = pipeline_bench.Workload(
+WORKLOAD = Workload(
     name="resnet50",
     unit="images",
     dataset_kind="imagenet",

@@ -14,7 +14,7 @@ prometheus_client = pytest.importorskip("prometheus_client", reason="--metrics-p
 from dlstore.bench import metrics as bench_metrics  # noqa: E402
 from dlstore.bench.__main__ import main as bench_main  # noqa: E402
 from dlstore.bench.metrics import BenchMetrics, MetricsUnavailable  # noqa: E402
-from dlstore.bench.pipeline_bench import run_steps  # noqa: E402
+from dlstore.bench.steps import run_steps  # noqa: E402
 from dlstore.bench.storage import measure_passes  # noqa: E402
 
 

@@ -13,25 +13,15 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from dlstore.bench import SCENARIOS, load_scenario, pipeline_bench
+from dlstore.bench import SCENARIOS, load_scenario
 from dlstore.bench import bert as bert_bench
 from dlstore.bench import resnet50 as resnet50_bench
-from dlstore.bench.pipeline_bench import (
-    Compute,
-    CountingSource,
-    LoaderSpec,
-    aggregate_ranks,
-    build_document,
-    fit_batch_size,
-    format_report,
-    markdown_report,
-    plan_steps,
-    resolve_compute,
-    run_jobs,
-    run_steps,
-    run_tier,
-    summarize_jobs,
-)
+from dlstore.bench.compute import COMPUTE_PRESETS, Compute, resolve_compute
+from dlstore.bench.jobs import run_jobs, summarize_jobs
+from dlstore.bench.pipeline_report import build_document, format_report, markdown_report
+from dlstore.bench.ranks import aggregate_ranks
+from dlstore.bench.steps import DEFAULT_STEP_BATCHES, CountingSource, fit_batch_size, plan_steps, run_steps
+from dlstore.bench.tiers import LoaderSpec, read_share, run_tier
 
 from tests.helpers import REPO as ROOT
 TIER_KEYS = ["tier", "io", "mb_per_s", "steps", "cpu_busiest_core_pct"]
@@ -44,7 +34,7 @@ def test_plan_steps_deals_batches_into_near_equal_steps():
     assert sum(plan_steps(34, 9)) == 34
     assert plan_steps(5, 9) == [1] * 5  # fewer batches than steps: one batch a step
     assert plan_steps(100, 9, step_batches=7) == [7] * 9  # fixed size wins over the count
-    assert plan_steps(None, 3) == [pipeline_bench.DEFAULT_STEP_BATCHES] * 3
+    assert plan_steps(None, 3) == [DEFAULT_STEP_BATCHES] * 3
     for bad in (dict(total_batches=0, steps=9), dict(total_batches=10, steps=0),
                 dict(total_batches=10, steps=2, step_batches=0)):
         with pytest.raises(ValueError):
@@ -167,9 +157,9 @@ def test_counting_source_counts_and_delegates():
 
 
 def test_read_share_says_whether_reading_or_decoding_took_the_time():
-    assert pipeline_bench.read_share({"source_s": 1.0, "pipeline_s": 3.0}) == pytest.approx(25.0)
-    assert pipeline_bench.read_share({"source_s": 0.0, "pipeline_s": 0.0}) is None
-    assert pipeline_bench.read_share({"batches": 3}) is None and pipeline_bench.read_share(None) is None
+    assert read_share({"source_s": 1.0, "pipeline_s": 3.0}) == pytest.approx(25.0)
+    assert read_share({"source_s": 0.0, "pipeline_s": 0.0}) is None
+    assert read_share({"batches": 3}) is None and read_share(None) is None
 
 
 # ---- accelerator presets ------------------------------------------------------------------------------
@@ -183,7 +173,7 @@ def test_resolve_compute_presets_and_milliseconds():
     ms = resolve_compute("120", "resnet50", 256)
     assert ms.seconds_per_batch == pytest.approx(0.12) and "command line" in ms.source
     b = resolve_compute("a100", "bert", 64, variant=384)
-    assert b.samples_per_s(64) == pytest.approx(pipeline_bench.COMPUTE_PRESETS["bert"]["a100"].rates[384])
+    assert b.samples_per_s(64) == pytest.approx(COMPUTE_PRESETS["bert"]["a100"].rates[384])
     assert "rough" in b.source
     pod = resolve_compute("pod64-host", "bert", 64, variant=128)
     assert pod.samples_per_s(64) == pytest.approx(3708.0) and "Graphcore" in pod.source

@@ -1,0 +1,167 @@
+"""One loader, one tier: what a pipeline benchmark reads (the workload and the loader's spec), the
+cache made warm or cold before it, and the tier's run through the step runner."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+
+from dlstore._progress import Progress
+from dlstore.io import pagecache as cache_control
+from dlstore.bench.steps import CountingSource, run_steps
+
+
+TIERS = ("page-cache", "local-cold", "target")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What differs between ``resnet50`` and ``bert``: names, units, data, pipeline and presets.
+
+    ``pipeline`` names a class of :mod:`dlstore.pipeline` built with the keyword arguments that
+    ``pipeline_kwargs(args)`` returns; ``--size`` picks a preset of :data:`dlstore.synthetic.PRESETS`
+    for ``dataset_kind`` (``default`` unless given) and ``dataset_overrides(args)`` adds generator arguments.
+    """
+
+    name: str
+    unit: str  # "images" or "samples": the JSON key is f"{unit}_per_s"
+    dataset_kind: str
+    pipeline: str
+    default_batch_size: int
+    pipeline_kwargs: Callable[[argparse.Namespace], Dict[str, Any]]
+    dataset_overrides: Callable[[argparse.Namespace], Dict[str, Any]] = field(default=lambda args: {})
+    variant: Callable[[argparse.Namespace], Optional[int]] = field(default=lambda args: None)
+    describe: Callable[[argparse.Namespace], str] = field(default=lambda args: "")
+    #: The --size preset of the generated baseline set: large enough that a tier lasts seconds.
+    default_size: str = "default"
+    size_help: str = ""
+
+    @property
+    def rate_key(self) -> str:
+        return f"{self.unit}_per_s"
+
+
+@dataclass(frozen=True)
+class LoaderSpec:
+    """Everything needed to build one loader, in this process or in a job's (picklable).
+
+    The loader reads a :class:`dlstore.Dataset`: this rank's share of the records (rank and size from
+    the launcher, so under mpirun each rank reads its own), in ``shuffle`` order, as training reads.
+    """
+
+    pipeline: str
+    pipeline_kwargs: Dict[str, Any]
+    paths: Tuple[str, ...]  # the files (what the cache is dropped or warmed for)
+    batch_size: int
+    io: str = "auto"
+    verify: bool = True
+    prefetch: int = 2
+    threads: Optional[int] = None
+    epochs: int = 1
+    mounts: Tuple[str, ...] = ()  # with mounts: the Dataset reads `shards`, relative to them
+    shards: Tuple[str, ...] = ()
+    shuffle: str = "block"
+    seed: int = 0
+
+    def dataset(self):
+        """This rank's :class:`dlstore.Dataset` of the spec's data."""
+        from dlstore.sources.dataset import Dataset
+
+        if self.mounts:
+            where: Dict[str, Any] = dict(shards=list(self.shards), mounts=list(self.mounts))
+        else:
+            where = dict(shards=list(self.paths))
+        return Dataset(**where, io=self.io, verify=self.verify, shuffle=self.shuffle, seed=self.seed,
+                       remainder="uneven", batch_size=self.batch_size)
+
+    def open(self) -> Tuple[Any, CountingSource]:
+        """``(loader, source)``: a :class:`dlstore.pipeline.Loader` over a counting :meth:`dataset`."""
+        from dlstore.pipeline import Loader
+
+        pipeline_cls = getattr(importlib.import_module("dlstore.pipeline"), self.pipeline)
+        source = CountingSource(self.dataset())
+        loader = Loader(source, pipeline_cls(**self.pipeline_kwargs), self.batch_size, prefetch=self.prefetch,
+                        last_batch="DROP", threads=self.threads, epochs=self.epochs, seed=self.seed)
+        return loader, source
+
+    def for_job(self, job: int) -> "LoaderSpec":
+        """The spec of concurrent job ``job``: its own seed, so jobs read the shared files in different orders."""
+        return dataclasses.replace(self, seed=self.seed + job)
+
+
+def close_loader(loader: Any) -> None:
+    close = getattr(loader, "close", None)
+    if close is not None:
+        close()
+
+
+def warm_up(spec: LoaderSpec, batches: int = 1) -> None:
+    """Draws ``batches`` batches from a loader of ``spec``, untimed, then closes it.
+
+    The first loader of a process pays one-off costs (imports, thread pools, the decoder's
+    tables); without this the first tier would carry them and look slower than the others.
+    """
+    loader, _ = spec.open()
+    try:
+        for i, _batch in enumerate(loader, 1):
+            if i >= batches:
+                break
+    finally:
+        close_loader(loader)
+
+
+def run_tier(tier: str, spec: LoaderSpec, plan: Sequence[int], *, cold: bool, compute_s: float = 0.0,
+             quiet: bool = True, log: Callable[[str], None] = print, unit: str = "images",
+             metrics: Optional[Any] = None) -> Dict[str, Any]:
+    """One tier: the cache prepared (warm: read once; cold: dropped or evicted), then :func:`run_steps`.
+
+    ``metrics`` (a :class:`dlstore.bench.metrics.BenchMetrics`) gets each step as it completes.
+
+    Returns
+    -------
+    dict
+        :func:`run_steps`' figures plus ``tier``, ``io``, ``io_reason``, ``cache``,
+        ``cache_method`` and ``cached_before`` (fraction of the files in the page cache when
+        the tier started), and the loader's ``loader_stats`` when it has them.
+    """
+    paths = list(spec.paths)
+    method = None if cold else cache_control.make_warm(paths)
+    loader, source = spec.open()
+    try:
+        if cold:
+            method = cache_control.make_cold(paths)
+        resident = cache_control.resident_fraction(paths)
+        if not cold and resident is not None and resident < 0.95:
+            log(f"note: {tier}: only {100 * resident:.0f}% of the data stayed in the page cache: the warm tier "
+                "is partly cold")
+        bar = Progress(sum(plan) * spec.batch_size, tier, unit=unit, enabled=False if quiet else None)
+        on_step = None
+        if metrics is not None:
+            metrics.begin(tier, source.engine)
+
+            def on_step(step: Dict[str, Any]) -> None:
+                metrics.step(tier, source.engine, step, records=source.records)
+        try:
+            measured = run_steps(loader, plan, compute_s=compute_s, counter=source,
+                                 progress=bar.update if bar.enabled else None, on_step=on_step)
+        finally:
+            bar.close()
+        stats = loader.stats() if hasattr(loader, "stats") else None
+    finally:
+        close_loader(loader)
+    return dict(measured, tier=tier, io=source.engine, io_reason=source.engine_reason,
+                cache="cold" if cold else "warm", cache_method=method, cached_before=resident,
+                read_share_pct=read_share(stats), loader_stats=stats)
+
+
+def read_share(stats: Optional[Dict[str, Any]]) -> Optional[float]:
+    """Of the loader's producer time, the percentage spent waiting for the source (reading) rather than
+    decoding: near 100 the storage is the limit, near 0 the CPU is. None when the loader does not say."""
+    if not stats:
+        return None
+    reading, decoding = stats.get("source_s"), stats.get("pipeline_s")
+    if reading is None or decoding is None or reading + decoding <= 0:
+        return None
+    return 100.0 * reading / (reading + decoding)
