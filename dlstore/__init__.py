@@ -1,6 +1,13 @@
 """dlstore: a storage-aware data loader for deep-learning training.
 
 ``import dlstore`` needs only numpy; frameworks are imported by their adapters when used.
+
+The rooms, from the bytes up (each imports those before it, not those after, but for the exceptions
+its own docstring names): ``formats``
+(what the bytes mean), ``io`` (how bytes reach memory), ``placement`` (who reads what, pure),
+``sources`` (``open_records``, ``Dataset``), ``pipeline`` (records to batches), ``adapters`` (torch,
+TensorFlow, DALI); beside them ``synthetic`` (generated data), ``tools`` and ``bench`` (the commands),
+``settings`` and ``errors`` (used by all).
 """
 from dlstore.errors import (CorruptRecordError, DlstoreError, DlstoreIOError,
                             GdsUnavailableError, PlacementError)

@@ -9,12 +9,26 @@ import os
 import sys
 from typing import Callable, Dict, List, NamedTuple, Optional
 
+from dlstore import __version__, _console, settings, synthetic
+from dlstore._console import Parser, positive_int
+from dlstore._progress import Progress
+from dlstore.errors import DlstoreError
+from dlstore.io.system import format_bytes
+from dlstore.placement import ASSIGNMENTS, REMAINDERS, SHUFFLES
+from dlstore.placement.mounts import plan_mounts
+from dlstore.sources.indexing import build_index, index_dataset
+from dlstore.sources.layout import record_counts, scan_layout
+from dlstore.sources.reader import expand_paths, open_records
+from dlstore.tools.commands import add_expand_arguments, add_testbed_arguments, run_expand, run_testbed
+from dlstore.tools.convert import convert_tree
+from dlstore.tools.info import collect_info, format_info
+from dlstore.tools.simulate import parse_simulate, run_simulate
+
 __all__ = ["main", "COMMANDS"]
 
 
 def cmd_gen(args: argparse.Namespace) -> int:
     """Writes a synthetic ImageNet-like or BERT dataset."""
-    from dlstore import synthetic
 
     if args.kind == "imagenet":
         paths = synthetic.generate_imagenet(args.out, shards=args.shards, records_per_shard=args.records_per_shard,
@@ -22,7 +36,6 @@ def cmd_gen(args: argparse.Namespace) -> int:
     else:
         paths = synthetic.generate_bert(args.out, shards=args.shards, records_per_shard=args.records_per_shard,
                                         seed=args.seed, seq_len=args.seq_len, progress=not args.quiet)
-    from dlstore.io.system import format_bytes
 
     size = sum(os.path.getsize(p) for p in paths)
     records = args.shards * args.records_per_shard
@@ -35,8 +48,6 @@ def cmd_convert(args: argparse.Namespace) -> int:
     """Converts a folder of class folders of images (ImageNet's train/ layout) to TFRecord shards
     with the features of TensorFlow's ImageNet converter, or to RecordIO as MXNet's im2rec writes it
     (with .idx and .lst files). Files that are not decodable images are named and left out."""
-    from dlstore.io.system import format_bytes
-    from dlstore.tools.convert import convert_tree
 
     def left_out(path: str, why: str) -> None:
         print(f"left out {path}: {why}", flush=True)
@@ -61,8 +72,6 @@ def cmd_index(args: argparse.Namespace) -> int:
     """Builds index files ('offset size' lines for TFRecord, 'key<TAB>offset' lines for RecordIO, which
     DALI and MXNet read) and one dataset manifest per directory (what dlstore.Dataset opens: one file
     for all its shards). A read-only directory's go to the cache directory ($DLSTORE_CACHE)."""
-    from dlstore.sources.indexing import build_index, index_dataset
-    from dlstore.sources.reader import expand_paths
 
     files = expand_paths(args.paths)
     for f in files:
@@ -89,8 +98,6 @@ class _FileCheck(NamedTuple):
 
 def _verify_file(path: str, fmt: str, io: Optional[str]) -> _FileCheck:
     """Reads one file with every check on and says what is wrong with it."""
-    from dlstore.errors import DlstoreError
-    from dlstore.sources.reader import open_records
 
     try:
         reader = open_records(path, format=fmt, io=io, on_error="skip")
@@ -119,8 +126,6 @@ def _count(n: int, what: str) -> str:
 def cmd_verify(args: argparse.Namespace) -> int:
     """Reads every record, checks framing and CRCs, and lists each corrupt offset and each file that
     cannot be read. Exit 1 if any."""
-    from dlstore._progress import Progress
-    from dlstore.sources.reader import expand_paths
 
     _check_settings(io=args.io)
     files = expand_paths(args.paths)
@@ -154,7 +159,6 @@ def _check_settings(**overrides) -> None:
     ValueError
         Naming the setting and where its value came from.
     """
-    from dlstore import settings
 
     for name in settings.SETTINGS:
         settings.get(name, overrides.get(name))
@@ -166,11 +170,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     --simulate, plans one rank of a dataset given as counts only, and what that costs."""
     import json
 
-    from dlstore.sources.layout import record_counts, scan_layout
-    from dlstore.placement.mounts import plan_mounts
 
     if args.simulate:
-        from dlstore.tools.simulate import run_simulate
 
         return run_simulate(args)
     if not args.mounts:
@@ -208,7 +209,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def cmd_testbed(args: argparse.Namespace) -> int:
     """As root: N loop-mounted filesystems, each optionally throttled (cgroup v1 blkio), holding a copy
     or a stripe of a dataset, to emulate several mounts on one host; --down removes them."""
-    from dlstore.tools.commands import run_testbed
 
     return run_testbed(args)
 
@@ -216,7 +216,6 @@ def cmd_testbed(args: argparse.Namespace) -> int:
 def cmd_expand(args: argparse.Namespace) -> int:
     """Makes K copies of every shard (x.tfrecord -> x.copy003.tfrecord, indexes beside them) so that
     the dataset outgrows every cache, as the Dell EMC Isilon F800 reference architecture did (150 copies)."""
-    from dlstore.tools.commands import run_expand
 
     return run_expand(args)
 
@@ -226,7 +225,6 @@ def cmd_info(args: argparse.Namespace) -> int:
     paths, MPI, and the GPU path (CUDA driver and devices, kvikio, libcufile, nvidia-fs, compat mode)."""
     import json
 
-    from dlstore.tools.info import collect_info, format_info
 
     info = collect_info(args.paths)
     print(json.dumps({k: v for k, v in info.items() if k != "rows"}, indent=1) if args.json else format_info(info))
@@ -246,8 +244,6 @@ COMMANDS: Dict[str, Callable[[argparse.Namespace], int]] = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from dlstore import __version__, settings
-    from dlstore._console import Parser, positive_int
 
     p = Parser(prog="dlstore", description="Storage-aware data loading tools.")
     p.add_argument("--version", action="version", version=f"dlstore {__version__}")
@@ -288,7 +284,6 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--quiet", action="store_true", help="no progress bar")
 
     _add_plan_parser(sub)
-    from dlstore.tools.commands import add_expand_arguments, add_testbed_arguments
 
     add_testbed_arguments(sub.add_parser("testbed", help=cmd_testbed.__doc__, description=cmd_testbed.__doc__))
     add_expand_arguments(sub.add_parser("expand", help=cmd_expand.__doc__, description=cmd_expand.__doc__))
@@ -299,8 +294,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_plan_parser(sub) -> None:
-    from dlstore.placement import ASSIGNMENTS, REMAINDERS, SHUFFLES
-    from dlstore.tools.simulate import parse_simulate
 
     pl = sub.add_parser("plan", help=cmd_plan.__doc__, description=cmd_plan.__doc__)
     pl.add_argument("--mounts", nargs="+", help="mount point directories (the dataset root on each)")
@@ -333,7 +326,6 @@ def _add_plan_parser(sub) -> None:
 
 def main(argv: Optional[List[str]] = None) -> int:
     """Runs one command. Bad input or settings: one line on stderr, exit 2 (``dlstore._console``)."""
-    from dlstore import _console
 
     args = build_parser().parse_args(argv)
     return _console.run(f"dlstore {args.command}", lambda: COMMANDS[args.command](args))

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from typing import Any, List, Optional
 
+from dlstore.errors import PlacementError
+from dlstore.placement.world import detect_world
+
 __all__ = ["mpi_comm", "gather", "allgather"]
 
 
@@ -19,8 +22,6 @@ def mpi_comm(world=None) -> Optional[Any]:
     MPI, which a plain ``python`` run must not pay for (or fail on).
     """
     if world is None:
-        from dlstore.errors import PlacementError
-        from dlstore.placement.world import detect_world
 
         try:
             world = detect_world()

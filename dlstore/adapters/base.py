@@ -15,6 +15,9 @@ from typing import Any, Dict, Iterator, Optional, Tuple
 import numpy as np
 
 from dlstore.pipeline.stages import LAST_BATCH_POLICIES, check_last_batch
+from dlstore.placement.world import detect_world
+from dlstore.sources.dataset import Dataset
+from dlstore.sources.source import Source
 
 __all__ = ["LastBatch", "check_last_batch", "import_framework", "current_world", "rank_source", "BatchAdapter"]
 
@@ -60,7 +63,6 @@ def current_world(world: Any = None):
     ``with_worker``, ``consumer`` and ``num_consumers`` serves as a world."""
     if world is not None:
         return world
-    from dlstore.placement.world import detect_world
 
     return detect_world()
 
@@ -77,14 +79,12 @@ def rank_source(source: Any, world: Any = None, defaults: Optional[Dict[str, Any
     ValueError
         When ``dataset_kwargs`` come with a ready source (they belong on it).
     """
-    from dlstore.sources.source import Source
 
     if isinstance(source, Source):
         if dataset_kwargs:
             raise ValueError(f"{', '.join(sorted(dataset_kwargs))} belong to the source: set them on "
                              f"{type(source).__name__} when making it, not on the adapter")
         return source
-    from dlstore.sources.dataset import Dataset
 
     return Dataset(source, world=current_world(world), **{**(defaults or {}), **dataset_kwargs})
 

@@ -29,8 +29,9 @@ import numpy as np
 
 from dlstore.adapters.base import LastBatch, check_last_batch, current_world, import_framework, rank_source
 from dlstore.errors import DlstoreError
-from dlstore.pipeline.decode import IMAGENET_MEAN, IMAGENET_STD
+from dlstore.formats.example import bytes_feature_spans, parse_batch
 from dlstore.io.system import available_cores
+from dlstore.pipeline.decode import IMAGENET_MEAN, IMAGENET_STD
 from dlstore.sources.source import start_at, state_at
 
 __all__ = ["dali_pipeline", "EncodedSamples"]
@@ -109,7 +110,6 @@ class EncodedSamples:
 
     def _samples(self, source) -> Iterator[Tuple[List[np.ndarray], np.ndarray]]:
         """Per chunk of records: image views and labels."""
-        from dlstore.formats.example import bytes_feature_spans, parse_batch
 
         for batch in source.batches():
             try:  # both in C++: the labels parsed, the image bytes located (not copied)

@@ -5,6 +5,7 @@ import argparse
 import sys
 from typing import List, Optional
 
+from dlstore import _console
 from dlstore._console import Parser
 from dlstore.bench import SCENARIOS, load_scenario, metrics
 
@@ -22,7 +23,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    from dlstore import _console
 
     args = build_parser().parse_args(argv)
     module = load_scenario(args.scenario)

@@ -36,6 +36,8 @@ import sys
 import time
 from typing import Any, Callable, Dict, Optional
 
+from dlstore.placement.world import detect_world
+
 __all__ = ["BenchMetrics", "MetricsUnavailable", "add_arguments", "serve_from_args", "linger"]
 
 _LABELS = ("bench", "engine", "tier")
@@ -215,7 +217,6 @@ def serve_from_args(args: argparse.Namespace, bench: str, unit: str,
     if args.metrics_linger < 0:
         raise ValueError(f"--metrics-linger must be 0 or more, not {args.metrics_linger}")
     if port:
-        from dlstore.placement.world import detect_world
 
         port += detect_world().local_rank  # ranks on one host do not fight over one port
     metrics = BenchMetrics(bench, unit)

@@ -53,17 +53,22 @@ import sys
 from typing import Dict, List, Optional, Sequence
 
 from dlstore import settings
-from dlstore.io import pagecache as cache_control
 from dlstore.bench import report, sysinfo
-from dlstore.io.select import ENGINES
-from dlstore.placement.sharding import SHUFFLES
-from dlstore.synthetic import PRESETS
 from dlstore.bench.compute import COMPUTE_PRESETS, resolve_compute
 from dlstore.bench.jobs import run_jobs
-from dlstore.bench.pipeline_report import tier_entry, build_document, format_report, markdown_report
+from dlstore.bench.pipeline_report import build_document, format_report, markdown_report, tier_entry
+from dlstore.bench.plot import MatplotlibMissing, plot_document
 from dlstore.bench.ranks import aggregate_ranks
-from dlstore.bench.steps import DEFAULT_STEPS, DEFAULT_STEP_BATCHES, fit_batch_size, plan_steps
-from dlstore.bench.tiers import LoaderSpec, TIERS, Workload, run_tier, warm_up
+from dlstore.bench.steps import DEFAULT_STEP_BATCHES, DEFAULT_STEPS, fit_batch_size, plan_steps
+from dlstore.bench.storage import dataset_paths
+from dlstore.bench.tiers import TIERS, LoaderSpec, Workload, run_tier, warm_up
+from dlstore.distributed import mpi_comm
+from dlstore.io import pagecache as cache_control
+from dlstore.io.select import ENGINES
+from dlstore.placement.sharding import SHUFFLES
+from dlstore.sources.layout import scan_layout
+from dlstore.sources.reader import expand_paths
+from dlstore.synthetic import PRESETS
 
 __all__ = ["add_common_arguments", "target_paths", "run_workload"]
 
@@ -147,18 +152,15 @@ def target_paths(data: str, mounts: Optional[Sequence[str]]) -> List[str]:
     returned are what the cache is dropped or evicted for, while the tier itself reads through a
     :class:`dlstore.Dataset` over the mounts (:meth:`LoaderSpec.open`).
     """
-    from dlstore.sources.reader import expand_paths
 
     if not mounts:
         return expand_paths(data)
-    from dlstore.sources.layout import scan_layout
 
     layout = scan_layout(list(mounts), [data])
     return [layout.path(s, m) for s in range(len(layout.shards)) for m in layout.holders[s]]
 
 
 def _baseline_paths(workload: Workload, args: argparse.Namespace) -> List[str]:
-    from dlstore.bench.storage import dataset_paths
 
     return dataset_paths(args.local, args.size, workload.dataset_kind, progress=not args.quiet,
                          **workload.dataset_overrides(args))
@@ -180,7 +182,6 @@ def run_workload(workload: Workload, args: argparse.Namespace) -> int:
     wanted = _tiers_wanted(args)
     if args.jobs and args.jobs_tier == "target" and not args.data:
         raise ValueError("--jobs-tier target needs --data")
-    from dlstore.distributed import mpi_comm
 
     comm = mpi_comm()
     rank, world = (comm.Get_rank(), comm.Get_size()) if comm is not None else (0, 1)
@@ -312,7 +313,6 @@ def run_workload(workload: Workload, args: argparse.Namespace) -> int:
             f.write(markdown_report(doc))
         print(f"wrote {args.markdown}")
     if args.plot:
-        from dlstore.bench.plot import MatplotlibMissing, plot_document
 
         try:
             plot_document(doc, args.plot)

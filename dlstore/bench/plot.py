@@ -9,6 +9,8 @@ import json
 import sys
 from typing import Any, Dict, List, Optional
 
+from dlstore import _console
+
 __all__ = ["MatplotlibMissing", "load_document", "plot_document", "main"]
 
 
@@ -106,7 +108,6 @@ def load_document(path: str) -> Dict[str, Any]:
 
 def main(argv: Optional[List[str]] = None) -> int:
     """``python -m dlstore.bench.plot RESULTS.json OUT.png``."""
-    from dlstore import _console
 
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 2:

@@ -27,12 +27,19 @@ import numpy as np
 
 from dlstore import settings
 from dlstore._progress import Progress
-from dlstore.io import pagecache as cache_control
 from dlstore.bench import report, sysinfo
 from dlstore.bench.fio import FioError, fio_missing_reason, run_fio
-from dlstore.errors import DlstoreError
+from dlstore.errors import DlstoreError, GdsUnavailableError
+from dlstore.io import pagecache as cache_control
+from dlstore.io import cuda  # cuda.cuda_facts looked up at each call: tests stand in for the machine
+from dlstore.io.cuda import gds_verdict, parse_device
+from dlstore.io.memory import PinnedPool, device_copier
 from dlstore.io.select import ENGINES
-from dlstore.synthetic import PRESETS  # light: pillow is imported only when a set is generated
+from dlstore.sources.reader import expand_paths, open_records
+from dlstore.synthetic import (
+    PRESETS,  # light: pillow is imported only when a set is generated
+    cached_dataset,
+)
 
 __all__ = ["SIZES", "add_arguments", "run", "dataset_paths", "open_readers", "count_records",
            "measure_passes", "timed_passes", "run_storage", "rates"]
@@ -95,11 +102,9 @@ def dataset_paths(data: Optional[str], size: str = "default", kind: str = "image
     DlstoreError
         When ``data`` matches nothing.
     """
-    from dlstore.sources.reader import expand_paths
 
     if data:
         return expand_paths(data)
-    from dlstore.synthetic import cached_dataset
 
     return expand_paths(cached_dataset(kind, size, progress=progress, **overrides))
 
@@ -112,7 +117,6 @@ def open_readers(paths: Sequence[str], io: str = "auto", verify: bool = True, re
     The engine is resolved once over the whole dataset (``io="auto"`` compares all of it with the
     page cache), and every reader uses it and reports that reason.
     """
-    from dlstore.sources.reader import open_records
 
     whole = open_records(list(paths), io=io, verify=verify)
     n = max(1, min(int(readers), len(paths)))
@@ -337,14 +341,11 @@ def check_gpu_request(io: str, device: Optional[str]) -> Optional[int]:
     GdsUnavailableError, DlstoreError, ValueError
         One line naming what is missing, before any data is generated or read.
     """
-    from dlstore.io.cuda import cuda_facts, gds_verdict, parse_device
-    from dlstore.io.memory import device_copier
 
     index = parse_device(device)
     if io == "gds":
-        verdict = gds_verdict(cuda_facts(), index or 0)
+        verdict = gds_verdict(cuda.cuda_facts(), index or 0)
         if verdict.missing:
-            from dlstore.errors import GdsUnavailableError
 
             raise GdsUnavailableError(verdict.missing)
         return index or 0
@@ -358,7 +359,6 @@ def pinned_copy_sink(index: int, chunk_bytes: int) -> Callable[[Any], None]:
     stream (waited for, so the pass counts the copy)."""
     import cupy
 
-    from dlstore.io.memory import PinnedPool
 
     pool = PinnedPool()
     held = {"staging": pool.acquire(chunk_bytes)}

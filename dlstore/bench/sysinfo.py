@@ -14,8 +14,18 @@ import resource
 import sys
 from typing import List, Optional, Sequence, Tuple
 
-from dlstore.io.system import available_page_cache_bytes, filesystem_of, format_bytes, meminfo
-from dlstore.io.system import available_cores, cpuinfo_field
+from dlstore import __version__
+from dlstore.io import cuda  # cuda.cuda_facts looked up at each call: tests stand in for the machine
+from dlstore.io.cuda import gds_verdict
+from dlstore.io.pagecache import cached_bytes
+from dlstore.io.system import (
+    available_cores,
+    available_page_cache_bytes,
+    cpuinfo_field,
+    filesystem_of,
+    format_bytes,
+    meminfo,
+)
 
 # filesystem_of is dlstore.io.system's, the one the engine choice reads too.
 __all__ = ["cpu_model", "filesystem_of", "gpu_status", "collect", "format_header", "per_core_cpu_ticks",
@@ -37,9 +47,8 @@ def cpu_model() -> str:
 def gpu_status() -> str:
     """A line on the GPU and GPUDirect Storage: the devices, and what ``io="gds"`` would do here or
     what it lacks (:func:`dlstore.io.cuda.gds_verdict`, as ``dlstore info`` says it)."""
-    from dlstore.io.cuda import cuda_facts, gds_verdict
 
-    facts = cuda_facts()
+    facts = cuda.cuda_facts()
     verdict = gds_verdict(facts)
     gpus = ", ".join(facts.devices) if facts.devices else "no GPU"
     gds = (f"gds cannot run ({verdict.reason})" if verdict.missing
@@ -58,8 +67,6 @@ def _crc_status() -> str:
 def collect(paths: Sequence[str] = (), engine: Optional[str] = None,
             engine_reason: Optional[str] = None) -> dict:
     """The header's facts as a dict (it goes into the JSON as ``sysinfo``)."""
-    from dlstore import __version__
-    from dlstore.io.pagecache import cached_bytes
 
     info: dict = {
         "cpu": cpu_model(),

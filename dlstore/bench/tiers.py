@@ -9,9 +9,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 from dlstore._progress import Progress
-from dlstore.io import pagecache as cache_control
 from dlstore.bench.steps import CountingSource, run_steps
-
+from dlstore.io import pagecache as cache_control
+from dlstore.pipeline import Loader
+from dlstore.sources.dataset import Dataset
 
 TIERS = ("page-cache", "local-cold", "target")
 
@@ -67,7 +68,6 @@ class LoaderSpec:
 
     def dataset(self):
         """This rank's :class:`dlstore.Dataset` of the spec's data."""
-        from dlstore.sources.dataset import Dataset
 
         if self.mounts:
             where: Dict[str, Any] = dict(shards=list(self.shards), mounts=list(self.mounts))
@@ -78,7 +78,6 @@ class LoaderSpec:
 
     def open(self) -> Tuple[Any, CountingSource]:
         """``(loader, source)``: a :class:`dlstore.pipeline.Loader` over a counting :meth:`dataset`."""
-        from dlstore.pipeline import Loader
 
         pipeline_cls = getattr(importlib.import_module("dlstore.pipeline"), self.pipeline)
         source = CountingSource(self.dataset())

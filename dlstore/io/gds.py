@@ -30,6 +30,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 
 from dlstore.errors import CorruptRecordError, DlstoreError, DlstoreIOError, GdsUnavailableError
+from dlstore.sources.indexing import find_index
 
 __all__ = ["ALIGN", "FRAME_OK", "FRAME_LENGTH", "FRAME_LENGTH_CRC", "FRAME_DATA_CRC", "FRAME_KERNEL", "ReadPlan",
            "plan_reads", "frame_positions", "frame_problem", "DeviceBatch", "HostBackend", "KvikioBackend",
@@ -185,7 +186,6 @@ def file_plan(paths: Sequence[str]) -> Tuple[np.ndarray, np.ndarray, np.ndarray]
         When a file has no valid index (gds locates records from the index rather than by reading
         the file on the host first): the message says to build one.
     """
-    from dlstore.sources.indexing import find_index
 
     files, offsets, sizes = [], [], []
     for i, path in enumerate(paths):

@@ -21,6 +21,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 
 from dlstore.errors import DlstoreError
+from dlstore.io import cuda  # cuda.cuda_facts looked up at each call: tests stand in for the machine
+from dlstore.io.cuda import device_missing, parse_device
 
 __all__ = ["PAGE", "PinnedBuffer", "PinnedPool", "cuda_host_register", "DeviceCopier", "CupyDevice", "HostDevice",
            "device_copier"]
@@ -299,12 +301,11 @@ def device_copier(device: Any) -> Tuple[Optional[int], Optional[DeviceCopier], s
     DlstoreError
         One line naming what is missing: no CUDA driver, no GPU, no such device, CuPy not installed.
     """
-    from dlstore.io.cuda import cuda_facts, device_missing, parse_device
 
     index = parse_device(device)
     if index is None:
         return None, None, ""
-    facts = cuda_facts()
+    facts = cuda.cuda_facts()
     missing = device_missing(facts, index)
     if not missing and facts.cupy is None:
         missing = facts.cupy_error or "CuPy is not installed"

@@ -16,6 +16,9 @@ import os
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
+from dlstore.errors import GdsUnavailableError
+from dlstore.io import cuda  # cuda.cuda_facts looked up at each call: tests stand in for the machine
+from dlstore.io.cuda import gds_verdict, parse_device
 from dlstore.io.system import available_page_cache_bytes, filesystem_of, format_bytes
 
 __all__ = ["ENGINES", "REQUESTS", "EngineChoice", "resolve_engine", "probe_direct"]
@@ -90,15 +93,13 @@ def resolve_engine(requested: str, paths: Sequence[str], total_bytes: int,
     """
     if requested not in REQUESTS:
         raise ValueError(f"io must be one of {', '.join(REQUESTS)}, not {requested!r}")
-    from dlstore.io.cuda import cuda_facts, gds_verdict, parse_device
 
     gpu = parse_device(device)
     not_gds = ""
     if requested == "gds" or (requested == "auto" and gpu is not None):
-        verdict = gds_verdict((probe or cuda_facts)(), gpu or 0)
+        verdict = gds_verdict((probe or cuda.cuda_facts)(), gpu or 0)
         if requested == "gds":
             if verdict.missing:
-                from dlstore.errors import GdsUnavailableError
 
                 raise GdsUnavailableError(verdict.missing)
             return EngineChoice("gds", requested, f"requested; {verdict.reason}", verdict.mode)

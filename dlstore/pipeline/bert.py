@@ -13,6 +13,7 @@ from typing import Any, Dict, Optional
 
 import numpy as np
 
+from dlstore.pipeline.loader import Loader, open_source
 from dlstore.pipeline.stages import Field, Pipeline, PipelineRun
 
 __all__ = ["Bert", "bert_loader", "BERT_PRESETS"]
@@ -143,7 +144,6 @@ def bert_loader(source: Any, batch_size: int = 64, seq_len: int = 128, io: Optio
     >>> next(iter(loader))["input_ids"].shape                                    # doctest: +SKIP
     (64, 128)
     """
-    from dlstore.pipeline.loader import Loader, open_source
 
     if io is not None:
         kw["io"] = io

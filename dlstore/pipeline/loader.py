@@ -17,9 +17,12 @@ from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
 import numpy as np
 
+import dlstore
 from dlstore.errors import DlstoreError
+from dlstore.io import memory
 from dlstore.pipeline.prefetch import BatchRing, Prefetcher
 from dlstore.pipeline.stages import Pipeline, check_last_batch
+from dlstore.placement.world import detect_world
 from dlstore.sources.source import ReadOptions, Source, start_at, state_at
 
 __all__ = ["Loader"]
@@ -143,7 +146,6 @@ class Loader:
         self.format = source.format
         self._fields = pipeline.fields()
         self._run = pipeline.bind(format=self.format, seed=self.seed, threads=self.threads)
-        from dlstore.io import memory
 
         self.device = device
         self._device_index, self._copier, self._device_path = memory.device_copier(device)
@@ -507,8 +509,6 @@ def open_source(source: Any, kw: Dict[str, Any], shuffle: str) -> Source:
     the short batch) and to ``pad`` for several (equal full batches on every rank, so none waits for
     another in a collective).
     """
-    import dlstore
-    from dlstore.placement.world import detect_world
 
     mine = [k for k in DATASET_KEYS + ReadOptions.names() if k in kw and k not in ("seed", "on_error")]
     if isinstance(source, Source):

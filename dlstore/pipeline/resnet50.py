@@ -24,8 +24,9 @@ import numpy as np
 
 from dlstore.errors import CorruptRecordError
 from dlstore.formats.recordio import IRHEADER_BYTES
-from dlstore.pipeline.decode import IMAGENET_MEAN, IMAGENET_STD
 from dlstore.io.system import available_cores
+from dlstore.pipeline.decode import FALLBACK, IMAGENET_MEAN, IMAGENET_STD, decode_batch, decode_path
+from dlstore.pipeline.loader import Loader, open_source
 from dlstore.pipeline.stages import Field, Pipeline, PipelineRun, sample_seeds
 
 __all__ = ["ResNet50", "resnet50_loader", "recordio_labels"]
@@ -100,7 +101,6 @@ class ResNet50(Pipeline):
 
     def bind(self, *, format: str, seed: int, threads: int) -> PipelineRun:
         from dlstore import _C
-        from dlstore.pipeline.decode import FALLBACK, decode_batch
 
         self.check_format(format)
         label_spec = [("image/class/label", "int64", 1, None)]
@@ -141,7 +141,6 @@ class ResNet50(Pipeline):
         return run_tfrecord if format == "tfrecord" else run_recordio
 
     def describe(self) -> Dict[str, Any]:
-        from dlstore.pipeline.decode import decode_path
 
         return {"pipeline": self.name, "train": self.train, "layout": self.layout, "dtype": self.dtype,
                 "size": self.size, "decoder": decode_path()}
@@ -224,7 +223,6 @@ def resnet50_loader(source: Any, batch_size: int = 256, train: bool = True, layo
     >>> batch["image"].shape, batch["label"].shape                          # doctest: +SKIP
     ((256, 224, 224, 3), (256,))
     """
-    from dlstore.pipeline.loader import Loader, open_source
 
     pipeline_keys = ("size", "mean", "std", "label_offset", "scale", "ratio", "eval_resize")
     pipeline = ResNet50(train, layout, dtype, **{k: kw.pop(k) for k in pipeline_keys if k in kw})

@@ -18,9 +18,11 @@ from typing import Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 import numpy as np
 
 from dlstore import settings
+from dlstore._progress import Progress
 from dlstore.errors import DlstoreError
 from dlstore.formats import index as index_format
 from dlstore.formats.manifest import MANIFEST_NAME, Manifest, decode_manifest, encode_manifest
+from dlstore.sources.reader import RecordReader, detect_files, expand_paths, open_records
 
 __all__ = ["index_path_for", "build_index", "scan_offsets", "load_index", "find_index", "ensure_index",
            "manifest_path_for", "read_manifest", "write_manifest", "record_manifest", "DatasetIndex",
@@ -64,7 +66,6 @@ def build_index(path: str, fmt: str = "auto", out: Optional[str] = None, verify:
         When ``path`` names more than one file (an index describes one file), or the file is
         compressed.
     """
-    from dlstore.sources.reader import expand_paths
 
     files = expand_paths(path)
     if len(files) != 1:
@@ -95,7 +96,6 @@ def scan_offsets(path: str, fmt: str = "auto", verify: bool = True) -> Tuple[str
     ValueError
         When the file is compressed (its records have no byte offsets).
     """
-    from dlstore.sources.reader import open_records
 
     reader = open_records(path, format=fmt, io="buffered", verify=verify)
     if reader.compression[0] != "none":
@@ -276,7 +276,6 @@ def _compare(manifest: Manifest, directory: str, names: List[str], stats: List[o
 def _scan_shards(paths: List[str], fmt: str, verify: bool, bar=None) -> Tuple[str, List[np.ndarray]]:
     """The format and each shard's frame offsets: from valid per-file indexes where there are, the
     rest in one sequential pass of one reader over all of them."""
-    from dlstore.sources.reader import RecordReader, detect_files, open_records
 
     if not paths:
         return fmt, []
@@ -309,7 +308,6 @@ def _build(directory: str, dest: str, old: Optional[Manifest], names: List[str],
            fmt: str, progress: bool, verify: bool, given: Optional[Dict[str, np.ndarray]] = None) -> Manifest:
     """A manifest for ``names`` (and the old one's entries whose shards are unchanged), written to ``dest``;
     the frame offsets of the shards in ``given`` are taken from it rather than read."""
-    from dlstore._progress import Progress
 
     entries: Dict[str, Tuple[int, int, np.ndarray]] = {}  # name -> (size, mtime, offsets)
     fmts = set()

@@ -12,13 +12,16 @@ import shlex
 import sys
 from typing import Any, Dict, List, Optional
 
+from dlstore.tools import testbed as tbm
+from dlstore.tools.expand import EXPAND_MODES, expand_shards
+from dlstore.tools.testbed import BREAK_MODES, FILESYSTEMS, LAYOUTS, MAX_MOUNTS
+
 __all__ = ["add_testbed_arguments", "run_testbed", "add_expand_arguments", "run_expand", "format_status"]
 
 _MB = 1e6  # --throttle-mbps counts decimal megabytes, as storage figures do
 
 
 def add_testbed_arguments(p: argparse.ArgumentParser) -> None:
-    from dlstore.tools.testbed import BREAK_MODES, FILESYSTEMS, LAYOUTS, MAX_MOUNTS
 
     p.add_argument("--dir", required=True, help="directory of the testbed: images/, mnt0.., testbed.json")
     what = p.add_mutually_exclusive_group()
@@ -53,7 +56,6 @@ def add_testbed_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_testbed(args: argparse.Namespace) -> int:
-    from dlstore.tools import testbed as tbm
 
     if not args.status:
         refusal = tbm.root_refusal()
@@ -163,7 +165,6 @@ def format_status(status: Dict[str, Any], measured: Optional[List[float]] = None
 
 
 def add_expand_arguments(p: argparse.ArgumentParser) -> None:
-    from dlstore.tools.expand import EXPAND_MODES
 
     p.add_argument("paths", nargs="+", help="shards: files, globs or a directory")
     p.add_argument("--copies", type=int, required=True,
@@ -181,7 +182,6 @@ def add_expand_arguments(p: argparse.ArgumentParser) -> None:
 def run_expand(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
-    from dlstore.tools.expand import expand_shards
 
     try:
         r = expand_shards(args.paths, args.out, args.copies, mode=args.mode, index=args.index,

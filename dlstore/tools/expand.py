@@ -25,8 +25,13 @@ import time
 from dataclasses import dataclass, field
 from typing import List, Optional, Sequence, Tuple, Union
 
+from dlstore._progress import Progress
 from dlstore.errors import DlstoreError, DlstoreIOError
+from dlstore.formats.detect import detect
 from dlstore.io.system import format_bytes
+from dlstore.sources import indexing
+from dlstore.sources.indexing import index_dataset, index_path_for, record_manifest
+from dlstore.sources.reader import expand_paths
 
 __all__ = ["EXPAND_MODES", "ExpandResult", "copy_name", "format_of", "valid_index", "copy_file", "expand_shards"]
 
@@ -135,7 +140,6 @@ def _reflink(src: str, tmp: str, dst: str) -> None:
 
 def format_of(path: str) -> str:
     """``"tfrecord"`` or ``"recordio"``, from the file's name and first bytes (TFRecord when unsure)."""
-    from dlstore.formats.detect import detect
 
     with open(path, "rb") as f:
         head = f.read(16)
@@ -153,7 +157,6 @@ def valid_index(path: str, fmt: Optional[str] = None, build: bool = False) -> Tu
     Without it, a stale or damaged index is not returned: copying it would give it a newer time
     than the copy of the data, and its staleness could no longer be seen.
     """
-    from dlstore.sources import indexing
 
     fmt = fmt or format_of(path)
     if build:
@@ -197,8 +200,6 @@ def expand_shards(paths: Union[str, Sequence[str]], out_dir: str, copies: int, *
     DlstoreError
         When there is not enough free space for the copies, or a file cannot be read or written.
     """
-    from dlstore._progress import Progress
-    from dlstore.sources.reader import expand_paths
 
     if isinstance(copies, bool) or not isinstance(copies, int) or copies < 1:
         raise ValueError(f"copies must be a whole number >= 1, not {copies!r}")
@@ -236,7 +237,6 @@ def expand_shards(paths: Union[str, Sequence[str]], out_dir: str, copies: int, *
             result.notes.append(note)
 
     try:  # the sources' record offsets, for the copies' manifest (one pass over the sources if unindexed)
-        from dlstore.sources.indexing import index_dataset
 
         source_index = index_dataset(sources)
     except DlstoreError as e:
@@ -256,7 +256,6 @@ def expand_shards(paths: Union[str, Sequence[str]], out_dir: str, copies: int, *
                 _place_index(indexes[s][0], indexes[s][1], d, mode)
                 result.indexes += 1
     if source_index is not None:
-        from dlstore.sources.indexing import record_manifest
 
         where = {s: i for i, s in enumerate(sources)}
         result.manifest = record_manifest(out_dir, source_index.format, {
@@ -302,7 +301,6 @@ def _place_index(src_index: str, fmt: str, dst: str, mode: str) -> None:
     """The index beside the copy ``dst``, where dlstore looks for it (``x.idx`` for a RecordIO
     ``x.rec``, else ``dst + .idx``); written after the data, so it is never older than it. A hardlinked
     copy gets a hardlinked index: both keep the source's times, in the same order."""
-    from dlstore.sources.indexing import index_path_for
 
     dest = index_path_for(dst, fmt, writable=True)
     tmp = dest + _TMP_SUFFIX

@@ -13,8 +13,11 @@ import subprocess
 import tempfile
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+from dlstore import __version__
 from dlstore.io.cuda import CudaFacts, gds_verdict, probe_cuda
-from dlstore.io.system import cpuinfo_field
+from dlstore.io.select import probe_direct
+from dlstore.io.system import cpuinfo_field, filesystem_of
+from dlstore.pipeline.decode import native_jpeg_available
 
 __all__ = ["collect_info", "format_info", "direct_on"]
 
@@ -38,7 +41,6 @@ def _crc() -> Dict[str, object]:
 
 def _jpeg() -> Dict[str, object]:
     try:
-        from dlstore.pipeline.decode import native_jpeg_available
 
         ok, what = native_jpeg_available()
     except ImportError as e:
@@ -52,8 +54,6 @@ def _jpeg() -> Dict[str, object]:
 def direct_on(path: str) -> str:
     """Whether O_DIRECT works on ``path`` (a file, or a directory: its first file, else a probe file
     written there and removed): ``"yes (fs ...)"`` or the reason it does not."""
-    from dlstore.io.select import probe_direct
-    from dlstore.io.system import filesystem_of
 
     fs = filesystem_of(path)
     where = f"{fs['fstype']} at {fs['mount'] or '?'}"
@@ -130,7 +130,6 @@ def _gpu_rows(facts: CudaFacts) -> List[Tuple[str, str]]:
 
 def collect_info(paths: Sequence[str] = (), facts: Optional[CudaFacts] = None) -> Dict[str, object]:
     """The report as a dict (``dlstore info --json``); ``facts`` defaults to a fresh :func:`probe_cuda`."""
-    from dlstore import __version__
 
     facts = probe_cuda() if facts is None else facts
     verdict = gds_verdict(facts)

@@ -14,6 +14,10 @@ import sys
 import time
 from typing import Any, Dict, Tuple
 
+from dlstore import settings
+from dlstore.placement.rank import plan_rank
+from dlstore.placement.sharding import shuffle_sizes
+
 __all__ = ["parse_simulate", "simulate", "run_simulate"]
 
 
@@ -35,9 +39,6 @@ def simulate(shards: int, records_per_shard: int, world_size: int, rank: int, *,
     ``mounts``, ``records_per_mount``, ``seconds``, ``max_rss_mb``)."""
     import numpy as np
 
-    from dlstore import settings
-    from dlstore.placement.rank import plan_rank
-    from dlstore.placement.sharding import shuffle_sizes
 
     start = time.perf_counter()
     block_records, block_window, buffer_size = shuffle_sizes(
