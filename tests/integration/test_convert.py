@@ -258,6 +258,7 @@ def test_shards_cut_the_shuffled_list_evenly(tree, tmp_path):
     assert sum(counts) == len(files) - len(BAD) and max(counts) <= -(-len(files) // 4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["missing", "empty", "a file", "no files", "inside", "format", "shards"])
 def test_cli_errors_are_one_line_and_exit_2(tree, tmp_path, case):
     src, _ = tree

@@ -104,6 +104,7 @@ def test_read_only_data_gets_its_manifest_in_the_cache(tmp_path, monkeypatch):
     assert not any(n.startswith(".dlstore") for n in os.listdir(tmp_path / "d"))
 
 
+@pytest.mark.slow
 def test_ranks_starting_together_build_it_once(tmp_path):
     _write(tmp_path / "d", shards=30, records=40)
     script = ("import sys, dlstore\nfrom dlstore.placement.world import World\n"
@@ -157,6 +158,7 @@ def test_expand_gives_the_copies_a_manifest_without_reading_them(tmp_path):
     assert sorted(_read_all(ds)) == sorted(r for recs in data.values() for r in recs for _ in range(3))
 
 
+@pytest.mark.slow
 def test_simulated_plan_json(tmp_path):
     out = subprocess.run([sys.executable, "-m", "dlstore", "plan", "--simulate", "1000:50", "--mounts-count", "4",
                           "--world-size", "16", "--rank", "3", "--shuffle", "global", "--json",

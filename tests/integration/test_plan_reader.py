@@ -135,6 +135,7 @@ def _masked_crc(data):
     return _C.masked_crc32c(data)
 
 
+@pytest.mark.slow
 def test_the_shuffle_buffer_stays_in_its_bounds_and_mixes(tmp_path):
     data = _shards(tmp_path, [200] * 6, size=(4000, 6000))  # ~5 KB records, ~6 MB in all
     chunk = 64 << 10

@@ -111,6 +111,7 @@ def no_delay(monkeypatch):
         failover.MountHealth.__init__, retry_delay=0.0))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("engine", ["buffered", "mmap", "direct"])
 def test_a_missing_shard_fails_over_to_the_replica(tmp_path, engine):
     data, roots = _replicated(tmp_path)

@@ -40,6 +40,8 @@ from dlstore.tools.testbed import (
 )
 from tests.helpers import REPO, oracle_read_tfrecord, write_tfrecord
 
+pytestmark = pytest.mark.slow  # loop devices, mkfs and cgroups (the root tests), and subprocesses
+
 MB = 1_000_000
 
 

@@ -101,6 +101,7 @@ def test_measure_passes_reports_each_timed_pass(tmp_path):
     assert seen == out["passes"] and len(seen) == 3  # the untimed warm-up pass is not reported
 
 
+@pytest.mark.slow
 def test_serve_on_port_zero_picks_a_free_port_and_answers_a_scrape():
     m = BenchMetrics("storage", "records")
     port = m.serve(0, addr="127.0.0.1")
@@ -119,6 +120,7 @@ def _args(**kw):
     return argparse.Namespace(**dict({"metrics_port": None, "metrics_linger": 0.0}, **kw))
 
 
+@pytest.mark.slow
 def test_serve_from_args_only_when_asked_and_checks_its_values():
     assert bench_metrics.serve_from_args(_args(), "bert", "samples") is None
     with pytest.raises(ValueError, match="0..65535"):
@@ -153,6 +155,7 @@ def test_missing_prometheus_client_is_one_line_and_exit_2(monkeypatch, capsys):
     assert err.count("\n") == 0 and "pip install prometheus_client" in err and "Traceback" not in err
 
 
+@pytest.mark.slow
 def test_a_port_in_use_is_one_line_and_exit_2(capsys):
     m = BenchMetrics("storage", "records")
     port = m.serve(0)

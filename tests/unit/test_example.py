@@ -293,6 +293,7 @@ def test_hostile_names_are_escaped_in_messages():
     assert "\\x00\\x0a" in str(info.value) and "..." in str(info.value)
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(feature_dicts, st.booleans(), st.data())
 def test_mutated_records_agree_with_the_oracle(features, packed, data):

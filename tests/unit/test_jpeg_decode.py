@@ -246,6 +246,7 @@ def test_eval_matches_pillow_resize_256_then_centre_crop(synthetic_jpegs):
         assert mean_abs_error(out[i], np.asarray(ref).astype(np.int16)) <= 0.5, i
 
 
+@pytest.mark.slow
 @native_only
 @pytest.mark.parametrize("train", [True, False])
 def test_reduced_dct_scales_match_pillow_on_large_images(train):

@@ -272,6 +272,7 @@ def test_interrupted_generation_is_redone(tmp_path, counted_generators):
     assert [file_bytes(p) for p in redone] == before
 
 
+@pytest.mark.slow
 def test_shard_changed_after_the_marker_is_redone(tmp_path, counted_generators):
     paths = synthetic.cached_dataset("bert", "tiny", cache_dir=tmp_path, progress=False)
     with open(paths[0], "ab") as f:
