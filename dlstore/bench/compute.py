@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from typing import Dict, Optional
 
 
+__all__ = ["AU_THRESHOLD_PCT", "ComputePreset", "Compute", "COMPUTE_PRESETS", "resolve_compute"]
+
 AU_THRESHOLD_PCT = 90.0  # MLPerf Storage counts a run as feeding its accelerators at AU >= 90%
 
 

@@ -2,6 +2,8 @@
 job, and the aggregate of each row."""
 from __future__ import annotations
 
+import multiprocessing as mp
+import queue as queue_module
 import time
 import traceback
 from typing import Any, Callable, Dict, List, Optional, Sequence
@@ -12,6 +14,8 @@ from dlstore.bench.compute import Compute
 from dlstore.bench.ranks import mean_known
 from dlstore.bench.steps import run_steps
 from dlstore.bench.tiers import LoaderSpec, close_loader
+
+__all__ = ["run_jobs", "summarize_jobs"]
 
 
 def _job_main(spec: LoaderSpec, plan: List[int], compute_s: float, index: int, ready, start, results) -> None:
@@ -73,9 +77,6 @@ def run_jobs(spec: LoaderSpec, max_jobs: int, plan: Sequence[int], *, prepare: C
     ``prepare()`` readies the cache before each row (after the jobs have built their loaders, before
     they start) and returns what it did.
     """
-    import multiprocessing as mp
-    import queue as queue_module
-
     # spawn, not fork: this process runs C++ reader threads, and a forked child inherits none of
     # them but may inherit their locks held.
     ctx = mp.get_context("spawn")

@@ -152,16 +152,13 @@ def target_paths(data: str, mounts: Optional[Sequence[str]]) -> List[str]:
     returned are what the cache is dropped or evicted for, while the tier itself reads through a
     :class:`dlstore.Dataset` over the mounts (:meth:`LoaderSpec.open`).
     """
-
     if not mounts:
         return expand_paths(data)
-
     layout = scan_layout(list(mounts), [data])
     return [layout.path(s, m) for s in range(len(layout.shards)) for m in layout.holders[s]]
 
 
 def _baseline_paths(workload: Workload, args: argparse.Namespace) -> List[str]:
-
     return dataset_paths(args.local, args.size, workload.dataset_kind, progress=not args.quiet,
                          **workload.dataset_overrides(args))
 
@@ -182,7 +179,6 @@ def run_workload(workload: Workload, args: argparse.Namespace) -> int:
     wanted = _tiers_wanted(args)
     if args.jobs and args.jobs_tier == "target" and not args.data:
         raise ValueError("--jobs-tier target needs --data")
-
     comm = mpi_comm()
     rank, world = (comm.Get_rank(), comm.Get_size()) if comm is not None else (0, 1)
     quiet = args.quiet or rank != 0
@@ -313,7 +309,6 @@ def run_workload(workload: Workload, args: argparse.Namespace) -> int:
             f.write(markdown_report(doc))
         print(f"wrote {args.markdown}")
     if args.plot:
-
         try:
             plot_document(doc, args.plot)
             print(f"wrote {args.plot}")

@@ -7,6 +7,9 @@ from dlstore.bench import report
 from dlstore.bench.compute import AU_THRESHOLD_PCT, Compute
 from dlstore.bench.tiers import Workload
 
+__all__ = ["build_document", "tier_entry", "step_table", "tier_table", "jobs_table", "format_report",
+           "markdown_report"]
+
 
 def tier_entry(t: Dict[str, Any], rate_key: str, compute: Optional[Compute], batch_size: int,
                 accelerators: int = 1) -> Dict[str, Any]:

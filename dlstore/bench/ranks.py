@@ -3,13 +3,17 @@ from __future__ import annotations
 
 from typing import Any, Dict, Iterable, List, Optional, Sequence
 
+__all__ = ["aggregate_ranks", "sum_known", "mean_known"]
+
 
 def sum_known(values: Iterable[Optional[float]]) -> Optional[float]:
+    """The sum of the values that are known (not None); None when none is."""
     known = [v for v in values if v is not None]
     return sum(known) if known else None
 
 
 def mean_known(values: Iterable[Optional[float]]) -> Optional[float]:
+    """The mean of the values that are known (not None); None when none is."""
     known = [v for v in values if v is not None]
     return sum(known) / len(known) if known else None
 

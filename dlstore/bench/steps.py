@@ -8,6 +8,8 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 from dlstore.bench import sysinfo
 
 
+__all__ = ["DEFAULT_STEPS", "DEFAULT_STEP_BATCHES", "plan_steps", "fit_batch_size", "CountingSource", "run_steps"]
+
 DEFAULT_STEPS = 9  # the paper's table has steps 1..9
 DEFAULT_STEP_BATCHES = 10  # when the record count is not known beforehand
 

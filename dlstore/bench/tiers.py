@@ -14,6 +14,8 @@ from dlstore.io import pagecache as cache_control
 from dlstore.pipeline import Loader
 from dlstore.sources.dataset import Dataset
 
+__all__ = ["TIERS", "Workload", "LoaderSpec", "close_loader", "warm_up", "run_tier", "read_share"]
+
 TIERS = ("page-cache", "local-cold", "target")
 
 
@@ -68,7 +70,6 @@ class LoaderSpec:
 
     def dataset(self):
         """This rank's :class:`dlstore.Dataset` of the spec's data."""
-
         if self.mounts:
             where: Dict[str, Any] = dict(shards=list(self.shards), mounts=list(self.mounts))
         else:
@@ -78,7 +79,6 @@ class LoaderSpec:
 
     def open(self) -> Tuple[Any, CountingSource]:
         """``(loader, source)``: a :class:`dlstore.pipeline.Loader` over a counting :meth:`dataset`."""
-
         pipeline_cls = getattr(importlib.import_module("dlstore.pipeline"), self.pipeline)
         source = CountingSource(self.dataset())
         loader = Loader(source, pipeline_cls(**self.pipeline_kwargs), self.batch_size, prefetch=self.prefetch,
@@ -91,6 +91,7 @@ class LoaderSpec:
 
 
 def close_loader(loader: Any) -> None:
+    """Stops ``loader``'s threads, for loaders that have a ``close`` (test doubles may not)."""
     close = getattr(loader, "close", None)
     if close is not None:
         close()
