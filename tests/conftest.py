@@ -1,5 +1,5 @@
 """Shared fixtures: payloads of awkward sizes, a directory that takes O_DIRECT, each engine in turn,
-unreadable files. Helpers that tests import live in tests/helpers.py."""
+unreadable files, ``io="gds"`` through the host stand-in. Helpers that tests import live in tests/helpers.py."""
 from __future__ import annotations
 
 import os
@@ -88,3 +88,22 @@ def make_unreadable(monkeypatch):
     yield make
     for path in refused:
         os.chmod(path, 0o644)
+
+
+@pytest.fixture
+def stand_in_gds(monkeypatch):
+    """``io="gds"`` resolving as on a GPU machine with true GDS (two GPUs), running the host stand-in
+    backend (:class:`dlstore.io.gds.HostBackend`). Yields the ``(mode, reason, device)`` of each
+    backend made."""
+    from dlstore.io import cuda, gds
+
+    facts = cuda.CudaFacts(driver="13.0", devices=["GPU", "GPU"], kvikio="26.10", cupy="14.0",
+                           libcufile="libcufile.so.0", nvidia_fs=True)
+    monkeypatch.setattr(cuda, "cuda_facts", lambda: facts)
+    made = []
+
+    def backend(mode, reason, device=0):
+        made.append((mode, reason, device))
+        return gds.HostBackend(mode, reason)
+    monkeypatch.setattr(gds, "default_backend", backend)
+    return made

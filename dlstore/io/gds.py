@@ -15,6 +15,9 @@ The engine is written so that everything but the CUDA calls runs anywhere:
   Tests run the same :class:`GdsCore` over it.
 - :class:`GdsCore` has the C++ reader's interface (``next_batch``, ``count_all``, ``stats``,
   ``notes``, ``corruptions``), so :class:`dlstore.RecordReader` runs it as it runs the C++ core.
+- :class:`GdsPlanReader` has the C++ plan reader's (``next_batch``, ``position``, ``stats``,
+  ``notes``, ``corruptions``), so :class:`dlstore.Dataset` runs it as it runs ``_C.PlanReader``:
+  an epoch's read plan, given in emission order, handed out in batches of exactly ``batch_size``.
   Its batches (:class:`DeviceBatch`) hold the buffer (``buffer``: a CuPy array, which frameworks
   take without a copy through ``__cuda_array_interface__`` or DLPack), and the record ``offsets``
   and ``lengths`` into it as host numpy arrays.
@@ -34,7 +37,7 @@ from dlstore.sources.indexing import find_index
 
 __all__ = ["ALIGN", "FRAME_OK", "FRAME_LENGTH", "FRAME_LENGTH_CRC", "FRAME_DATA_CRC", "FRAME_KERNEL", "ReadPlan",
            "plan_reads", "frame_positions", "frame_problem", "DeviceBatch", "HostBackend", "KvikioBackend",
-           "GdsCore", "file_plan", "default_backend"]
+           "GdsCore", "GdsPlanReader", "file_plan", "default_backend"]
 
 #: Reads start on this boundary: cuFile reads GPU pages of 4 KiB, and O_DIRECT needs the block size.
 ALIGN = 4096
@@ -214,11 +217,13 @@ class DeviceBatch:
     """
 
     def __init__(self, buffer: Any, offsets: np.ndarray, lengths: np.ndarray, file_offsets: np.ndarray,
-                 file_index: int, paths: Sequence[str]):
+                 file_index: int, paths: Sequence[str], file_indices: Optional[np.ndarray] = None):
         self.buffer = buffer
         self.offsets, self.lengths, self.file_offsets = offsets, lengths, file_offsets
-        self.file_index = int(file_index)
-        self.file_indices = np.full(len(offsets), self.file_index, dtype=np.int64)
+        # A batch of one read has one file; one gathered from several reads has a file per record.
+        self.file_indices = (np.full(len(offsets), int(file_index), dtype=np.int64) if file_indices is None
+                             else np.asarray(file_indices, dtype=np.int64))
+        self.file_index = int(self.file_indices[0]) if len(self.file_indices) else int(file_index)
         self._paths = paths
 
     @property
@@ -249,15 +254,15 @@ class DeviceBatch:
         return self.buffer.__dlpack_device__()
 
     def path(self, i: int) -> Optional[str]:
-        return self._paths[self.file_index] if 0 <= i < self.num_records else None
+        return self._paths[int(self.file_indices[i])] if 0 <= i < self.num_records else None
 
     def slice(self, start: int, stop: int) -> "DeviceBatch":
         return DeviceBatch(self.buffer, self.offsets[start:stop], self.lengths[start:stop],
-                           self.file_offsets[start:stop], self.file_index, self._paths)
+                           self.file_offsets[start:stop], self.file_index, self._paths, self.file_indices[start:stop])
 
     def take(self, keep: np.ndarray) -> "DeviceBatch":
         return DeviceBatch(self.buffer, self.offsets[keep], self.lengths[keep], self.file_offsets[keep],
-                           self.file_index, self._paths)
+                           self.file_index, self._paths, self.file_indices[keep])
 
 
 # ---- device backends --------------------------------------------------------------------------------
@@ -293,6 +298,9 @@ class HostBackend:
 
     def alloc(self, nbytes: int) -> np.ndarray:
         return np.empty(nbytes, dtype=np.uint8)
+
+    def copy(self, dst: np.ndarray, dst_offset: int, src: np.ndarray, src_offset: int, nbytes: int) -> None:
+        dst[dst_offset:dst_offset + nbytes] = src[src_offset:src_offset + nbytes]
 
     def read(self, handle: int, buf: np.ndarray, size: int, file_offset: int) -> _Done:
         done = 0
@@ -355,6 +363,11 @@ class KvikioBackend:
         with self._device:
             return self._cupy.empty(nbytes, dtype=self._cupy.uint8)
 
+    def copy(self, dst: Any, dst_offset: int, src: Any, src_offset: int, nbytes: int) -> None:
+        # A device-to-device copy on the current stream (batches gathered from several reads).
+        with self._device:
+            dst[dst_offset:dst_offset + nbytes] = src[src_offset:src_offset + nbytes]
+
     def read(self, handle: Any, buf: Any, size: int, file_offset: int) -> Any:
         # Non-blocking: kvikio splits the read into tasks on its thread pool; .get() waits.
         return handle.pread(buf[:size], size, file_offset)
@@ -394,10 +407,13 @@ class GdsCore:
     verify : bool
         Check the length and data CRCs (the length against the index always).
     on_error : {"raise", "skip"}
+    file_sizes : sequence of int, optional
+        Bytes per file, where the caller knows them (a dataset's index); else each file is stat'ed.
     """
 
     def __init__(self, paths: Sequence[str], file: np.ndarray, offset: np.ndarray, size: np.ndarray, backend: Any,
-                 *, chunk_size: int, depth: int = 2, verify: bool = True, on_error: str = "raise"):
+                 *, chunk_size: int, depth: int = 2, verify: bool = True, on_error: str = "raise",
+                 file_sizes: Optional[Sequence[int]] = None):
         self.paths = list(paths)
         self.offset = np.asarray(offset, dtype=np.int64)
         self.size = np.asarray(size, dtype=np.int64)
@@ -405,7 +421,11 @@ class GdsCore:
         self.verify = bool(verify)
         self.on_error = on_error
         self.depth = max(1, int(depth))
-        self.plan = plan_reads(file, self.offset, self.size, [os.path.getsize(p) for p in self.paths], chunk_size)
+        if file_sizes is None:
+            file_sizes = [os.path.getsize(p) for p in self.paths]
+        self.plan = plan_reads(file, self.offset, self.size, file_sizes, chunk_size)
+        #: Plan positions of the corrupt records skipped, in plan order (``corruptions()`` in the same order).
+        self.bad_positions: List[int] = []
         self._next = 0  # the next read to issue
         self._inflight: List[Tuple[int, Any, Any]] = []  # (read, buffer, future)
         self._handles: Dict[int, Any] = {}
@@ -483,6 +503,7 @@ class GdsCore:
                 raise CorruptRecordError(f"{path}: at byte {int(self.offset[a + i])}: "
                                          f"{frame_problem(int(status[i]), int(size[i]) - 16)}",
                                          path=path, offset=int(self.offset[a + i]))
+            self.bad_positions += (a + bad).tolist()
             for i in bad.tolist():
                 self._corruptions.append((path, int(self.offset[a + i]), frame_problem(int(status[i]),
                                                                                          int(size[i]) - 16)))
@@ -512,3 +533,148 @@ class GdsCore:
             if batch is None:
                 return
             yield batch
+
+
+class GdsPlanReader:
+    """An epoch's read plan through :class:`GdsCore`, handed out in batches of exactly ``batch_size``
+    records: ``_C.PlanReader``'s interface, for :class:`dlstore.Dataset` with ``io="gds"``.
+
+    The plan comes in *emission* order (a shuffle buffer's order already applied), so the records
+    come out in the order the host engines hand them out; neighbours in a file are still read
+    together (:func:`plan_reads`). A batch within one read is a view of its buffer; one spanning
+    several reads is gathered by a device copy per read into a buffer of its own.
+
+    Parameters
+    ----------
+    paths : list of str
+    file, offset, size : numpy.ndarray
+        Per record, in emission order: file index, frame offset and frame size.
+    backend : HostBackend or KvikioBackend
+    batch_size : int
+    first_batch : int
+        Records of the first batch (a plan restarted mid-batch); 0: ``batch_size``.
+    chunk_size, depth : int
+    verify : bool
+    on_error : {"raise", "skip"}
+        ``raise``: the good records before a corrupt one are handed out (the batch before it may be
+        short), then the next call raises :class:`~dlstore.CorruptRecordError` naming file and offset.
+    file_sizes : sequence of int, optional
+    """
+
+    def __init__(self, paths: Sequence[str], file: np.ndarray, offset: np.ndarray, size: np.ndarray, backend: Any,
+                 *, batch_size: int, first_batch: int = 0, chunk_size: int, depth: int = 2, verify: bool = True,
+                 on_error: str = "raise", file_sizes: Optional[Sequence[int]] = None):
+        # The core always skips: this reader decides what a corrupt record does, knowing its position.
+        self._core = GdsCore(paths, file, offset, size, backend, chunk_size=chunk_size, depth=depth, verify=verify,
+                             on_error="skip", file_sizes=file_sizes)
+        self._raise = on_error == "raise"
+        self._n = len(self._core.offset)
+        self._batch = max(1, int(batch_size))
+        self._want = int(first_batch) or self._batch
+        self._pending: List[DeviceBatch] = []   # records read, not yet handed out, in order
+        self._pending_records = 0
+        self._taken = 0          # plan positions the core has gone through (records returned and corrupt ones)
+        self._bad_seen = 0       # of the core's bad_positions, those looked at
+        self._bad_counted = 0    # of them, those counted into position
+        self._handed = 0
+        self._error: Optional[BaseException] = None  # raised once the records before it are handed out
+        self._end = False
+        self.position = 0        # emission positions consumed: records handed out plus corrupt ones skipped
+        self._stats = {"records": 0, "payload_bytes": 0, "gathered_batches": 0, "gathered_bytes": 0}
+
+    def __len__(self) -> int:
+        return self._n
+
+    def _pull(self) -> None:
+        """Reads on until ``_want`` records are pending, the plan ends or an error stops it."""
+        core = self._core
+        while self._pending_records < self._want and not self._end and self._error is None:
+            try:
+                batch = core.next_batch()
+            except DlstoreError as e:  # an open or a short read: hand out what came before, then raise
+                self._error = e
+                return
+            bad = core.bad_positions[self._bad_seen:]  # corrupt records met on the way to this batch
+            if bad and self._raise:
+                path, offset, what = core.corruptions()[self._bad_seen]
+                if batch is not None:
+                    batch = batch.slice(0, bad[0] - self._taken)  # the good records before it
+                self._error = CorruptRecordError(f"{path}: at byte {offset}: {what}", path=path, offset=offset)
+            self._bad_seen += len(bad)
+            if batch is None:
+                self._end = True
+                return
+            self._taken += batch.num_records + len(bad)
+            if batch.num_records:
+                self._pending.append(batch)
+                self._pending_records += batch.num_records
+
+    def next_batch(self) -> Optional[DeviceBatch]:
+        """The next batch: ``batch_size`` records (``first_batch`` for the first); fewer only at the
+        end of the plan or before an error, which the next call raises; None at the end."""
+        self._pull()
+        if not self._pending_records:
+            if self._error is not None:
+                raise self._error
+            self.position = self._n
+            return None
+        parts, need = [], min(self._want, self._pending_records)
+        while need:
+            piece = self._pending[0]
+            if piece.num_records <= need:
+                parts.append(self._pending.pop(0))
+                need -= piece.num_records
+            else:
+                parts.append(piece.slice(0, need))
+                self._pending[0] = piece.slice(need, piece.num_records)
+                need = 0
+        batch = parts[0] if len(parts) == 1 else self._gather(parts)
+        self._want = self._batch
+        self._pending_records -= batch.num_records
+        self._handed += batch.num_records
+        self._stats["records"] += batch.num_records
+        self._stats["payload_bytes"] += batch.nbytes
+        # Corrupt records skipped before the last one handed out count as consumed.
+        bad = self._core.bad_positions
+        while self._bad_counted < len(bad) and bad[self._bad_counted] < self._handed + self._bad_counted:
+            self._bad_counted += 1
+        self.position = self._handed + self._bad_counted
+        return batch
+
+    def _gather(self, parts: List[DeviceBatch]) -> DeviceBatch:
+        # A part's records follow each other in its read's buffer (a read holds neighbours in a file),
+        # so one copy per part moves them, frame headers between them included.
+        starts = [int(p.offsets[0]) for p in parts]
+        spans = [int(p.offsets[-1] + p.lengths[-1]) - s for p, s in zip(parts, starts)]
+        backend = self._core.backend
+        out = backend.alloc(max(1, sum(spans)))
+        offsets, at = [], 0
+        for p, s, n in zip(parts, starts, spans):
+            backend.copy(out, at, p.buffer, s, n)
+            offsets.append(p.offsets - s + at)
+            at += n
+        self._stats["gathered_batches"] += 1
+        self._stats["gathered_bytes"] += at
+        return DeviceBatch(out, np.concatenate(offsets), np.concatenate([p.lengths for p in parts]),
+                           np.concatenate([p.file_offsets for p in parts]), parts[0].file_index, self._core.paths,
+                           np.concatenate([p.file_indices for p in parts]))
+
+    def stats(self) -> Dict[str, Any]:
+        """The C++ plan reader's counters (``records`` handed out, ``file_bytes_read``, ``chunks``:
+        reads ...), with ``gds_mode``, ``gds_backend`` and ``crc`` (where the CRC ran)."""
+        core = self._core.stats()
+        return dict(self._stats, skipped=len(self._core.bad_positions) if not self._raise else 0,
+                    file_bytes_read=core["bytes_read"], chunks=core["reads"],
+                    buffers_allocated=core["buffers_allocated"] + self._stats["gathered_batches"],
+                    gds_mode=core["gds_mode"], gds_backend=core["gds_backend"], crc=core["crc"])
+
+    def notes(self) -> List[str]:
+        return []
+
+    def corruptions(self) -> List[Tuple[str, int, str]]:
+        """``(path, offset, what)`` of each corrupt record skipped (none under ``on_error="raise"``)."""
+        return [] if self._raise else self._core.corruptions()
+
+    def close(self) -> None:
+        self._pending = []
+        self._core.close()

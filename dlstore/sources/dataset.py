@@ -11,7 +11,9 @@ It composes the pure placement functions with the C++ reader:
 - ``dlstore._C.PlanReader`` takes that plan as arrays, once per epoch, reads it with large reads and
   several in flight, checks every frame, and hands out batches of exactly ``batch_size`` records in
   the planned order; :class:`dlstore.io.failover.MountHealth` picks a replica when a read fails, and
-  the plan restarts there at the first record not yet handed out.
+  the plan restarts there at the first record not yet handed out. With ``io="gds"``,
+  :class:`dlstore.io.gds.GdsPlanReader` does the same into GPU memory, from the plan put in
+  emission order.
 
 Its state (``epoch``, ``sample_in_epoch``) resumes a run exactly, mid-epoch.
 """
@@ -27,6 +29,7 @@ import numpy as np
 from dlstore import settings
 from dlstore.errors import DlstoreError, DlstoreIOError, PlacementError
 from dlstore.sources.indexing import index_dataset
+from dlstore.io.cuda import parse_device
 from dlstore.io.failover import MountHealth
 from dlstore.io.select import EngineChoice, resolve_engine
 from dlstore.placement.mounts import assign_mounts, mount_for, mounts_for, read_in_turns
@@ -109,6 +112,10 @@ class Dataset(ReadsWithOptions):
         ``shuffle_window`` setting, 128 MiB; 0: the whole share).
     progress : bool
         A progress bar while the shards are indexed.
+    device : str, optional
+        Where the records are going: ``cuda:N`` lets ``io="auto"`` pick ``gds`` (true GPUDirect
+        Storage only), and is the device ``io="gds"`` reads into (default ``cuda:0``). With
+        ``io="gds"`` batches are :class:`~dlstore.io.gds.DeviceBatch` objects (TFRecord only).
     options : ReadOptions, optional
         How to read: engine, CRC checks, ``on_error``, read sizes, threads, ``read_timeout`` and
         ``max_retries``. Or pass those as keyword arguments (``io="direct"``, ...); see
@@ -120,7 +127,7 @@ class Dataset(ReadsWithOptions):
                  buffer_size: Optional[int] = None, remainder: str = "pad", batch_size: Optional[int] = None,
                  mount_policy: str = "rank", mounts_per_rank: int = 1, throughput: Optional[Sequence[float]] = None,
                  block_size: Optional[int] = None, shuffle_window: Optional[int] = None, progress: bool = False,
-                 options: Optional[ReadOptions] = None, **read_options: Any):
+                 device: Optional[str] = None, options: Optional[ReadOptions] = None, **read_options: Any):
         self.options = ReadOptions.take(options, read_options)
         if read_options:
             raise TypeError(f"Dataset() got unexpected keyword arguments {', '.join(sorted(read_options))}")
@@ -128,6 +135,7 @@ class Dataset(ReadsWithOptions):
             raise PlacementError(f"unknown shuffle {shuffle!r}; choose one of {sorted(SHUFFLES)}")
         if batch_size is not None and (isinstance(batch_size, bool) or int(batch_size) < 1):
             raise ValueError(f"batch_size must be at least 1 (or None: the loader's), not {batch_size!r}")
+        gpu = parse_device(device)  # a bad device string fails here, before any indexing
         self.world = world if world is not None else detect_world()
         self._layout, self.shards = self._find_layout(shards, mounts)
         self.mounts = list(self._layout.mounts) if self._layout is not None else []
@@ -154,10 +162,12 @@ class Dataset(ReadsWithOptions):
             raise ValueError(f"buffer_size must be at least 1 record, not {buffer_size!r}")
         self.buffer_size = int(buffer_size)
         self.choice: EngineChoice = resolve_engine(self.options.get("io"), first, total_bytes,
-                                                   random_reads=shuffle == "global")
-        if self.engine == "gds":  # GdsUnavailableError was raised above where it cannot run at all
-            raise DlstoreError("io='gds' reads files in order (dlstore.open_records) in this build; a Dataset's "
-                               "read plan through gds is not wired yet: use a host engine here")
+                                                   random_reads=shuffle == "global", device=device)
+        if self.engine == "gds" and self.format != "tfrecord":  # GdsUnavailableError was raised above
+            raise DlstoreError(f"io='gds' reads uncompressed TFRecord shards; {first[0]} is {self.format}: "
+                               f"use a host engine", path=first[0])
+        #: The CUDA device ``io="gds"`` reads into, else None.
+        self.device_index: Optional[int] = gpu if gpu is not None else (0 if self.engine == "gds" else None)
         self._rank_mounts = self._assign(mount_policy, mounts_per_rank, throughput)
         self._core_options = self.options.core(self.engine, in_order=False, mounts=len(self._rank_mounts),
                                                reorders=SHUFFLES[shuffle].buffered)
@@ -293,6 +303,8 @@ class Dataset(ReadsWithOptions):
     def _core(self, plan: _ReaderPlan, start: int = 0):
         from dlstore import _C
 
+        if self.engine == "gds":
+            return self._gds_core(plan, start)
         # Under a shuffle buffer the records held stay in the chunks read, up to twice the buffer's
         # bytes (then the oldest chunks' remaining records are copied out and the chunks let go).
         hold = 0
@@ -304,6 +316,21 @@ class Dataset(ReadsWithOptions):
         return _C.PlanReader(plan.paths, plan.file, plan.offset, plan.size, plan.emit, self.format, batch,
                              self._core_options, hold_bytes=hold, sequential=self.shuffle != "global",
                              first_batch=batch - start % batch, device=plan.device)
+
+    def _gds_core(self, plan: _ReaderPlan, start: int):
+        # The plan in emission order: every shuffle comes out as the host engines hand it out; a record
+        # held back by a shuffle buffer is read where it is emitted (neighbours still read together).
+        from dlstore.io import gds
+
+        order = plan.emit if plan.emit is not None else slice(None)
+        batch = self._read_batch_size()
+        shard_of_file = np.array([s for s, _ in plan.places], dtype=np.int64)
+        return gds.GdsPlanReader(plan.paths, plan.file[order], plan.offset[order], plan.size[order],
+                                 gds.default_backend(self.choice.gds_mode, self.choice.reason, self.device_index or 0),
+                                 batch_size=batch, first_batch=batch - start % batch,
+                                 chunk_size=self._core_options["chunk_size"], depth=self._core_options["depth"],
+                                 verify=self.verify, on_error=self._core_options["on_error"],
+                                 file_sizes=self.index.sizes[shard_of_file].tolist())
 
     def batches(self) -> Iterator:
         """Yields RecordBatches of this consumer's records for the current epoch, from the current position.
@@ -424,6 +451,8 @@ class Dataset(ReadsWithOptions):
         shuffle buffer copied out, failovers, retries), the engine and why, the shuffle and this
         rank's mounts."""
         out = dict(self._last)
+        if self.engine == "gds":  # before a pass: what the verdict says (the pass's backend says more)
+            out.setdefault("gds_mode", self.choice.gds_mode)
         out.update(engine=self.choice.engine, engine_reason=self.choice.reason, shuffle=self.describe_shuffle(),
                    manifests=list(self.index.manifests), index_notes=list(self.index.notes),
                    mounts=self.rank_mounts, layout=self._layout.kind if self._layout is not None else "files",
@@ -485,7 +514,9 @@ class _NoPlace(Exception):
 
 def _add_counts(totals: Dict[str, int], stats: Mapping[str, int]) -> None:
     for key, value in stats.items():
-        if key == "peak_held_bytes":
+        if isinstance(value, str):  # what ran (the gds reader's mode, backend, CRC), not a count
+            totals[key] = value
+        elif key == "peak_held_bytes":
             totals[key] = max(totals.get(key, 0), int(value))
         else:
             totals[key] = totals.get(key, 0) + int(value)

@@ -138,21 +138,6 @@ def test_missing_index_says_how_to_build_one(tmp_path):
         gds.file_plan([path])
 
 
-@pytest.fixture
-def stand_in_gds(monkeypatch):
-    """``io="gds"`` resolving as on a GPU machine with true GDS, running the host stand-in backend."""
-    facts = cuda.CudaFacts(driver="13.0", devices=["GPU", "GPU"], kvikio="26.10", cupy="14.0",
-                           libcufile="libcufile.so.0", nvidia_fs=True)
-    monkeypatch.setattr(cuda, "cuda_facts", lambda: facts)
-    made = []
-
-    def backend(mode, reason, device=0):
-        made.append((mode, reason, device))
-        return gds.HostBackend(mode, reason)
-    monkeypatch.setattr(gds, "default_backend", backend)
-    return made
-
-
 def test_open_records_gds_runs_the_engine_and_says_which_mode(tmp_path, payloads, stand_in_gds):
     path = indexed(tmp_path, "r.tfrecord", payloads)
     reader = dlstore.open_records(path, io="gds", device="cuda:1", chunk_size=64 << 10)
@@ -177,8 +162,11 @@ def test_gds_refuses_compressed_and_recordio(tmp_path, stand_in_gds):
     path.write_bytes(gzip.compress(oracle_tfrecord_bytes([b"x"])))
     with pytest.raises(dlstore.DlstoreError, match="uncompressed TFRecord.*gzip"):
         dlstore.open_records(path, io="gds")
-    with pytest.raises(dlstore.DlstoreError, match="not wired yet"):
-        dlstore.Dataset(indexed(tmp_path, "d.tfrecord", [b"x"]), io="gds")
+    rec = str(tmp_path / "r.rec")
+    with dlstore.RecordIOWriter(rec, idx_path=str(tmp_path / "r.idx")) as w:
+        w.write(b"x")
+    with pytest.raises(dlstore.DlstoreError, match=f"^io='gds' reads uncompressed TFRecord files; {rec} is recordio"):
+        dlstore.open_records(rec, io="gds")
 
 
 HARNESS = r"""
