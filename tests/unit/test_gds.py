@@ -236,3 +236,24 @@ def test_reader_of_gds_iterates_records_through_the_stand_in(tmp_path, payloads,
     path = indexed(tmp_path, "it.tfrecord", payloads)
     assert [bytes(r) for r in dlstore.open_records(path, io="gds", chunk_size=64 << 10)] == payloads
     assert dlstore.open_records(path, io="gds").count()["records"] == len(payloads)
+
+
+def test_plan_reader_hands_out_exact_batches_gathered_across_reads_and_files(tmp_path, payloads):
+    """GdsPlanReader: a plan over two files in an interleaved order, batches of exactly 7 (the first of
+    3), records gathered from several reads (and files) into one buffer, each naming its file."""
+    paths = [indexed(tmp_path, "a.tfrecord", payloads), indexed(tmp_path, "b.tfrecord", payloads[::-1])]
+    file, offset, size = gds.file_plan(paths)
+    n = len(payloads)
+    order = np.arange(2 * n).reshape(2, n).T.reshape(-1)  # a0 b0 a1 b1 ...: no two neighbours in a file
+    want = [r for pair in zip(payloads, payloads[::-1]) for r in pair]
+    reader = gds.GdsPlanReader(paths, file[order], offset[order], size[order], gds.HostBackend(), batch_size=7,
+                               first_batch=3, chunk_size=4096)
+    got, sizes, files = [], [], []
+    while (batch := reader.next_batch()) is not None:
+        got += read_all([batch])
+        sizes.append(batch.num_records)
+        files += [batch.path(i) for i in range(batch.num_records)]
+    assert got == want and files == [paths[i % 2] for i in range(2 * n)]
+    assert sizes[0] == 3 and all(s == 7 for s in sizes[1:-1]) and reader.position == 2 * n
+    stats = reader.stats()
+    assert stats["records"] == 2 * n and stats["gathered_batches"] == len(sizes) and stats["chunks"] == 2 * n
