@@ -301,10 +301,10 @@ class Dataset(ReadsWithOptions):
         self.epoch, self.sample_in_epoch = int(epoch), 0
 
     def _core(self, plan: _ReaderPlan, start: int = 0):
-        from dlstore import _C
-
         if self.engine == "gds":
             return self._gds_core(plan, start)
+        from dlstore import _C
+
         # Under a shuffle buffer the records held stay in the chunks read, up to twice the buffer's
         # bytes (then the oldest chunks' remaining records are copied out and the chunks let go).
         hold = 0
@@ -326,7 +326,7 @@ class Dataset(ReadsWithOptions):
         batch = self._read_batch_size()
         shard_of_file = np.array([s for s, _ in plan.places], dtype=np.int64)
         return gds.GdsPlanReader(plan.paths, plan.file[order], plan.offset[order], plan.size[order],
-                                 gds.default_backend(self.choice.gds_mode, self.choice.reason, self.device_index or 0),
+                                 gds.default_backend(self.choice.gds_mode, self.choice.reason, self.device_index),
                                  batch_size=batch, first_batch=batch - start % batch,
                                  chunk_size=self._core_options["chunk_size"], depth=self._core_options["depth"],
                                  verify=self.verify, on_error=self._core_options["on_error"],
