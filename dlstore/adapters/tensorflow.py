@@ -18,6 +18,7 @@ from typing import Any, Dict, Iterator, Optional, Tuple
 import numpy as np
 
 from dlstore.adapters.base import BatchAdapter, import_framework
+from dlstore.errors import DlstoreError
 
 __all__ = ["as_tf_dataset", "TensorFlowAdapter"]
 
@@ -43,9 +44,19 @@ class TensorFlowAdapter(BatchAdapter):
     loader : dlstore.pipeline.Loader
     copy : bool, optional
         Force (True) or skip (False) the copy; default: copy unless ``loader.copy`` is true.
+
+    Raises
+    ------
+    DlstoreError
+        For a loader that yields on a GPU (``Loader(..., device="cuda:N")``): not built for TensorFlow.
     """
 
     def __init__(self, loader, copy: Optional[bool] = None):
+        device = getattr(loader, "device", None)
+        if device is not None:
+            raise DlstoreError(f"as_tf_dataset: the loader yields its batches on {device} (CuPy arrays); "
+                               f"TensorFlow GPU batches are not built: make the Loader without device= (TensorFlow "
+                               f"copies host batches to the GPU itself)")
         super().__init__(loader)
         self._tf = _tf()
         self.copy = (not getattr(loader, "copy", False)) if copy is None else bool(copy)

@@ -45,7 +45,9 @@ def _torch():
 
 
 def _as_tensor(torch, array: Any):
-    """A torch tensor sharing ``array``'s memory (numpy on the CPU, or any DLPack producer, e.g. CuPy)."""
+    """A torch tensor sharing ``array``'s memory (numpy on the CPU, or any DLPack producer, e.g. the CuPy
+    arrays of a ``Loader(device="cuda:N")``: a CUDA tensor, no copy; ``from_dlpack`` passes torch's current
+    stream, which the producer makes wait for its pending work)."""
     if isinstance(array, np.ndarray):
         # from_numpy warns on read-only arrays (torch has no read-only tensors); DLPack shares them quietly.
         return torch.from_numpy(array) if array.flags.writeable else torch.from_dlpack(array)
@@ -241,25 +243,46 @@ class TorchLoader(BatchAdapter):
     ``allocator=pinned_allocator()``, else a pinned staging buffer per output. Before the next
     batch is drawn (which lets the loader reuse its buffer, and this adapter its staging buffer)
     the previous batch's copy is waited for: by then it has usually long finished, behind the
-    training step the consumer queued. Device tensors are new each batch. Arrays the loader
-    already holds on the GPU (DLPack with a CUDA device) are shared as they are.
+    training step the consumer queued. Device tensors are new each batch.
+
+    Over a loader that yields on the GPU (``Loader(..., device="cuda:N")``: CuPy arrays, copied
+    there from its pinned ring) each tensor is the loader's device array itself, through DLPack
+    (``torch.from_dlpack``): no host copy, no second device copy. As with the loader's arrays, it is
+    valid until the next batch is drawn (the loader's device buffers alternate), unless the loader
+    copies (``copy=True``). Torch's current stream waits for the batch's copies (the DLPack stream
+    hand-off; no host wait); the loader reuses a device buffer only after the work queued on CuPy's
+    current stream, which is torch's default stream unless a program sets other streams.
 
     Parameters
     ----------
     loader : dlstore.pipeline.Loader
     device : str or torch.device, optional
-        Default: the current CUDA device when CUDA is available, else the CPU.
+        Default: the loader's GPU when it yields on one; else the current CUDA device when CUDA is
+        available, else the CPU. Over a GPU loader only its own device is accepted.
     pin_memory : bool, optional
         Copy through pinned memory (asynchronous); default True for a CUDA device.
+
+    Raises
+    ------
+    ValueError
+        When ``device`` is not the GPU loader's own.
     """
 
     def __init__(self, loader, device: Any = None, pin_memory: Optional[bool] = None):
         super().__init__(loader)
         torch = self._torch = _torch()
-        if device is None:
+        #: ``"cuda:N"`` when the loader's batches are on that GPU already (shared through DLPack).
+        self.loader_device = getattr(loader, "device", None)
+        if self.loader_device is not None:
+            if device is not None and torch.device(device) != torch.device(self.loader_device):
+                raise ValueError(f"TorchLoader(device={str(device)!r}) over a loader yielding on "
+                                 f"{self.loader_device}: its batches stay where they are (make the Loader with "
+                                 f"device={str(device)!r})")
+            device = self.loader_device
+        elif device is None:
             device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
-        self.to_cuda = self.device.type == "cuda"
+        self.to_cuda = self.device.type == "cuda" and self.loader_device is None
         self.pin_memory = self.to_cuda if pin_memory is None else bool(pin_memory)
         self._staging: Dict[str, Any] = {}  # name -> pinned tensor
 
@@ -270,7 +293,7 @@ class TorchLoader(BatchAdapter):
         return shape, _as_tensor(self._torch, np.empty(0, dtype)).dtype
 
     def __iter__(self) -> Iterator[Dict[str, Any]]:
-        if not self.to_cuda:
+        if not self.to_cuda:  # CPU batches as they are, or a GPU loader's shared through DLPack
             yield from super().__iter__()
             return
         torch = self._torch

@@ -64,6 +64,7 @@ from dlstore.bench.storage import dataset_paths
 from dlstore.bench.tiers import TIERS, LoaderSpec, Workload, run_tier, warm_up
 from dlstore.distributed import mpi_comm
 from dlstore.io import pagecache as cache_control
+from dlstore.io.memory import check_device
 from dlstore.io.select import ENGINES
 from dlstore.placement.sharding import SHUFFLES
 from dlstore.sources.layout import scan_layout
@@ -94,6 +95,11 @@ def add_common_arguments(p: argparse.ArgumentParser, workload: Workload) -> None
     p.add_argument("--io", choices=("auto",) + ENGINES, default=None,
                    help=settings.SETTINGS["io"].help + " The page-cache tier reads with buffered (or mmap) I/O. "
                         f"Default: ${settings.SETTINGS['io'].env}, else auto.")
+    p.add_argument("--device", metavar="cuda:N",
+                   help="deliver the batches to this GPU: the loader assembles them in pinned memory and copies "
+                        "them on a stream (Loader(device=...)); each step's clock stops after its copies have "
+                        "finished. Without a GPU or CuPy: exit 2, saying what is missing, before any data is "
+                        "generated")
     p.add_argument("--no-verify", dest="verify", action="store_false", help="do not check TFRecord CRCs")
     p.add_argument("--shuffle", choices=tuple(SHUFFLES), default="block",
                    help="the record shuffle of the Dataset each tier reads, as training reads (default: "
@@ -177,6 +183,7 @@ def run_workload(workload: Workload, args: argparse.Namespace) -> int:
         raise ValueError(f"io={args.io!r} (from {settings.SETTINGS['io'].env}) is for bench storage; "
                          f"this bench reads with one of auto, {', '.join(ENGINES)}")
     wanted = _tiers_wanted(args)
+    gpu = sysinfo.device_fields(check_device(args.device))  # what is missing, said before any data is made
     if args.jobs and args.jobs_tier == "target" and not args.data:
         raise ValueError("--jobs-tier target needs --data")
     comm = mpi_comm()
@@ -192,7 +199,8 @@ def run_workload(workload: Workload, args: argparse.Namespace) -> int:
     # records, in the --shuffle order.
     spec_common = dict(pipeline=workload.pipeline, pipeline_kwargs=workload.pipeline_kwargs(args),
                        verify=args.verify, prefetch=args.prefetch, threads=args.threads, epochs=args.epochs,
-                       shuffle=args.shuffle, seed=args.seed)
+                       shuffle=args.shuffle, seed=args.seed,
+                       device=None if gpu["device"] == "cpu" else gpu["device"])
     # The page-cache tier reads from RAM: buffered, or mmap when asked for or when a global shuffle
     # reads record by record (what io="auto" picks for data that fits in the page cache).
     page_io = "mmap" if args.io == "mmap" or (args.io == "auto" and args.shuffle == "global") else "buffered"
@@ -246,8 +254,12 @@ def run_workload(workload: Workload, args: argparse.Namespace) -> int:
                           "over its wall time, step 1 including the pipeline's start"))
     if compute is not None:
         extra.append(("compute", f"{compute.label}, slept per batch while the loader prefetches ({compute.source})"))
+    if gpu["device"] != "cpu":
+        extra.append(sysinfo.device_row(gpu))
     if comm is not None:
-        extra.append(("MPI", f"{world} ranks, each reading its share of the records (dlstore.Dataset)"))
+        extra.append(("MPI", f"{world} ranks, each reading its share of the records (dlstore.Dataset)"
+                             + (f", all onto {gpu['device']} (a GPU per rank is not built)"
+                                if gpu["device"] != "cpu" else "")))
     if rank == 0:
         print(sysinfo.format_header(info, extra=extra) + "\n", flush=True)
 
@@ -296,7 +308,8 @@ def run_workload(workload: Workload, args: argparse.Namespace) -> int:
               "epochs": args.epochs,
               "step_batches_text": step_text, "prefetch": args.prefetch, "threads": args.threads,
               "size": None if args.local else args.size, "baseline": baseline, "target": target,
-              "mounts": args.mounts, "pipeline": workload.pipeline, "pipeline_kwargs": workload.pipeline_kwargs(args)}
+              "mounts": args.mounts, "pipeline": workload.pipeline, "pipeline_kwargs": workload.pipeline_kwargs(args),
+              **gpu}
     doc = build_document(workload, results, info=info, config=config, compute=compute, batch_size=batch_size,
                          jobs=jobs, ranks=ranks, notes=notes, warnings=warnings)
     doc["command"] = ["python", "-m", "dlstore.bench"] + sys.argv[1:]

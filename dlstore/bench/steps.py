@@ -88,7 +88,9 @@ def run_steps(batches: Iterable, plan: Sequence[int], *, compute_s: float = 0.0,
     Parameters
     ----------
     batches : iterable
-        Batches: dicts of arrays, or anything with ``len``.
+        Batches: dicts of arrays, or anything with ``len``. When it has a ``synchronize()`` (a
+        :class:`dlstore.pipeline.Loader`), it is called at the end of each step, before the clock is read,
+        so that a GPU loader's step counts the copies of its batches to the GPU.
     plan : sequence of int
         Batches per step (:func:`plan_steps`).
     compute_s : float
@@ -117,6 +119,7 @@ def run_steps(batches: Iterable, plan: Sequence[int], *, compute_s: float = 0.0,
     t_start = clock()
     bytes_start = counter.bytes if counter is not None else 0
     it = iter(batches)
+    synchronize = getattr(batches, "synchronize", None)  # Loader.synchronize(); lists and test doubles lack it
     steps: List[Dict[str, Any]] = []
     ended = False
     t_prev, ticks_prev, bytes_prev = t_start, ticks_start, bytes_start
@@ -142,6 +145,8 @@ def run_steps(batches: Iterable, plan: Sequence[int], *, compute_s: float = 0.0,
                     progress(n)
             if done == 0:
                 break
+            if synchronize is not None:
+                synchronize()  # a GPU loader's last copies finished: the step ends when its data has arrived
             t_now = clock()
             ticks_now = cpu_ticks()
             nbytes = (counter.bytes if counter is not None else 0) - bytes_prev

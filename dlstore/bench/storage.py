@@ -33,7 +33,7 @@ from dlstore.errors import DlstoreError, GdsUnavailableError
 from dlstore.io import pagecache as cache_control
 from dlstore.io import cuda  # cuda.cuda_facts looked up at each call: tests stand in for the machine
 from dlstore.io.cuda import gds_verdict, parse_device
-from dlstore.io.memory import PinnedPool, device_copier
+from dlstore.io.memory import PinnedPool, check_device
 from dlstore.io.select import ENGINES
 from dlstore.sources.reader import expand_paths, open_records
 from dlstore.synthetic import (
@@ -342,16 +342,20 @@ def check_gpu_request(io: str, device: Optional[str]) -> Optional[int]:
         One line naming what is missing, before any data is generated or read.
     """
 
-    index = parse_device(device)
     if io == "gds":
-        verdict = gds_verdict(cuda.cuda_facts(), index or 0)
+        index = parse_device(device) or 0
+        verdict = gds_verdict(cuda.cuda_facts(), index)
         if verdict.missing:
-
             raise GdsUnavailableError(verdict.missing)
-        return index or 0
-    if index is not None:
-        device_copier(device)  # raises without a GPU or CuPy
-    return index
+        return index
+    return check_device(device)  # a host engine's batches copied to the GPU: the loader's check
+
+
+def delivery_fields(io: str, index: int) -> Dict[str, Any]:
+    """The device fields (:func:`dlstore.bench.sysinfo.device_fields`) of records delivered to GPU ``index``."""
+    if io == "gds":
+        return sysinfo.device_fields(index, "read into GPU memory (gds)", pinned=False)
+    return sysinfo.device_fields(index, "host batches staged in pinned memory, then copied to the GPU")
 
 
 def pinned_copy_sink(index: int, chunk_bytes: int) -> Callable[[Any], None]:
@@ -482,10 +486,8 @@ def run_storage(paths: Sequence[str], *, io: str = "auto", cache: str = "both", 
         if device is not None:
             ref = kvikio_passes(paths, device, chunk, cache=mode, repeat=repeat, log=log)
             kv = report.summarize([p["gb_per_s"] for p in ref["passes"]])["median"]
-            result.update(device=f"cuda:{device}", kvikio_gb_per_s=kv,
-                          ratio_vs_kvikio=result["gb_per_s"] / kv if kv else None,
-                          delivery="read into GPU memory (gds)" if io == "gds" else
-                          "host batches staged in pinned memory, then copied to the GPU")
+            result.update(delivery_fields(io, device), kvikio_gb_per_s=kv,
+                          ratio_vs_kvikio=result["gb_per_s"] / kv if kv else None)
         results.append(result)
     for r in results:
         if fio_runs:
@@ -548,8 +550,8 @@ def format_results(results: Sequence[Dict]) -> str:
         lines.append(f"\nfio: skipped ({first.get('fio_skipped')})")
     for r in results:
         if r.get("device"):
-            lines.append(f"{r['cache']:<5} into {r['device']}: {r['delivery']}; kvikio CuFile.pread of the same files "
-                         f"{r['kvikio_gb_per_s']:.2f} GB/s, dlstore {r['ratio_vs_kvikio']:.2f}x that")
+            lines.append(f"{r['cache']:<5} into {r['device']}: {r['device_path']}; kvikio CuFile.pread of the same "
+                         f"files {r['kvikio_gb_per_s']:.2f} GB/s, dlstore {r['ratio_vs_kvikio']:.2f}x that")
     for r in results:
         ratio = f" = {r['ratio_vs_fio']:.2f}x fio" if r.get("ratio_vs_fio") else ""
         lines.append(f"{r['cache']:<5} io={r['io']}: {r['gb_per_s']:.2f} GB/s{ratio}, "
@@ -578,7 +580,10 @@ def run(args: argparse.Namespace) -> int:
                     f"readers {args.readers}"
                     f"{', synchronised per batch' if args.sync else ''}{sync_note}; CRC "
                     f"{'checked' if args.verify else 'not checked'}")
-    print(sysinfo.format_header(info, extra=[("dataset", dataset_line)]) + "\n", flush=True)
+    extra = [("dataset", dataset_line)]
+    if device is not None:
+        extra.append(sysinfo.device_row(delivery_fields(args.io, device)))
+    print(sysinfo.format_header(info, extra=extra) + "\n", flush=True)
 
     results = run_storage(paths, io=args.io, cache=args.cache, repeat=args.repeat, verify=args.verify,
                           readers=args.readers, sync=args.sync, fio=args.fio, fio_ioengine=args.fio_ioengine,

@@ -12,11 +12,12 @@ import os
 import platform
 import resource
 import sys
-from typing import List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from dlstore import __version__
 from dlstore.io import cuda  # cuda.cuda_facts looked up at each call: tests stand in for the machine
 from dlstore.io.cuda import gds_verdict
+from dlstore.io.memory import device_path
 from dlstore.io.pagecache import cached_bytes
 from dlstore.io.system import (
     available_cores,
@@ -28,9 +29,9 @@ from dlstore.io.system import (
 )
 
 # filesystem_of is dlstore.io.system's, the one the engine choice reads too.
-__all__ = ["cpu_model", "filesystem_of", "gpu_status", "collect", "format_header", "per_core_cpu_ticks",
-           "busiest_core_percent", "other_processes_cores", "trust_warnings", "MIN_STABLE_SECONDS",
-           "OTHERS_TOLERATED_CORES"]
+__all__ = ["cpu_model", "filesystem_of", "gpu_status", "device_fields", "device_row", "collect", "format_header",
+           "per_core_cpu_ticks", "busiest_core_percent", "other_processes_cores", "trust_warnings",
+           "MIN_STABLE_SECONDS", "OTHERS_TOLERATED_CORES"]
 
 #: A measurement shorter than this is dominated by start-up and timer noise: its figure is flagged.
 MIN_STABLE_SECONDS = 2.0
@@ -54,6 +55,30 @@ def gpu_status() -> str:
     gds = (f"gds cannot run ({verdict.reason})" if verdict.missing
            else f"gds runs in {verdict.mode} mode ({verdict.reason})")
     return f"{gpus}; {gds}"
+
+
+def device_fields(index: Optional[int], path: Optional[str] = None, pinned: bool = True) -> Dict[str, Any]:
+    """Where a benchmark delivers its data, as its header and JSON carry it.
+
+    Returns
+    -------
+    dict
+        ``device`` (``cpu`` or ``cuda:N``), ``device_name`` (the driver's, for a GPU), ``device_path``
+        (how the data reaches it: ``path``, by default the loader's pinned-memory copy) and ``pinned``
+        (host buffers page-locked).
+    """
+    if index is None:
+        return {"device": "cpu", "device_name": None, "device_path": "batches in host memory", "pinned": False}
+    devices = cuda.cuda_facts().devices
+    return {"device": f"cuda:{index}", "device_name": devices[index] if index < len(devices) else None,
+            "device_path": path or device_path(index), "pinned": bool(pinned)}
+
+
+def device_row(fields: Dict[str, Any]) -> Tuple[str, str]:
+    """The header's ``device`` row of :func:`device_fields`."""
+    name = f" ({fields['device_name']})" if fields.get("device_name") else ""
+    pinned = "; host buffers pinned (cudaHostRegister)" if fields["pinned"] else ""
+    return "device", f"{fields['device']}{name}: {fields['device_path']}{pinned}"
 
 
 def _crc_status() -> str:

@@ -67,6 +67,7 @@ class LoaderSpec:
     shards: Tuple[str, ...] = ()
     shuffle: str = "block"
     seed: int = 0
+    device: Optional[str] = None  # "cuda:N": batches delivered to that GPU (Loader(device=...))
 
     def dataset(self):
         """This rank's :class:`dlstore.Dataset` of the spec's data."""
@@ -82,7 +83,8 @@ class LoaderSpec:
         pipeline_cls = getattr(importlib.import_module("dlstore.pipeline"), self.pipeline)
         source = CountingSource(self.dataset())
         loader = Loader(source, pipeline_cls(**self.pipeline_kwargs), self.batch_size, prefetch=self.prefetch,
-                        last_batch="DROP", threads=self.threads, epochs=self.epochs, seed=self.seed)
+                        last_batch="DROP", threads=self.threads, epochs=self.epochs, seed=self.seed,
+                        device=self.device)
         return loader, source
 
     def for_job(self, job: int) -> "LoaderSpec":

@@ -25,7 +25,7 @@ from dlstore.io import cuda  # cuda.cuda_facts looked up at each call: tests sta
 from dlstore.io.cuda import device_missing, parse_device
 
 __all__ = ["PAGE", "PinnedBuffer", "PinnedPool", "cuda_host_register", "DeviceCopier", "CupyDevice", "HostDevice",
-           "device_copier"]
+           "check_device", "device_path", "device_copier"]
 
 PAGE = mmap.PAGESIZE
 Register = Callable[[int, int], None]  # (address, bytes); raises DlstoreError when it fails
@@ -287,10 +287,48 @@ class DeviceCopier:
         return {name: (out[name] if out[name].shape == a.shape else out[name][:len(a)]) for name, a in arrays.items()}
 
     def done_with_host(self) -> None:
-        """Waits until the last batch's copies have read its host slot (call before reusing the slot)."""
+        """Waits until the last batch's copies have finished: they have read its host slot (call before
+        reusing the slot) and the device arrays hold the batch. At most one batch's copies are outstanding."""
         if self._pending is not None:
             self.device.synchronize(self._pending)
             self._pending = None
+
+
+def check_device(device: Any) -> Optional[int]:
+    """The CUDA device index ``device`` names, after checking that a GPU batch can reach it; None for the CPU.
+
+    The one device check of dlstore: ``Loader(device=...)``, ``python -m dlstore.bench ... --device``
+    and the adapters call it.
+
+    Parameters
+    ----------
+    device : str, torch.device-like or None
+        ``None`` or ``"cpu"``; ``"cuda"`` (device 0) or ``"cuda:N"``; or anything whose ``str`` is one
+        of them (``torch.device("cuda", 1)``).
+
+    Raises
+    ------
+    ValueError
+        When ``device`` is none of those.
+    DlstoreError
+        For a GPU, one line naming what is missing: no CUDA driver, no GPU, no CUDA device N, CuPy not
+        installed (the facts of :func:`dlstore.io.cuda.cuda_facts`).
+    """
+    index = parse_device(device)
+    if index is None:
+        return None
+    facts = cuda.cuda_facts()
+    missing = device_missing(facts, index)
+    if not missing and facts.cupy is None:
+        missing = facts.cupy_error or "CuPy is not installed"
+    if missing:
+        raise DlstoreError(f"device={str(device)!r} needs a CUDA GPU and CuPy: {missing}")
+    return index
+
+
+def device_path(index: int) -> str:
+    """How batches reach CUDA device ``index`` (the loader's ``stats()["device_path"]`` and bench headers)."""
+    return f"batches in pinned memory, copied to cuda:{index} on a stream"
 
 
 def device_copier(device: Any) -> Tuple[Optional[int], Optional[DeviceCopier], str]:
@@ -298,17 +336,10 @@ def device_copier(device: Any) -> Tuple[Optional[int], Optional[DeviceCopier], s
 
     Raises
     ------
-    DlstoreError
-        One line naming what is missing: no CUDA driver, no GPU, no such device, CuPy not installed.
+    ValueError, DlstoreError
+        As :func:`check_device`.
     """
-
-    index = parse_device(device)
+    index = check_device(device)
     if index is None:
         return None, None, ""
-    facts = cuda.cuda_facts()
-    missing = device_missing(facts, index)
-    if not missing and facts.cupy is None:
-        missing = facts.cupy_error or "CuPy is not installed"
-    if missing:
-        raise DlstoreError(f"device={str(device)!r} needs a CUDA GPU and CuPy: {missing}")
-    return index, DeviceCopier(CupyDevice(index)), f"batches in pinned memory, copied to cuda:{index} on a stream"
+    return index, DeviceCopier(CupyDevice(index)), device_path(index)

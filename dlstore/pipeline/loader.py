@@ -90,7 +90,8 @@ class Loader:
         ``cuda:N``: batches are assembled in pinned host memory (:class:`~dlstore.io.memory.PinnedPool`)
         and yielded as CuPy arrays on that GPU, copied asynchronously on a stream of their own while
         the next batches are read. A batch's device arrays stay valid until the next one is drawn.
-        Without CUDA or CuPy it raises a :class:`~dlstore.DlstoreError` naming what is missing.
+        Without CUDA or CuPy it raises a :class:`~dlstore.DlstoreError` naming what is missing
+        (:func:`~dlstore.io.memory.check_device`). ``None`` or ``"cpu"``: numpy batches.
 
     Notes
     -----
@@ -147,8 +148,9 @@ class Loader:
         self._fields = pipeline.fields()
         self._run = pipeline.bind(format=self.format, seed=self.seed, threads=self.threads)
 
-        self.device = device
         self._device_index, self._copier, self._device_path = memory.device_copier(device)
+        #: ``"cuda:N"`` when batches are yielded on that GPU, else None (the CPU).
+        self.device = None if self._device_index is None else f"cuda:{self._device_index}"
         self._pool = None
         if self._copier is not None and allocator is None:
             self._pool = memory.PinnedPool()
@@ -250,6 +252,16 @@ class Loader:
             if active is not None:
                 active.close()
 
+    def synchronize(self) -> None:
+        """Waits until the copies of the batch last yielded to the GPU have finished; nothing on the CPU.
+
+        Batches reach the GPU asynchronously (the consumer's stream waits for them, the host does
+        not), so a clock read right after a batch is drawn may stop before its data has arrived: a
+        timed loop calls this before reading the clock.
+        """
+        if self._copier is not None:
+            self._copier.done_with_host()
+
     def __enter__(self) -> "Loader":
         return self
 
@@ -326,7 +338,7 @@ class Loader:
                    threads=self.threads)
         out["engine"], out["engine_reason"] = self.source.engine, self.source.engine_reason
         if self._copier is not None:
-            out["device"] = f"cuda:{self._device_index}"
+            out["device"] = self.device
             out["device_path"] = self._device_path
             out["device_copies"] = self._copier.copies
             if self._pool is not None:

@@ -2,6 +2,8 @@
 ``cudaHostRegister`` and for the device: no CUDA needed. The real path is the ``gpu``-marked test."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -11,25 +13,8 @@ from dlstore.formats.example import encode_example
 from dlstore.io import cuda, memory
 from dlstore.pipeline.bert import Bert
 from dlstore.pipeline.loader import Loader
+from tests.gpu_stand_ins import STAND_IN_FACTS, Registry, use_gpu_stand_in
 from tests.helpers import write_tfrecord
-
-
-class Registry:
-    """A stand-in for cudaHostRegister/cudaHostUnregister that remembers what is registered."""
-
-    def __init__(self, fail_above=None):
-        self.live, self.calls, self.fail_above = {}, [], fail_above
-
-    def register(self, address, nbytes):
-        if self.fail_above is not None and nbytes > self.fail_above:
-            raise DlstoreError(f"cudaHostRegister of {nbytes} bytes at 0x{address:x} failed: out of memory")
-        assert address not in self.live
-        self.live[address] = nbytes
-        self.calls.append(("register", nbytes))
-
-    def unregister(self, address, nbytes):
-        assert self.live.pop(address) == nbytes
-        self.calls.append(("unregister", nbytes))
 
 
 def test_buffers_are_page_aligned_rounded_and_registered_once():
@@ -141,6 +126,71 @@ def test_loader_on_a_gpu_without_cuda_names_what_is_missing(tmp_path, monkeypatc
         Loader(dlstore.open_records(path), Bert(16, 4), 2, device="tpu")
     # The CPU is no device to copy to.
     assert Loader(dlstore.open_records(path), Bert(16, 4), 2, device="cpu").stats().get("device") is None
+
+
+class TorchLikeDevice:
+    """What a torch.device's str gives."""
+
+    def __init__(self, text):
+        self.text = text
+
+    def __str__(self):
+        return self.text
+
+
+@pytest.mark.parametrize("device, index", [
+    (None, None), ("cpu", None), (" CPU ", None), (TorchLikeDevice("cpu"), None),
+    ("cuda", 0), ("cuda:0", 0), ("CUDA:1", 1), (TorchLikeDevice("cuda:1"), 1),
+])
+def test_check_device_parses_and_checks(monkeypatch, device, index):
+    monkeypatch.setattr(cuda, "cuda_facts", lambda: cuda.CudaFacts(driver="13.0", devices=["A", "B"], cupy="13.6"))
+    assert memory.check_device(device) == index
+
+
+@pytest.mark.parametrize("facts, device, line", [
+    (cuda.CudaFacts(driver_error="no CUDA driver (libcuda.so.1 cannot be loaded)"), "cuda:0",
+     "device='cuda:0' needs a CUDA GPU and CuPy: no CUDA driver (libcuda.so.1 cannot be loaded)"),
+    (cuda.CudaFacts(driver="13.0", driver_error="no GPU (cuInit: no CUDA-capable device)"), "cuda",
+     "device='cuda' needs a CUDA GPU and CuPy: no GPU (cuInit: no CUDA-capable device)"),
+    (cuda.CudaFacts(driver="13.0", devices=["A", "B"], cupy="13.6"), "cuda:2",
+     "device='cuda:2' needs a CUDA GPU and CuPy: no CUDA device 2 (the driver sees 2)"),
+    (cuda.CudaFacts(driver="13.0", devices=["A"], cupy_error="cupy is not installed (pip install 'dlstore[gpu]')"),
+     TorchLikeDevice("cuda:0"),
+     "device='cuda:0' needs a CUDA GPU and CuPy: cupy is not installed (pip install 'dlstore[gpu]')"),
+])
+def test_check_device_names_exactly_what_is_missing_in_one_line(monkeypatch, facts, device, line):
+    monkeypatch.setattr(cuda, "cuda_facts", lambda: facts)
+    with pytest.raises(DlstoreError) as e:
+        memory.check_device(device)
+    assert str(e.value) == line
+    with pytest.raises(DlstoreError, match=f"^{re.escape(line)}$"):
+        memory.device_copier(device)  # the loader's copier: the same check
+
+
+@pytest.mark.parametrize("device", ["tpu", "cuda:x", "cuda:-1", "gpu:0", 0])
+def test_check_device_refuses_what_is_not_a_device(monkeypatch, device):
+    monkeypatch.setattr(cuda, "cuda_facts", lambda: pytest.fail("a malformed device needs no CUDA facts"))
+    with pytest.raises(ValueError, match="device must be 'cpu', 'cuda' or 'cuda:N'"):
+        memory.check_device(device)
+
+
+def test_synchronize_waits_for_the_last_copies_and_is_a_no_op_on_the_cpu(tmp_path, monkeypatch):
+    path = bert_file(tmp_path, 20)
+    cpu = Loader(dlstore.open_records(path), Bert(16, 4), 8)
+    cpu.synchronize()  # before, during and after an iteration: nothing to wait for
+    assert cpu.device is None and len([cpu.synchronize() for _ in cpu]) == 2
+    reg = use_gpu_stand_in(monkeypatch)
+    assert memory.check_device("cuda:0") == 0 and cuda.cuda_facts() is STAND_IN_FACTS
+    loader = Loader(dlstore.open_records(path), Bert(16, 4), 8, device="cuda")
+    assert loader.device == "cuda:0" and loader.stats()["device_path"] == memory.device_path(0)
+    log = reg.device.log
+    for _ in loader:
+        assert log[-1][0] == "consumer waits"  # the batch's copies are queued, not waited for
+        loader.synchronize()
+        assert log[-1] == ("synchronize", log[-2][1])  # the event recorded after this batch's copies
+        loader.synchronize()  # nothing outstanding now
+        assert log[-1][0] == "synchronize" and log[-2][0] == "consumer waits"
+    assert loader.stats()["device_copies"] == 2
 
 
 @pytest.mark.gpu

@@ -1,0 +1,113 @@
+"""The adapters over a loader that yields on a GPU (``Loader(device="cuda:N")``), through the stand-ins of
+tests/gpu_stand_ins.py: torch shares the device arrays through DLPack (no host copy), TensorFlow refuses
+with the reason. The real GPU is the ``gpu``-marked test."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import dlstore
+from dlstore.errors import DlstoreError
+from dlstore.io import cuda
+from dlstore.pipeline.bert import Bert
+from dlstore.pipeline.loader import Loader
+from tests.gpu_stand_ins import StandInCudaArray, use_gpu_stand_in
+from tests.unit.test_memory import bert_file
+
+torch = pytest.importorskip("torch", reason="the torch adapter's tests need torch")
+
+
+def cpu_batches(path, n_batches=None):
+    return [{k: v.copy() for k, v in b.items()}
+            for b in Loader(dlstore.open_records(path), Bert(16, 4), 8, last_batch="PARTIAL")][:n_batches]
+
+
+def test_torch_loader_shares_the_gpu_loaders_arrays_through_dlpack(tmp_path, monkeypatch):
+    from dlstore.adapters.torch import TorchLoader
+
+    path = bert_file(tmp_path, 37)
+    want = cpu_batches(path)
+    reg = use_gpu_stand_in(monkeypatch)
+    loader = Loader(dlstore.open_records(path), Bert(16, 4), 8, last_batch="PARTIAL", device="cuda:0")
+    adapter = TorchLoader(loader)
+    assert adapter.device == torch.device("cuda:0") and not adapter.to_cuda  # no copy of its own to make
+    log = reg.device.log
+    seen = []
+    for batch, w in zip(adapter, want):
+        # The loader's device arrays of this batch: the tensors are them, not copies.
+        device_arrays = loader._copier._arrays[(loader._copier._next - 1) % loader._copier.sets]
+        assert batch.keys() == w.keys()
+        for name, tensor in batch.items():
+            assert isinstance(tensor, torch.Tensor)
+            assert np.array_equal(tensor.numpy(), w[name])
+            assert tensor.data_ptr() == device_arrays[name].data_ptr
+        seen.append(len(batch))
+    assert len(seen) == len(want) == 5
+    dlpack_calls = [entry for entry in log if entry[0] == "dlpack"]
+    assert len(dlpack_calls) == 5 * len(want[0])  # one DLPack hand-off per array, nothing through numpy
+    assert loader.stats()["device_copies"] == 5
+
+
+def test_torch_loader_over_a_gpu_loader_keeps_its_device(tmp_path, monkeypatch):
+    from dlstore.adapters.torch import TorchLoader
+
+    path = bert_file(tmp_path, 8)
+    use_gpu_stand_in(monkeypatch)
+    loader = Loader(dlstore.open_records(path), Bert(16, 4), 8, device="cuda:0")
+    assert TorchLoader(loader, device="cuda:0").device == torch.device("cuda:0")
+    assert TorchLoader(loader, device=torch.device("cuda", 0)).device == torch.device("cuda:0")
+    for other in ("cuda:1", "cpu"):
+        with pytest.raises(ValueError, match=f"^TorchLoader\\(device='{other}'\\) over a loader yielding on "
+                                             "cuda:0: .*make the Loader with device="):
+            TorchLoader(loader, device=other)
+
+
+def test_torch_loader_on_the_cpu_is_unchanged(tmp_path):
+    from dlstore.adapters.torch import TorchLoader
+
+    path = bert_file(tmp_path, 16)
+    want = cpu_batches(path)
+    adapter = TorchLoader(Loader(dlstore.open_records(path), Bert(16, 4), 8, last_batch="PARTIAL"), device="cpu")
+    got = [{k: t.clone().numpy() for k, t in b.items()} for b in adapter]
+    assert len(got) == len(want) and all(np.array_equal(g[k], w[k]) for g, w in zip(got, want) for k in w)
+
+
+def test_tensorflow_adapter_refuses_a_gpu_loader_saying_why(tmp_path, monkeypatch):
+    from dlstore.adapters.tensorflow import TensorFlowAdapter, as_tf_dataset
+
+    path = bert_file(tmp_path, 8)
+    use_gpu_stand_in(monkeypatch)
+    loader = Loader(dlstore.open_records(path), Bert(16, 4), 8, device="cuda:0")
+    for make in (as_tf_dataset, TensorFlowAdapter):
+        with pytest.raises(DlstoreError) as e:
+            make(loader)
+        assert str(e.value).startswith("as_tf_dataset: the loader yields its batches on cuda:0")
+        assert "TensorFlow GPU batches are not built" in str(e.value) and "\n" not in str(e.value)
+    assert loader.stats()["device_copies"] == 0  # refused before anything was read
+
+
+def test_the_stand_in_array_is_no_numpy_array():
+    # Else the tests above would pass through torch.from_numpy, not the DLPack path a CuPy array takes.
+    log = []
+    a = StandInCudaArray(np.arange(4), log)
+    assert not isinstance(a, np.ndarray) and not hasattr(a, "__array__")
+    assert torch.from_dlpack(a)[3] == 3 and log and log[0][0] == "dlpack"
+
+
+@pytest.mark.gpu
+def test_torch_loader_yields_cuda_tensors_from_a_gpu_loader(tmp_path):
+    missing = cuda.device_missing(cuda.cuda_facts())
+    if missing or cuda.cuda_facts().cupy is None:
+        pytest.skip(missing or "CuPy is not installed")
+    if not torch.cuda.is_available():
+        pytest.skip("this torch has no CUDA")
+    from dlstore.adapters.torch import TorchLoader
+
+    path = bert_file(tmp_path, 37)
+    want = cpu_batches(path)
+    loader = Loader(dlstore.open_records(path), Bert(16, 4), 8, last_batch="PARTIAL", device="cuda:0")
+    got = []
+    for batch in TorchLoader(loader):
+        assert all(t.device == torch.device("cuda:0") for t in batch.values())
+        got.append({k: t.cpu().numpy() for k, t in batch.items()})
+    assert len(got) == len(want) and all(np.array_equal(g[k], w[k]) for g, w in zip(got, want) for k in w)
