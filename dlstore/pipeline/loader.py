@@ -116,6 +116,10 @@ class Loader:
         if not isinstance(source, Source):
             raise TypeError(f"source must be a dlstore Source (dlstore.Dataset, dlstore.open_records, or "
                             f"anything with the methods of dlstore.sources.source.Source), got {type(source).__name__}")
+        if getattr(source, "engine", None) == "gds":  # its batches are in GPU memory; the stages run on the host
+            raise DlstoreError("a Loader runs its pipeline on host batches, and io='gds' reads into GPU memory: "
+                               "iterate the source's batches() for the records on the GPU, or read with a host "
+                               "engine and Loader(device='cuda:N') for pipeline batches on the GPU")
         if not isinstance(pipeline, Pipeline):
             raise TypeError(f"pipeline must be a dlstore.pipeline.Pipeline (Bert, ResNet50), "
                             f"got {type(pipeline).__name__}")

@@ -243,3 +243,14 @@ def test_device_picks_gds_for_auto_and_is_checked(tmp_path, stand_in_gds):
     assert Dataset(tmp_path / "d").engine != "gds"  # no GPU target: a host engine
     with pytest.raises(ValueError, match="device must be 'cpu', 'cuda' or 'cuda:N', not 'gpu0'"):
         Dataset(tmp_path / "d", device="gpu0")
+
+
+def test_a_loader_refuses_a_gds_source_in_one_line(tmp_path, stand_in_gds):
+    from dlstore.pipeline.bert import Bert
+    from dlstore.pipeline.loader import Loader
+
+    _shards(tmp_path / "d")
+    ds = Dataset(str(tmp_path / "d" / "*"), io="gds", batch_size=8)
+    with pytest.raises(dlstore.DlstoreError, match=r"io='gds' reads into GPU memory") as err:
+        Loader(ds, Bert(16, 4), 8)
+    assert "\n" not in str(err.value)
