@@ -4,6 +4,7 @@ here; tests/conftest.py holds only fixtures."""
 from __future__ import annotations
 
 import os
+import shutil
 import struct
 
 import numpy as np
@@ -81,6 +82,38 @@ def write_tfrecord(path, records) -> str:
     with open(path, "wb") as f:
         f.write(oracle_tfrecord_bytes(records))
     return os.fspath(path)
+
+
+def flip_data_byte(path, record: int, offsets) -> int:
+    """Damages the payload of ``record`` of a TFRecord file so that its data CRC no longer matches;
+    ``offsets``: its frames, from an index made before the damage. Returns the record's frame offset."""
+    at = int(offsets[record]) + 12 + 3  # past the 12-byte header, a few bytes into the data
+    with open(path, "r+b") as f:
+        f.seek(at)
+        byte = f.read(1)
+        f.seek(at)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    return int(offsets[record])
+
+
+def records_until_error(source, error, records_of=None):
+    """``(records, exception)``: what ``source.batches()`` handed out before raising ``error`` (which it
+    must), each batch split by ``records_of`` (default :func:`batch_records`)."""
+    import pytest
+
+    got = []
+    with pytest.raises(error) as caught:
+        for batch in source.batches():
+            got += (records_of or batch_records)(batch)
+    return got, caught.value
+
+
+def replicate(src, root, copies: int) -> list:
+    """``copies`` copies of directory ``src`` as ``root/mnt0``, ``root/mnt1``, ...: replicated mounts."""
+    mounts = [os.path.join(root, f"mnt{m}") for m in range(copies)]
+    for d in mounts:
+        shutil.copytree(src, d)
+    return mounts
 
 
 # ---- where the direct engine really runs -----------------------------------------------------------

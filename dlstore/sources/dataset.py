@@ -1,3 +1,4 @@
+# Over 500 lines: one class, the Dataset (layout, indexes, its read plan through C++ or gds, failover, resume).
 """``Dataset``: shards on one or more mount points, read by this rank (and DataLoader worker) for an epoch.
 
 It composes the pure placement functions with the C++ reader:

@@ -4,7 +4,6 @@ hands out for the same seed, epoch and world (every shuffle, mounts, batches, re
 cannot read, and name or skip corrupt records as the host Dataset does."""
 import collections
 import os
-import shutil
 
 import numpy as np
 import pytest
@@ -14,7 +13,7 @@ from dlstore.io import gds
 from dlstore.placement.world import World
 from dlstore.sources.dataset import Dataset
 from dlstore.sources.indexing import ensure_index
-from tests.helpers import write_tfrecord
+from tests.helpers import flip_data_byte, records_until_error, replicate, write_tfrecord
 from tests.resume import assert_resumes_exactly
 
 SHUFFLES = ["none", "block", "buffer", "global"]
@@ -82,11 +81,7 @@ def test_the_emission_order_matters_between_epochs(tmp_path, stand_in_gds):
 def test_mounts_two_per_rank_through_gds_as_through_a_host_engine(tmp_path, stand_in_gds, shuffle):
     """Replicated mounts, two read at once by each rank (their blocks in turns): the same as buffered."""
     data = _shards(tmp_path / "src")
-    mounts = []
-    for m in range(4):
-        d = tmp_path / f"mnt{m}"
-        shutil.copytree(tmp_path / "src", d)
-        mounts.append(os.fspath(d))
+    mounts = replicate(tmp_path / "src", tmp_path, 4)
     kw = dict(mounts=mounts, mounts_per_rank=2, shuffle=shuffle, batch_size=4, buffer_size=6,
               block_size=64 << 10, seed=5, remainder="pad")
     for rank in range(2):
@@ -123,14 +118,6 @@ def test_a_resume_at_any_sample_gives_the_host_engines_rest(tmp_path, stand_in_g
     assert got == want and len(got[0]) == 2  # the first batch completes the one under way
 
 
-def _flip_data_byte(path, record, offsets):
-    with open(path, "r+b") as f:
-        f.seek(int(offsets[record]) + 12 + 3)
-        byte = f.read(1)
-        f.seek(int(offsets[record]) + 12 + 3)
-        f.write(bytes([byte[0] ^ 0xFF]))
-    return int(offsets[record])
-
 
 @pytest.mark.parametrize("shuffle", ["none", "block", "global"])
 def test_a_corrupt_record_is_raised_after_the_good_ones_naming_file_and_offset(tmp_path, stand_in_gds, shuffle):
@@ -140,14 +127,11 @@ def test_a_corrupt_record_is_raised_after_the_good_ones_naming_file_and_offset(t
                  block_size=64 << 10, remainder="uneven")
     order = _flat(_epoch(ds, 0))  # the planned order, before the damage
     _, frames = ensure_index(path)
-    offset = _flip_data_byte(path, 7, frames)
-    got = []
+    offset = flip_data_byte(path, 7, frames)
     ds.set_epoch(0)
-    with pytest.raises(dlstore.CorruptRecordError) as e:
-        for b in ds.batches():
-            got += records_of(b)
-    assert e.value.path == path and e.value.offset == offset
-    assert str(e.value) == f"{path}: at byte {offset}: corrupt record: the data CRC does not match"
+    got, err = records_until_error(ds, dlstore.CorruptRecordError, records_of)
+    assert err.path == path and err.offset == offset
+    assert str(err) == f"{path}: at byte {offset}: corrupt record: the data CRC does not match"
     assert got == order[:order.index(data[path][7])]  # every record planned before it, and nothing else
     assert ds.state_dict()["sample_in_epoch"] == len(got)
 
@@ -160,7 +144,7 @@ def test_corrupt_records_can_be_skipped_counted_and_listed(tmp_path, stand_in_gd
                  block_size=64 << 10, remainder="uneven", seed=3)
     order = _flat(_epoch(ds, 0))
     _, frames = ensure_index(path)
-    offsets = [_flip_data_byte(path, r, frames) for r in (3, 11)]
+    offsets = [flip_data_byte(path, r, frames) for r in (3, 11)]
     ds.set_epoch(0)
     if policy == "warn":
         with pytest.warns(RuntimeWarning, match="data CRC does not match") as caught:
@@ -184,7 +168,7 @@ def test_a_skipped_record_counts_in_the_position_a_resume_starts_from(tmp_path, 
     ds, again = Dataset(tmp_path / "d", **kw), Dataset(tmp_path / "d", **kw)  # indexed before the damage
     order = _flat(_epoch(ds, 0))
     _, frames = ensure_index(path)
-    _flip_data_byte(path, 2, frames)
+    flip_data_byte(path, 2, frames)
     ds.set_epoch(0)
     it = ds.batches()
     first = records_of(next(it))
@@ -197,10 +181,7 @@ def test_a_skipped_record_counts_in_the_position_a_resume_starts_from(tmp_path, 
 
 def test_failover_to_a_replica_loses_nothing(tmp_path, stand_in_gds):
     data = _shards(tmp_path / "src")
-    mounts = []
-    for m in range(2):
-        shutil.copytree(tmp_path / "src", tmp_path / f"mnt{m}")
-        mounts.append(os.fspath(tmp_path / f"mnt{m}"))
+    mounts = replicate(tmp_path / "src", tmp_path, 2)
     ds = Dataset("*.tfrecord", mounts=mounts, world=World(rank=0, size=1), io="gds", remainder="uneven",
                  block_size=64 << 10, batch_size=4)
     os.unlink(os.path.join(mounts[0], "part-3.tfrecord"))  # gone from this rank's mount after the layout scan

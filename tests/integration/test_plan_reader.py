@@ -14,7 +14,7 @@ import dlstore
 from dlstore.sources.dataset import Dataset
 from dlstore.sources.indexing import ensure_index
 from dlstore.placement.world import World
-from tests.helpers import ENGINES, batch_records, write_tfrecord
+from tests.helpers import ENGINES, batch_records, flip_data_byte, records_until_error, write_tfrecord
 
 
 def _shards(directory, counts, seed=0, size=(100, 20_000)):
@@ -30,18 +30,6 @@ def _read(ds):
     return [r for b in ds.batches() for r in batch_records(b)]
 
 
-def _flip_data_byte(path, record, offsets=None):
-    """Damages the payload of ``record`` of a TFRecord file: its data CRC no longer matches. ``offsets``:
-    its frames, from an index made before any damage."""
-    if offsets is None:
-        _, offsets = ensure_index(path)
-    with open(path, "r+b") as f:
-        f.seek(int(offsets[record]) + 12 + 3)
-        byte = f.read(1)
-        f.seek(int(offsets[record]) + 12 + 3)
-        f.write(bytes([byte[0] ^ 0xFF]))
-    return int(offsets[record])
-
 
 @pytest.mark.parametrize("shuffle", ["none", "block", "global"])
 def test_a_corrupt_record_is_raised_after_the_good_ones_naming_file_and_offset(tmp_path, shuffle):
@@ -50,15 +38,12 @@ def test_a_corrupt_record_is_raised_after_the_good_ones_naming_file_and_offset(t
     ds = Dataset(tmp_path, shuffle=shuffle, batch_size=4, seed=1, buffer_size=8, block_size=64 << 10,
                  remainder="uneven")
     order = _read(ds)  # the planned order, before the damage
-    offset = _flip_data_byte(path, 7)
+    offset = flip_data_byte(path, 7, ensure_index(path)[1])
     bad = data[path][7]
-    got = []
     ds.set_epoch(0)
-    with pytest.raises(dlstore.CorruptRecordError) as e:
-        for b in ds.batches():
-            got += batch_records(b)
-    assert e.value.path == path and e.value.offset == offset
-    assert f"{path}: at byte {offset}: bad data CRC" in str(e.value)
+    got, err = records_until_error(ds, dlstore.CorruptRecordError)
+    assert err.path == path and err.offset == offset
+    assert f"{path}: at byte {offset}: bad data CRC" in str(err)
     assert got == order[:order.index(bad)]  # every record planned before it, and nothing else
 
 
@@ -69,7 +54,7 @@ def test_corrupt_records_can_be_skipped_counted_and_listed(tmp_path, policy):
     ds = Dataset(tmp_path, shuffle="block", batch_size=6, on_error=policy, buffer_size=5, block_size=64 << 10,
                  remainder="uneven")  # indexed before the damage: the index is sound, the data not
     _, frames = ensure_index(path)
-    offsets = [_flip_data_byte(path, r, frames) for r in (3, 11)]
+    offsets = [flip_data_byte(path, r, frames) for r in (3, 11)]
     if policy == "warn":
         with pytest.warns(RuntimeWarning, match="bad data CRC") as caught:
             got = _read(ds)

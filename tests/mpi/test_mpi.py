@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import dlstore
+from tests.helpers import replicate
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]  # slow: launches mpirun
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -88,9 +89,5 @@ def test_four_ranks_read_every_record_once(tmp_path):
 def test_four_ranks_over_two_replicated_mounts(tmp_path):
     (tmp_path / "data").mkdir()
     everything = _write(tmp_path / "data")
-    mounts = []
-    for m in range(2):
-        d = tmp_path / f"mnt{m}"
-        shutil.copytree(tmp_path / "data", d)
-        mounts.append(os.fspath(d))
+    mounts = replicate(tmp_path / "data", tmp_path, 2)
     _check(_run(tmp_path, 4, mounts), everything, 4)
