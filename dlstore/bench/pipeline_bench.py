@@ -67,6 +67,7 @@ from dlstore.io import pagecache as cache_control
 from dlstore.io.memory import check_device
 from dlstore.io.select import ENGINES
 from dlstore.placement.sharding import SHUFFLES
+from dlstore.placement.world import detect_world
 from dlstore.sources.layout import scan_layout
 from dlstore.sources.reader import expand_paths
 from dlstore.synthetic import PRESETS
@@ -98,8 +99,8 @@ def add_common_arguments(p: argparse.ArgumentParser, workload: Workload) -> None
     p.add_argument("--device", metavar="cuda:N",
                    help="deliver the batches to this GPU: the loader assembles them in pinned memory and copies "
                         "them on a stream (Loader(device=...)); each step's clock stops after its copies have "
-                        "finished. Without a GPU or CuPy: exit 2, saying what is missing, before any data is "
-                        "generated")
+                        "finished. cuda:local: each rank onto the GPU numbered as its local rank. Without a GPU "
+                        "or CuPy: exit 2, saying what is missing, before any data is generated")
     p.add_argument("--no-verify", dest="verify", action="store_false", help="do not check TFRecord CRCs")
     p.add_argument("--shuffle", choices=tuple(SHUFFLES), default="block",
                    help="the record shuffle of the Dataset each tier reads, as training reads (default: "
@@ -169,6 +170,15 @@ def _baseline_paths(workload: Workload, args: argparse.Namespace) -> List[str]:
                          **workload.dataset_overrides(args))
 
 
+def _ranks_devices(requested: Optional[str], device: str) -> str:
+    """The header's MPI line's words on where the ranks' batches go (``device``: rank 0's)."""
+    if device == "cpu":
+        return ""
+    if str(requested).strip().lower() == "cuda:local":
+        return ", each onto the GPU numbered as its local rank (rank 0: " + device + ")"
+    return f", all onto {device} (--device cuda:local gives each rank the GPU of its local rank)"
+
+
 def run_workload(workload: Workload, args: argparse.Namespace) -> int:
     """Entry point shared by ``python -m dlstore.bench resnet50`` and ``... bert``."""
     for name in ("batch_size", "steps", "jobs_steps", "prefetch", "epochs"):
@@ -183,7 +193,8 @@ def run_workload(workload: Workload, args: argparse.Namespace) -> int:
         raise ValueError(f"io={args.io!r} (from {settings.SETTINGS['io'].env}) is for bench storage; "
                          f"this bench reads with one of auto, {', '.join(ENGINES)}")
     wanted = _tiers_wanted(args)
-    gpu = sysinfo.device_fields(check_device(args.device))  # what is missing, said before any data is made
+    # What is missing is said before any data is made; cuda:local is this rank's GPU among its host's.
+    gpu = sysinfo.device_fields(check_device(args.device, detect_world().local_rank))
     if args.jobs and args.jobs_tier == "target" and not args.data:
         raise ValueError("--jobs-tier target needs --data")
     comm = mpi_comm()
@@ -258,8 +269,7 @@ def run_workload(workload: Workload, args: argparse.Namespace) -> int:
         extra.append(sysinfo.device_row(gpu))
     if comm is not None:
         extra.append(("MPI", f"{world} ranks, each reading its share of the records (dlstore.Dataset)"
-                             + (f", all onto {gpu['device']} (a GPU per rank is not built)"
-                                if gpu["device"] != "cpu" else "")))
+                             + _ranks_devices(args.device, gpu["device"])))
     if rank == 0:
         print(sysinfo.format_header(info, extra=extra) + "\n", flush=True)
 

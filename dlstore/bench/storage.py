@@ -35,6 +35,7 @@ from dlstore.io import cuda  # cuda.cuda_facts looked up at each call: tests sta
 from dlstore.io.cuda import gds_verdict, parse_device
 from dlstore.io.memory import PinnedPool, check_device
 from dlstore.io.select import ENGINES
+from dlstore.placement.world import detect_world
 from dlstore.sources.reader import expand_paths, open_records
 from dlstore.synthetic import (
     PRESETS,  # light: pillow is imported only when a set is generated
@@ -334,21 +335,22 @@ def timed_passes(paths: Sequence[str], *, io: str = "auto", cache: str = "cold",
 # None of this has run on a GPU yet (docs/gpu.md); without one, run() exits 2 before reaching it.
 
 def check_gpu_request(io: str, device: Optional[str]) -> Optional[int]:
-    """The CUDA device index of ``--device`` (0 for ``--io gds`` without one), or None for host memory.
+    """The CUDA device index of ``--device`` (0 for ``--io gds`` without one; ``cuda:local``: the
+    launcher's local rank), or None for host memory.
 
     Raises
     ------
     GdsUnavailableError, DlstoreError, ValueError
         One line naming what is missing, before any data is generated or read.
     """
-
+    local_rank = detect_world().local_rank
     if io == "gds":
-        index = parse_device(device) or 0
+        index = parse_device(device, local_rank) or 0
         verdict = gds_verdict(cuda.cuda_facts(), index)
         if verdict.missing:
             raise GdsUnavailableError(verdict.missing)
         return index
-    return check_device(device)  # a host engine's batches copied to the GPU: the loader's check
+    return check_device(device, local_rank)  # a host engine's batches copied to the GPU: the loader's check
 
 
 def delivery_fields(io: str, index: int) -> Dict[str, Any]:

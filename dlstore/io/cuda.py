@@ -350,8 +350,12 @@ def gds_verdict(facts: CudaFacts, index: int = 0) -> GdsVerdict:
     return GdsVerdict("", "gds", f"GPUDirect Storage: libcufile at {facts.libcufile}, nvidia-fs loaded; {allow}")
 
 
-def parse_device(device: object) -> Optional[int]:
-    """The CUDA device index of ``"cuda"``, ``"cuda:1"`` or a torch-like device; None for the CPU.
+def parse_device(device: object, local_rank: int = 0) -> Optional[int]:
+    """The CUDA device index of ``"cuda"``, ``"cuda:1"``, ``"cuda:local"`` or a torch-like device; None
+    for the CPU.
+
+    ``"cuda:local"`` is the GPU numbered as the process's ``local_rank`` (its rank among the processes of
+    its host, as a launcher gives it): one GPU per rank on a host with as many GPUs as ranks.
 
     Raises
     ------
@@ -363,7 +367,7 @@ def parse_device(device: object) -> Optional[int]:
     text = str(device).strip().lower()
     if text == "cpu":
         return None
-    m = re.fullmatch(r"cuda(?::(\d+))?", text)
+    m = re.fullmatch(r"cuda(?::(\d+|local))?", text)
     if not m:
-        raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', not {device!r}")
-    return int(m.group(1) or 0)
+        raise ValueError(f"device must be 'cpu', 'cuda', 'cuda:N' or 'cuda:local', not {device!r}")
+    return int(local_rank) if m.group(1) == "local" else int(m.group(1) or 0)

@@ -294,7 +294,7 @@ class DeviceCopier:
             self._pending = None
 
 
-def check_device(device: Any) -> Optional[int]:
+def check_device(device: Any, local_rank: int = 0) -> Optional[int]:
     """The CUDA device index ``device`` names, after checking that a GPU batch can reach it; None for the CPU.
 
     The one device check of dlstore: ``Loader(device=...)``, ``python -m dlstore.bench ... --device``
@@ -303,8 +303,11 @@ def check_device(device: Any) -> Optional[int]:
     Parameters
     ----------
     device : str, torch.device-like or None
-        ``None`` or ``"cpu"``; ``"cuda"`` (device 0) or ``"cuda:N"``; or anything whose ``str`` is one
-        of them (``torch.device("cuda", 1)``).
+        ``None`` or ``"cpu"``; ``"cuda"`` (device 0), ``"cuda:N"`` or ``"cuda:local"`` (device
+        ``local_rank``: a GPU per rank on the host); or anything whose ``str`` is one of them
+        (``torch.device("cuda", 1)``).
+    local_rank : int
+        This process's rank among those of its host (:attr:`dlstore.World.local_rank`).
 
     Raises
     ------
@@ -314,7 +317,7 @@ def check_device(device: Any) -> Optional[int]:
         For a GPU, one line naming what is missing: no CUDA driver, no GPU, no CUDA device N, CuPy not
         installed (the facts of :func:`dlstore.io.cuda.cuda_facts`).
     """
-    index = parse_device(device)
+    index = parse_device(device, local_rank)
     if index is None:
         return None
     facts = cuda.cuda_facts()
@@ -331,7 +334,7 @@ def device_path(index: int) -> str:
     return f"batches in pinned memory, copied to cuda:{index} on a stream"
 
 
-def device_copier(device: Any) -> Tuple[Optional[int], Optional[DeviceCopier], str]:
+def device_copier(device: Any, local_rank: int = 0) -> Tuple[Optional[int], Optional[DeviceCopier], str]:
     """``(CUDA index, copier, why)`` for ``Loader(device=...)``: ``(None, None, "")`` for the CPU.
 
     Raises
@@ -339,7 +342,7 @@ def device_copier(device: Any) -> Tuple[Optional[int], Optional[DeviceCopier], s
     ValueError, DlstoreError
         As :func:`check_device`.
     """
-    index = check_device(device)
+    index = check_device(device, local_rank)
     if index is None:
         return None, None, ""
     return index, DeviceCopier(CupyDevice(index)), device_path(index)

@@ -91,7 +91,9 @@ class Loader:
         and yielded as CuPy arrays on that GPU, copied asynchronously on a stream of their own while
         the next batches are read. A batch's device arrays stay valid until the next one is drawn.
         Without CUDA or CuPy it raises a :class:`~dlstore.DlstoreError` naming what is missing
-        (:func:`~dlstore.io.memory.check_device`). ``None`` or ``"cpu"``: numpy batches.
+        (:func:`~dlstore.io.memory.check_device`). ``cuda:local``: the GPU numbered as this process's
+        local rank (the source's world, else the launcher's), one GPU per rank on a host. ``None`` or
+        ``"cpu"``: numpy batches.
 
     Notes
     -----
@@ -152,7 +154,8 @@ class Loader:
         self._fields = pipeline.fields()
         self._run = pipeline.bind(format=self.format, seed=self.seed, threads=self.threads)
 
-        self._device_index, self._copier, self._device_path = memory.device_copier(device)
+        local_rank = (getattr(source, "world", None) or detect_world()).local_rank  # for device="cuda:local"
+        self._device_index, self._copier, self._device_path = memory.device_copier(device, local_rank)
         #: ``"cuda:N"`` when batches are yielded on that GPU, else None (the CPU).
         self.device = None if self._device_index is None else f"cuda:{self._device_index}"
         self._pool = None

@@ -114,8 +114,9 @@ class Dataset(ReadsWithOptions):
     progress : bool
         A progress bar while the shards are indexed.
     device : str, optional
-        Where the records are going: ``cuda:N`` lets ``io="auto"`` pick ``gds`` (true GPUDirect
-        Storage only), and is the device ``io="gds"`` reads into (default ``cuda:0``). With
+        Where the records are going: ``cuda:N`` (or ``cuda:local``: GPU number ``world.local_rank``)
+        lets ``io="auto"`` pick ``gds`` (true GPUDirect Storage only), and is the device ``io="gds"``
+        reads into (default ``cuda:0``). With
         ``io="gds"`` batches are :class:`~dlstore.io.gds.DeviceBatch` objects (TFRecord only).
     options : ReadOptions, optional
         How to read: engine, CRC checks, ``on_error``, read sizes, threads, ``read_timeout`` and
@@ -136,8 +137,8 @@ class Dataset(ReadsWithOptions):
             raise PlacementError(f"unknown shuffle {shuffle!r}; choose one of {sorted(SHUFFLES)}")
         if batch_size is not None and (isinstance(batch_size, bool) or int(batch_size) < 1):
             raise ValueError(f"batch_size must be at least 1 (or None: the loader's), not {batch_size!r}")
-        gpu = parse_device(device)  # a bad device string fails here, before any indexing
         self.world = world if world is not None else detect_world()
+        gpu = parse_device(device, self.world.local_rank)  # a bad device string fails here, before any indexing
         self._layout, self.shards = self._find_layout(shards, mounts)
         self.mounts = list(self._layout.mounts) if self._layout is not None else []
         self.seed, self.shuffle_shards, self.shuffle, self.remainder = seed, shuffle_shards, shuffle, remainder
@@ -163,7 +164,8 @@ class Dataset(ReadsWithOptions):
             raise ValueError(f"buffer_size must be at least 1 record, not {buffer_size!r}")
         self.buffer_size = int(buffer_size)
         self.choice: EngineChoice = resolve_engine(self.options.get("io"), first, total_bytes,
-                                                   random_reads=shuffle == "global", device=device)
+                                                   random_reads=shuffle == "global",
+                                                   device=None if gpu is None else f"cuda:{gpu}")
         if self.engine == "gds" and self.format != "tfrecord":  # GdsUnavailableError was raised above
             raise DlstoreError(f"io='gds' reads uncompressed TFRecord shards; {first[0]} is {self.format}: "
                                f"use a host engine", path=first[0])

@@ -222,7 +222,7 @@ def test_device_picks_gds_for_auto_and_is_checked(tmp_path, stand_in_gds):
     ds = Dataset(tmp_path / "d", device="cuda:0")  # io="auto": true GDS here, so gds
     assert ds.engine == "gds" and "GPU target cuda:0" in ds.engine_reason
     assert Dataset(tmp_path / "d").engine != "gds"  # no GPU target: a host engine
-    with pytest.raises(ValueError, match="device must be 'cpu', 'cuda' or 'cuda:N', not 'gpu0'"):
+    with pytest.raises(ValueError, match="device must be 'cpu', 'cuda', 'cuda:N' or 'cuda:local', not 'gpu0'"):
         Dataset(tmp_path / "d", device="gpu0")
 
 

@@ -30,7 +30,7 @@ NO_DRIVER = cuda.CudaFacts(driver_error="no CUDA driver (libcuda.so.1 cannot be 
     (["--io", "gds"], "io='gds' cannot run: no CUDA driver"),
     (["--device", "cuda:0"], "device='cuda:0' needs a CUDA GPU and CuPy: no CUDA driver"),
     (["--io", "direct", "--device", "cuda:0"], "device='cuda:0' needs a CUDA GPU and CuPy: no CUDA driver"),
-    (["--device", "gpu"], "device must be 'cpu', 'cuda' or 'cuda:N'"),
+    (["--device", "gpu"], "device must be 'cpu', 'cuda', 'cuda:N' or 'cuda:local'"),
 ])
 def test_gpu_requests_without_a_gpu_exit_2_with_the_reason(monkeypatch, capsys, args, line):
     monkeypatch.setattr(cuda, "cuda_facts", lambda: NO_DRIVER)
@@ -60,7 +60,7 @@ def test_bench_gds_here_exits_2_without_a_traceback():
      "device='cuda:0' needs a CUDA GPU and CuPy: cupy is not installed"),
     (cuda.CudaFacts(driver="13.0", devices=["GPU"], cupy="13.6"), "cuda:1",
      "device='cuda:1' needs a CUDA GPU and CuPy: no CUDA device 1 (the driver sees 1)"),
-    (NO_DRIVER, "gpu", "device must be 'cpu', 'cuda' or 'cuda:N', not 'gpu'"),
+    (NO_DRIVER, "gpu", "device must be 'cpu', 'cuda', 'cuda:N' or 'cuda:local', not 'gpu'"),
 ])
 def test_pipeline_bench_device_without_a_gpu_exits_2_before_any_data(monkeypatch, capsys, scenario, facts, device,
                                                                      line):
@@ -163,3 +163,11 @@ def test_bench_storage_device_header_shares_the_device_fields(monkeypatch):
     assert sysinfo.device_row(host)[1].startswith("cuda:0 (stand-in GPU): host batches staged")
     assert sysinfo.device_fields(None) == {"device": "cpu", "device_name": None,
                                            "device_path": "batches in host memory", "pinned": False}
+
+
+def test_the_mpi_line_says_where_each_ranks_batches_go():
+    from dlstore.bench.pipeline_bench import _ranks_devices
+
+    assert _ranks_devices(None, "cpu") == ""
+    assert "each onto the GPU numbered as its local rank (rank 0: cuda:0)" in _ranks_devices("cuda:local", "cuda:0")
+    assert _ranks_devices("cuda:1", "cuda:1").startswith(", all onto cuda:1 (--device cuda:local")

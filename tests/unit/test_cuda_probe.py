@@ -139,6 +139,8 @@ def test_cufile_json_from_the_environment(tmp_path):
 def test_parse_device():
     assert parse_device(None) is None and parse_device("cpu") is None
     assert parse_device("cuda") == 0 and parse_device("cuda:3") == 3
+    assert parse_device("cuda:local") == 0 and parse_device(" CUDA:Local", local_rank=3) == 3
+    assert parse_device("cuda:2", local_rank=3) == 2  # a numbered GPU is that GPU on every rank
     with pytest.raises(ValueError, match="cuda:N"):
         parse_device("gpu0")
 

@@ -13,7 +13,8 @@ from dlstore.formats.example import encode_example
 from dlstore.io import cuda, memory
 from dlstore.pipeline.bert import Bert
 from dlstore.pipeline.loader import Loader
-from tests.gpu_stand_ins import STAND_IN_FACTS, Registry, use_gpu_stand_in
+from dlstore.placement.world import World
+from tests.gpu_stand_ins import STAND_IN_FACTS, DlpackHostDevice, Registry, use_gpu_stand_in
 from tests.helpers import write_tfrecord
 
 
@@ -97,7 +98,8 @@ def test_loader_on_a_gpu_through_the_stand_ins(tmp_path, monkeypatch):
     monkeypatch.setattr(memory, "cuda_host_unregister", reg.unregister)
     dev = memory.HostDevice()
     monkeypatch.setattr(memory, "device_copier",
-                        lambda device: (0, memory.DeviceCopier(dev), "stand-in copies") if device else (None, None, ""))
+                        lambda device, local_rank=0: ((0, memory.DeviceCopier(dev), "stand-in copies") if device
+                                                      else (None, None, "")))
     want = [dict(b) for b in Loader(dlstore.open_records(path), Bert(16, 4), 8, last_batch="PARTIAL", copy=True)]
     loader = Loader(dlstore.open_records(path), Bert(16, 4), 8, last_batch="PARTIAL", device="cuda:0")
     got = [{k: v.copy() for k, v in b.items()} for b in loader]
@@ -170,8 +172,39 @@ def test_check_device_names_exactly_what_is_missing_in_one_line(monkeypatch, fac
 @pytest.mark.parametrize("device", ["tpu", "cuda:x", "cuda:-1", "gpu:0", 0])
 def test_check_device_refuses_what_is_not_a_device(monkeypatch, device):
     monkeypatch.setattr(cuda, "cuda_facts", lambda: pytest.fail("a malformed device needs no CUDA facts"))
-    with pytest.raises(ValueError, match="device must be 'cpu', 'cuda' or 'cuda:N'"):
+    with pytest.raises(ValueError, match="device must be 'cpu', 'cuda', 'cuda:N' or 'cuda:local'"):
         memory.check_device(device)
+
+
+def test_cuda_local_is_the_gpu_of_the_local_rank_and_checked_as_such(monkeypatch):
+    monkeypatch.setattr(cuda, "cuda_facts", lambda: cuda.CudaFacts(driver="13.0", devices=["A", "B"], cupy="13.6"))
+    assert [memory.check_device("cuda:local", r) for r in (0, 1)] == [0, 1]
+    with pytest.raises(DlstoreError, match=r"^device='cuda:local' needs a CUDA GPU and CuPy: no CUDA device 2 "
+                                           r"\(the driver sees 2\)$"):
+        memory.check_device("cuda:local", 2)  # a third rank on a host with two GPUs
+
+
+def test_a_loader_on_cuda_local_copies_to_its_ranks_gpu(tmp_path, monkeypatch):
+    path = bert_file(tmp_path, 20)
+    use_gpu_stand_in(monkeypatch)
+    monkeypatch.setattr(cuda, "cuda_facts", lambda: cuda.CudaFacts(driver="13.0", devices=["A", "B"], cupy="x"))
+    made = []
+    monkeypatch.setattr(memory, "CupyDevice", lambda index: made.append(index) or DlpackHostDevice())
+    second = dlstore.Dataset(path, world=World(rank=1, size=2, local_rank=1, local_size=2), shuffle="none")
+    loader = Loader(second, Bert(16, 4), 4, device="cuda:local")
+    assert loader.device == "cuda:1" and made == [1] and loader.stats()["device_path"] == memory.device_path(1)
+    first = dlstore.Dataset(path, world=World(rank=0, size=2, local_rank=0, local_size=2), shuffle="none")
+    assert Loader(first, Bert(16, 4), 4, device="cuda:local").device == "cuda:0"
+
+
+def test_a_gds_dataset_on_cuda_local_reads_into_its_ranks_gpu(tmp_path, stand_in_gds):
+    path = write_tfrecord(tmp_path / "a.tfrecord", [b"%d" % i for i in range(10)])
+    for rank in (0, 1):
+        ds = dlstore.Dataset(path, io="gds", device="cuda:local", batch_size=4,
+                             world=World(rank=rank, size=2, local_rank=rank, local_size=2))
+        assert ds.device_index == rank
+        list(ds.batches())
+        assert stand_in_gds[-1][2] == rank  # the backend reads into that GPU
 
 
 def test_synchronize_waits_for_the_last_copies_and_is_a_no_op_on_the_cpu(tmp_path, monkeypatch):
