@@ -17,7 +17,8 @@ The engine is written so that everything but the CUDA calls runs anywhere:
   ``notes``, ``corruptions``), so :class:`dlstore.RecordReader` runs it as it runs the C++ core.
 - :class:`GdsPlanReader` has the C++ plan reader's (``next_batch``, ``position``, ``stats``,
   ``notes``, ``corruptions``), so :class:`dlstore.Dataset` runs it as it runs ``_C.PlanReader``:
-  an epoch's read plan, given in emission order, handed out in batches of exactly ``batch_size``.
+  an epoch's read plan, read in read order in large reads, handed out in emission order in batches
+  of exactly ``batch_size``, gathered on the device (:data:`GATHER_KERNEL`, one launch per batch).
   Its batches (:class:`DeviceBatch`) hold the buffer (``buffer``: a CuPy array, which frameworks
   take without a copy through ``__cuda_array_interface__`` or DLPack), and the record ``offsets``
   and ``lengths`` into it as host numpy arrays.
@@ -35,9 +36,9 @@ import numpy as np
 from dlstore.errors import CorruptRecordError, DlstoreError, DlstoreIOError, GdsUnavailableError
 from dlstore.sources.indexing import find_index
 
-__all__ = ["ALIGN", "FRAME_OK", "FRAME_LENGTH", "FRAME_LENGTH_CRC", "FRAME_DATA_CRC", "FRAME_KERNEL", "ReadPlan",
-           "plan_reads", "frame_positions", "frame_problem", "DeviceBatch", "HostBackend", "KvikioBackend",
-           "GdsCore", "GdsPlanReader", "file_plan", "default_backend"]
+__all__ = ["ALIGN", "FRAME_OK", "FRAME_LENGTH", "FRAME_LENGTH_CRC", "FRAME_DATA_CRC", "FRAME_KERNEL", "GATHER_KERNEL",
+           "ReadPlan", "plan_reads", "frame_positions", "packed_offsets", "byte_indices", "frame_problem",
+           "DeviceBatch", "HostBackend", "KvikioBackend", "GdsCore", "GdsPlanReader", "file_plan", "default_backend"]
 
 #: Reads start on this boundary: cuFile reads GPU pages of 4 KiB, and O_DIRECT needs the block size.
 ALIGN = 4096
