@@ -17,7 +17,8 @@ The engine is written so that everything but the CUDA calls runs anywhere:
   ``notes``, ``corruptions``), so :class:`dlstore.RecordReader` runs it as it runs the C++ core.
 - :class:`GdsPlanReader` has the C++ plan reader's (``next_batch``, ``position``, ``stats``,
   ``notes``, ``corruptions``), so :class:`dlstore.Dataset` runs it as it runs ``_C.PlanReader``:
-  an epoch's read plan, given in emission order, handed out in batches of exactly ``batch_size``.
+  an epoch's read plan, read in read order in large reads, handed out in emission order in batches
+  of exactly ``batch_size``, gathered on the device (:data:`GATHER_KERNEL`, one launch per batch).
   Its batches (:class:`DeviceBatch`) hold the buffer (``buffer``: a CuPy array, which frameworks
   take without a copy through ``__cuda_array_interface__`` or DLPack), and the record ``offsets``
   and ``lengths`` into it as host numpy arrays.
@@ -35,9 +36,9 @@ import numpy as np
 from dlstore.errors import CorruptRecordError, DlstoreError, DlstoreIOError, GdsUnavailableError
 from dlstore.sources.indexing import find_index
 
-__all__ = ["ALIGN", "FRAME_OK", "FRAME_LENGTH", "FRAME_LENGTH_CRC", "FRAME_DATA_CRC", "FRAME_KERNEL", "ReadPlan",
-           "plan_reads", "frame_positions", "frame_problem", "DeviceBatch", "HostBackend", "KvikioBackend",
-           "GdsCore", "GdsPlanReader", "file_plan", "default_backend"]
+__all__ = ["ALIGN", "FRAME_OK", "FRAME_LENGTH", "FRAME_LENGTH_CRC", "FRAME_DATA_CRC", "FRAME_KERNEL", "GATHER_KERNEL",
+           "ReadPlan", "plan_reads", "frame_positions", "packed_offsets", "byte_indices", "frame_problem",
+           "DeviceBatch", "HostBackend", "KvikioBackend", "GdsCore", "GdsPlanReader", "file_plan", "default_backend"]
 
 #: Reads start on this boundary: cuFile reads GPU pages of 4 KiB, and O_DIRECT needs the block size.
 ALIGN = 4096
@@ -82,9 +83,23 @@ DLSTORE_DEVICE unsigned char dlstore_frame_status(const unsigned int* table, con
 }
 """
 
+# Gathers records from several device buffers into one (a batch in emission order, or a chunk's
+# stragglers): record r's bytes [src_at[r], src_at[r] + len[r]) of buffer sources[src_buf[r]] go to
+# dst + dst_at[r]. On the GPU a block per record, its threads copying every blockDim.x-th byte; plain C
+# too, so that tests compile it for the host (tests/unit/test_gds.py).
+GATHER_KERNEL = r"""
+DLSTORE_DEVICE void dlstore_copy_record(const unsigned char* const* sources, const long long* src_buf,
+                                        const long long* src_at, const long long* len, const long long* dst_at,
+                                        unsigned char* dst, long long r, long long first, long long step) {
+  const unsigned char* s = sources[src_buf[r]] + src_at[r];
+  unsigned char* d = dst + dst_at[r];
+  for (long long i = first; i < len[r]; i += step) d[i] = s[i];
+}
+"""
+
 _CUDA_WRAPPER = r"""
 #define DLSTORE_DEVICE __device__
-""" + FRAME_KERNEL + r"""
+""" + FRAME_KERNEL + GATHER_KERNEL + r"""
 extern "C" __global__ void dlstore_tfrecord_frames(const unsigned char* buf, const long long* rel,
                                                    const long long* size, int n, int verify,
                                                    unsigned char* status) {
@@ -93,6 +108,14 @@ extern "C" __global__ void dlstore_tfrecord_frames(const unsigned char* buf, con
   __syncthreads();
   int r = blockIdx.x * blockDim.x + threadIdx.x;
   if (r < n) status[r] = dlstore_frame_status(table, buf, rel[r], size[r], verify);
+}
+
+extern "C" __global__ void dlstore_gather(const unsigned long long* sources, const long long* src_buf,
+                                          const long long* src_at, const long long* len, const long long* dst_at,
+                                          long long n, unsigned char* dst) {
+  for (long long r = blockIdx.x; r < n; r += gridDim.x)
+    dlstore_copy_record((const unsigned char* const*)sources, src_buf, src_at, len, dst_at, dst, r,
+                        threadIdx.x, blockDim.x);
 }
 """
 
@@ -167,6 +190,21 @@ def frame_positions(plan: ReadPlan, k: int, offset: np.ndarray) -> np.ndarray:
     """Where each frame of read ``k`` starts in its buffer (int64)."""
     a, b = int(plan.first[k]), int(plan.first[k] + plan.count[k])
     return np.asarray(offset[a:b], dtype=np.int64) - int(plan.start[k])
+
+
+def packed_offsets(lengths: np.ndarray) -> np.ndarray:
+    """Where each record starts when the records are packed one after the other (int64)."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    out = np.zeros(len(lengths), dtype=np.int64)
+    np.cumsum(lengths[:-1], out=out[1:])
+    return out
+
+
+def byte_indices(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """The byte indices of ranges ``[starts[r], starts[r] + lengths[r])``, one range after the other:
+    the bytes :data:`GATHER_KERNEL` copies for those records, as one numpy index."""
+    starts, lengths = np.asarray(starts, dtype=np.int64), np.asarray(lengths, dtype=np.int64)
+    return np.repeat(starts - packed_offsets(lengths), lengths) + np.arange(int(lengths.sum()), dtype=np.int64)
 
 
 def frame_problem(status: int, length_in_index: int) -> str:
@@ -277,6 +315,16 @@ class _Done:
         return self.n
 
 
+class _Failed:
+    """A read that could not start (its file did not open): waiting on it raises why."""
+
+    def __init__(self, error: BaseException):
+        self.error = error
+
+    def get(self) -> int:
+        raise self.error
+
+
 class HostBackend:
     """The stand-in for the GPU: numpy buffers, ``os.preadv``, and the C++ core's CRC-32C.
 
@@ -299,8 +347,13 @@ class HostBackend:
     def alloc(self, nbytes: int) -> np.ndarray:
         return np.empty(nbytes, dtype=np.uint8)
 
-    def copy(self, dst: np.ndarray, dst_offset: int, src: np.ndarray, src_offset: int, nbytes: int) -> None:
-        dst[dst_offset:dst_offset + nbytes] = src[src_offset:src_offset + nbytes]
+    def gather(self, dst: np.ndarray, sources: Sequence[np.ndarray], src_buf: np.ndarray, src_at: np.ndarray,
+               length: np.ndarray, dst_at: np.ndarray) -> None:
+        """What :data:`GATHER_KERNEL` does: record ``r``'s ``length[r]`` bytes at ``src_at[r]`` of
+        ``sources[src_buf[r]]`` go to ``dst`` at ``dst_at[r]``; one indexed copy per source buffer."""
+        for b in np.unique(src_buf).tolist():
+            mine = src_buf == b
+            dst[byte_indices(dst_at[mine], length[mine])] = sources[b][byte_indices(src_at[mine], length[mine])]
 
     def read(self, handle: int, buf: np.ndarray, size: int, file_offset: int) -> _Done:
         done = 0
@@ -351,7 +404,9 @@ class KvikioBackend:
         self._cupy, self._kvikio = cupy, kvikio
         self._device = cupy.cuda.Device(device)
         with self._device:
-            self._kernel = cupy.RawKernel(_CUDA_WRAPPER, "dlstore_tfrecord_frames")
+            module = cupy.RawModule(code=_CUDA_WRAPPER)
+            self._kernel = module.get_function("dlstore_tfrecord_frames")
+            self._gather = module.get_function("dlstore_gather")
 
     def open(self, path: str) -> Any:
         return self._kvikio.CuFile(path, "r")
@@ -363,10 +418,20 @@ class KvikioBackend:
         with self._device:
             return self._cupy.empty(nbytes, dtype=self._cupy.uint8)
 
-    def copy(self, dst: Any, dst_offset: int, src: Any, src_offset: int, nbytes: int) -> None:
-        # A device-to-device copy on the current stream (batches gathered from several reads).
+    def gather(self, dst: Any, sources: Sequence[Any], src_buf: np.ndarray, src_at: np.ndarray,
+               length: np.ndarray, dst_at: np.ndarray) -> None:
+        # One launch of GATHER_KERNEL on the current stream: a block per record (at most 65535 blocks,
+        # each then taking every gridDim-th record). The index arrays are freed to CuPy's pool, which
+        # hands them out again only in this stream's order, after the launch.
+        cp = self._cupy
+        n = len(length)
+        if n == 0:
+            return
         with self._device:
-            dst[dst_offset:dst_offset + nbytes] = src[src_offset:src_offset + nbytes]
+            pointers = cp.asarray(np.array([int(b.data.ptr) for b in sources], dtype=np.uint64))
+            self._gather((min(n, 65535),), (256,),
+                         (pointers, cp.asarray(src_buf, dtype=cp.int64), cp.asarray(src_at, dtype=cp.int64),
+                          cp.asarray(length, dtype=cp.int64), cp.asarray(dst_at, dtype=cp.int64), np.int64(n), dst))
 
     def read(self, handle: Any, buf: Any, size: int, file_offset: int) -> Any:
         # Non-blocking: kvikio splits the read into tasks on its thread pool; .get() waits.
@@ -424,8 +489,6 @@ class GdsCore:
         if file_sizes is None:
             file_sizes = [os.path.getsize(p) for p in self.paths]
         self.plan = plan_reads(file, self.offset, self.size, file_sizes, chunk_size)
-        #: Plan positions of the corrupt records skipped, in plan order (``corruptions()`` in the same order).
-        self.bad_positions: List[int] = []
         self._next = 0  # the next read to issue
         self._inflight: List[Tuple[int, Any, Any]] = []  # (read, buffer, future)
         self._handles: Dict[int, Any] = {}
@@ -447,9 +510,14 @@ class GdsCore:
             k = self._next
             self._next += 1
             f, start, stop = int(self.plan.file[k]), int(self.plan.start[k]), int(self.plan.stop[k])
+            try:  # a file that does not open fails its read, when that read is waited on
+                handle = self._handle(f)
+            except DlstoreIOError as e:
+                self._inflight.append((k, None, _Failed(e)))
+                continue
             buf = self.backend.alloc(stop - start)
             self._stats["buffers_allocated"] += 1
-            self._inflight.append((k, buf, self.backend.read(self._handle(f), buf, stop - start, start)))
+            self._inflight.append((k, buf, self.backend.read(handle, buf, stop - start, start)))
 
     def close(self) -> None:
         """Waits for reads in flight (their buffers must not go while the device writes them) and
@@ -470,19 +538,21 @@ class GdsCore:
         except Exception:  # noqa: BLE001 - at interpreter exit
             pass
 
-    def next_batch(self) -> Optional[DeviceBatch]:
-        while True:
-            self._issue()
-            if not self._inflight:
-                self.close()
-                return None
-            k, buf, future = self._inflight.pop(0)
-            self._issue()  # the next read is under way while this one is checked
-            batch = self._finish(k, buf, future)
-            if batch is not None and batch.num_records:
-                return batch
+    def next_read(self) -> Optional[Tuple[int, Any, np.ndarray]]:
+        """The next read of the plan, in order, once it has arrived and its frames are checked:
+        ``(read, buffer, status)`` with a status byte per record of the read; None after the last.
 
-    def _finish(self, k: int, buf: Any, future: Any) -> Optional[DeviceBatch]:
+        Raises
+        ------
+        DlstoreIOError
+            The read's file did not open, or it came back short: the message names file and offset.
+        """
+        self._issue()
+        if not self._inflight:
+            self.close()
+            return None
+        k, buf, future = self._inflight.pop(0)
+        self._issue()  # the next read is under way while this one is checked
         f, start, stop = int(self.plan.file[k]), int(self.plan.start[k]), int(self.plan.stop[k])
         path = self.paths[f]
         got = int(future.get())
@@ -492,9 +562,24 @@ class GdsCore:
         self._stats["reads"] += 1
         self._stats["bytes_read"] += got
         a, b = int(self.plan.first[k]), int(self.plan.first[k] + self.plan.count[k])
+        return k, buf, self.backend.frame_status(buf, frame_positions(self.plan, k, self.offset), self.size[a:b],
+                                                 self.verify)
+
+    def next_batch(self) -> Optional[DeviceBatch]:
+        while True:
+            read = self.next_read()
+            if read is None:
+                return None
+            batch = self._batch_of(*read)
+            if batch.num_records:
+                return batch
+
+    def _batch_of(self, k: int, buf: Any, status: np.ndarray) -> DeviceBatch:
+        f = int(self.plan.file[k])
+        path = self.paths[f]
+        a, b = int(self.plan.first[k]), int(self.plan.first[k] + self.plan.count[k])
         rel = frame_positions(self.plan, k, self.offset)
         size = self.size[a:b]
-        status = self.backend.frame_status(buf, rel, size, self.verify)
         batch = DeviceBatch(buf, rel + _HEADER, size - _HEADER - _FOOTER, self.offset[a:b], f, self.paths)
         bad = np.flatnonzero(status != FRAME_OK)
         if len(bad):
@@ -503,7 +588,6 @@ class GdsCore:
                 raise CorruptRecordError(f"{path}: at byte {int(self.offset[a + i])}: "
                                          f"{frame_problem(int(status[i]), int(size[i]) - 16)}",
                                          path=path, offset=int(self.offset[a + i]))
-            self.bad_positions += (a + bad).tolist()
             for i in bad.tolist():
                 self._corruptions.append((path, int(self.offset[a + i]), frame_problem(int(status[i]),
                                                                                          int(size[i]) - 16)))
@@ -537,19 +621,26 @@ class GdsCore:
 
 class GdsPlanReader:
     """An epoch's read plan through :class:`GdsCore`, handed out in batches of exactly ``batch_size``
-    records: ``_C.PlanReader``'s interface, for :class:`dlstore.Dataset` with ``io="gds"``.
+    records in emission order: ``_C.PlanReader``'s interface and shape, for :class:`dlstore.Dataset`
+    with ``io="gds"``.
 
-    The plan comes in *emission* order (a shuffle buffer's order already applied), so the records
-    come out in the order the host engines hand them out; neighbours in a file are still read
-    together (:func:`plan_reads`). A batch within one read is a view of its buffer; one spanning
-    several reads is gathered by a device copy per read into a buffer of its own.
+    The plan comes in *read* order and is read in that order, in reads of about ``chunk_size``
+    (:func:`plan_reads`, ``depth`` in flight), each read's frames checked on the device. Records are
+    handed out in ``emit`` order, gathered from the reads held in device memory: a batch whose
+    records all lie in one buffer is a view of it, any other is gathered by one launch of
+    :data:`GATHER_KERNEL` (``backend.gather``). A read is let go once its records are handed out; while
+    the reads held exceed ``hold_bytes`` (a shuffle buffer holds records back), the oldest one's
+    remaining records are gathered into a straggler buffer and the read let go.
 
     Parameters
     ----------
     paths : list of str
     file, offset, size : numpy.ndarray
-        Per record, in emission order: file index, frame offset and frame size.
+        Per read position: file index, frame offset and frame size.
     backend : HostBackend or KvikioBackend
+    emit : numpy.ndarray, optional
+        Read positions in emission order, each at most once (positions left out are not read: a
+        resumed plan); None: read order.
     batch_size : int
     first_batch : int
         Records of the first batch (a plan restarted mid-batch); 0: ``batch_size``.
@@ -558,114 +649,188 @@ class GdsPlanReader:
     on_error : {"raise", "skip"}
         ``raise``: the good records before a corrupt one are handed out (the batch before it may be
         short), then the next call raises :class:`~dlstore.CorruptRecordError` naming file and offset.
+        ``skip``: it is left out, listed in ``corruptions()`` and counted in ``position``.
     file_sizes : sequence of int, optional
+    hold_bytes : int
+        The most bytes of reads held for records not yet handed out (0: no limit); reads in flight
+        (``depth``) come on top.
     """
 
     def __init__(self, paths: Sequence[str], file: np.ndarray, offset: np.ndarray, size: np.ndarray, backend: Any,
-                 *, batch_size: int, first_batch: int = 0, chunk_size: int, depth: int = 2, verify: bool = True,
-                 on_error: str = "raise", file_sizes: Optional[Sequence[int]] = None):
-        # The core always skips: this reader decides what a corrupt record does, knowing its position.
+                 *, emit: Optional[np.ndarray] = None, batch_size: int, first_batch: int = 0, chunk_size: int,
+                 depth: int = 2, verify: bool = True, on_error: str = "raise",
+                 file_sizes: Optional[Sequence[int]] = None, hold_bytes: int = 0):
+        file, offset, size = (np.asarray(a, dtype=np.int64) for a in (file, offset, size))
+        if emit is None:
+            self._emit = np.arange(len(file), dtype=np.int64)
+        else:  # read only the positions emitted, in read order; emission order over those
+            needed = np.sort(np.asarray(emit, dtype=np.int64))
+            self._emit = np.searchsorted(needed, emit).astype(np.int64)
+            file, offset, size = file[needed], offset[needed], size[needed]
+        # The core reports every corrupt record: this reader decides what it does, knowing its position.
         self._core = GdsCore(paths, file, offset, size, backend, chunk_size=chunk_size, depth=depth, verify=verify,
                              on_error="skip", file_sizes=file_sizes)
+        plan, n = self._core.plan, len(file)
         self._raise = on_error == "raise"
-        self._n = len(self._core.offset)
         self._batch = max(1, int(batch_size))
         self._want = int(first_batch) or self._batch
-        self._pending: List[DeviceBatch] = []   # records read, not yet handed out, in order
-        self._pending_records = 0
-        self._taken = 0          # plan positions the core has gone through (records returned and corrupt ones)
-        self._bad_seen = 0       # of the core's bad_positions, those looked at
-        self._bad_counted = 0    # of them, those counted into position
-        self._handed = 0
+        self._hold = max(0, int(hold_bytes))
+        # Per position: where its payload is (source buffer ``src``: a read k, or a straggler buffer
+        # numbered from len(plan) on; byte ``at`` in it) and its frame status once read.
+        self._read_of = np.repeat(np.arange(len(plan), dtype=np.int64), plan.count)
+        self._src = self._read_of.copy()
+        self._at = offset - plan.start[self._read_of] + _HEADER
+        self._length = size - _HEADER - _FOOTER
+        self._status = np.zeros(n, dtype=np.uint8)
+        self._done = np.zeros(n, dtype=bool)
+        self._buffers: Dict[int, Any] = {}   # source -> buffer, while it holds records not handed out
+        self._left: Dict[int, int] = {}      # source -> its good records not handed out
+        self._held: List[int] = []           # reads held, oldest first
+        self._held_bytes = 0
+        self._arrived = 0                    # reads arrived (in order)
+        self._next_straggler = len(plan)
         self._error: Optional[BaseException] = None  # raised once the records before it are handed out
-        self._end = False
+        self._corruptions: List[Tuple[str, int, str]] = []
         self.position = 0        # emission positions consumed: records handed out plus corrupt ones skipped
-        self._stats = {"records": 0, "payload_bytes": 0, "gathered_batches": 0, "gathered_bytes": 0}
+        self._stats = {"records": 0, "payload_bytes": 0, "gathered_batches": 0, "gathered_bytes": 0,
+                       "spilled_records": 0, "spilled_bytes": 0, "peak_held_bytes": 0, "skipped": 0}
 
     def __len__(self) -> int:
-        return self._n
+        return len(self._emit)
 
-    def _pull(self) -> None:
-        """Reads on until ``_want`` records are pending, the plan ends or an error stops it."""
+    # -- reads arriving, held, let go --------------------------------------------------------------
+
+    def _arrive_through(self, read: int) -> None:
+        """Reads on until read ``read`` has arrived, or an error stops it (kept in ``_error``)."""
         core = self._core
-        while self._pending_records < self._want and not self._end and self._error is None:
+        while self._arrived <= read and self._error is None:
             try:
-                batch = core.next_batch()
+                got = core.next_read()
             except DlstoreError as e:  # an open or a short read: hand out what came before, then raise
                 self._error = e
                 return
-            bad = core.bad_positions[self._bad_seen:]  # corrupt records met on the way to this batch
-            if bad and self._raise:
-                path, offset, what = core.corruptions()[self._bad_seen]
-                if batch is not None:
-                    batch = batch.slice(0, bad[0] - self._taken)  # the good records before it
+            assert got is not None and got[0] == self._arrived, "reads arrive in plan order"
+            k, buf, status = got
+            self._arrived += 1
+            a = int(core.plan.first[k])
+            self._status[a:a + len(status)] = status
+            good = int(np.count_nonzero(status == FRAME_OK))
+            if not good:
+                continue
+            self._buffers[k], self._left[k] = buf, good
+            self._held.append(k)
+            self._held_bytes += int(core.plan.stop[k] - core.plan.start[k])
+            self._stats["peak_held_bytes"] = max(self._stats["peak_held_bytes"], self._held_bytes)
+            # Reads arrive faster than a shuffle buffer's stragglers leave them: past the budget the
+            # oldest are let go, their remaining records copied out first.
+            while self._hold and self._held_bytes > self._hold and len(self._held) > 1:
+                self._spill(self._held[0])
+
+    def _let_go(self, source: int) -> None:
+        self._buffers.pop(source, None)
+        self._left.pop(source, None)
+        if source in self._held:
+            self._held.remove(source)
+            self._held_bytes -= int(self._core.plan.stop[source] - self._core.plan.start[source])
+
+    def _spill(self, read: int) -> None:
+        """Copies the good records of ``read`` not handed out yet into a buffer of their own, and lets
+        the read go."""
+        a = int(self._core.plan.first[read])
+        pos = a + np.flatnonzero(~self._done[a:a + int(self._core.plan.count[read])]
+                                 & (self._status[a:a + int(self._core.plan.count[read])] == FRAME_OK))
+        if len(pos):
+            buf, at = self._gather_into(pos)
+            s = self._next_straggler
+            self._next_straggler += 1
+            self._buffers[s], self._left[s] = buf, len(pos)
+            self._src[pos], self._at[pos] = s, at
+            self._stats["spilled_records"] += len(pos)
+            self._stats["spilled_bytes"] += int(self._length[pos].sum())
+        self._let_go(read)
+
+    def _gather_into(self, pos: np.ndarray) -> Tuple[Any, np.ndarray]:
+        """One new buffer holding the payloads of positions ``pos`` one after the other (one gather)."""
+        sources, src_buf = np.unique(self._src[pos], return_inverse=True)
+        length = self._length[pos]
+        dst_at = packed_offsets(length)
+        backend = self._core.backend
+        out = backend.alloc(max(1, int(length.sum())))
+        backend.gather(out, [self._buffers[int(b)] for b in sources.tolist()], src_buf.reshape(-1).astype(np.int64),
+                       self._at[pos], length, dst_at)
+        return out, dst_at
+
+    # -- batches -----------------------------------------------------------------------------------
+
+    def _pick(self) -> np.ndarray:
+        """The positions of the next batch, in emission order; corrupt ones skipped or the error kept."""
+        picked: List[np.ndarray] = []
+        count, n = 0, len(self._emit)
+        while count < self._want and self.position < n and self._error is None:
+            cand = self._emit[self.position:self.position + self._want - count]
+            self._arrive_through(int(self._read_of[cand].max()))
+            if self._error is not None:  # the records whose reads arrived before it go out first
+                cand = cand[:int(np.argmax(self._read_of[cand] >= self._arrived))]
+            bad = self._status[cand] != FRAME_OK
+            if bad.any() and self._raise:
+                i = int(np.argmax(bad))
+                path, offset, what = self._corrupt(int(cand[i]))
                 self._error = CorruptRecordError(f"{path}: at byte {offset}: {what}", path=path, offset=offset)
-            self._bad_seen += len(bad)
-            if batch is None:
-                self._end = True
-                return
-            self._taken += batch.num_records + len(bad)
-            if batch.num_records:
-                self._pending.append(batch)
-                self._pending_records += batch.num_records
+                cand, bad = cand[:i], bad[:i]
+            if bad.any():
+                self._corruptions += [self._corrupt(p) for p in cand[bad].tolist()]
+                self._stats["skipped"] += int(bad.sum())
+                self._done[cand[bad]] = True
+            picked.append(cand[~bad])
+            count += int((~bad).sum())
+            self.position += len(cand)
+        return np.concatenate(picked) if picked else np.zeros(0, dtype=np.int64)
+
+    def _corrupt(self, p: int) -> Tuple[str, int, str]:
+        core = self._core
+        path = core.paths[int(core.plan.file[self._read_of[p]])]
+        return path, int(core.offset[p]), frame_problem(int(self._status[p]), int(self._length[p]))
 
     def next_batch(self) -> Optional[DeviceBatch]:
         """The next batch: ``batch_size`` records (``first_batch`` for the first); fewer only at the
         end of the plan or before an error, which the next call raises; None at the end."""
-        self._pull()
-        if not self._pending_records:
+        pos = self._pick()
+        if not len(pos):
             if self._error is not None:
                 raise self._error
-            self.position = self._n
+            self.close()
             return None
-        parts, need = [], min(self._want, self._pending_records)
-        while need:
-            piece = self._pending[0]
-            if piece.num_records <= need:
-                parts.append(self._pending.pop(0))
-                need -= piece.num_records
-            else:
-                parts.append(piece.slice(0, need))
-                self._pending[0] = piece.slice(need, piece.num_records)
-                need = 0
-        batch = parts[0] if len(parts) == 1 else self._gather(parts)
         self._want = self._batch
-        self._pending_records -= batch.num_records
-        self._handed += batch.num_records
+        sources = np.unique(self._src[pos])
+        if len(sources) == 1:  # a view of the one buffer holding them
+            buf, at = self._buffers[int(sources[0])], self._at[pos]
+        else:
+            buf, at = self._gather_into(pos)
+            self._stats["gathered_batches"] += 1
+            self._stats["gathered_bytes"] += int(self._length[pos].sum())
+        core = self._core
+        file = core.plan.file[self._read_of[pos]]
+        batch = DeviceBatch(buf, at, self._length[pos], core.offset[pos], int(file[0]), core.paths, file)
+        self._done[pos] = True
+        used, counts = np.unique(self._src[pos], return_counts=True)
+        for source, k in zip(used.tolist(), counts.tolist()):
+            self._left[source] -= k
+            if not self._left[source]:
+                self._let_go(source)
         self._stats["records"] += batch.num_records
         self._stats["payload_bytes"] += batch.nbytes
-        # Corrupt records skipped before the last one handed out count as consumed.
-        bad = self._core.bad_positions
-        while self._bad_counted < len(bad) and bad[self._bad_counted] < self._handed + self._bad_counted:
-            self._bad_counted += 1
-        self.position = self._handed + self._bad_counted
         return batch
-
-    def _gather(self, parts: List[DeviceBatch]) -> DeviceBatch:
-        # A part's records follow each other in its read's buffer (a read holds neighbours in a file),
-        # so one copy per part moves them, frame headers between them included.
-        starts = [int(p.offsets[0]) for p in parts]
-        spans = [int(p.offsets[-1] + p.lengths[-1]) - s for p, s in zip(parts, starts)]
-        backend = self._core.backend
-        out = backend.alloc(max(1, sum(spans)))
-        offsets, at = [], 0
-        for p, s, n in zip(parts, starts, spans):
-            backend.copy(out, at, p.buffer, s, n)
-            offsets.append(p.offsets - s + at)
-            at += n
-        self._stats["gathered_batches"] += 1
-        self._stats["gathered_bytes"] += at
-        return DeviceBatch(out, np.concatenate(offsets), np.concatenate([p.lengths for p in parts]),
-                           np.concatenate([p.file_offsets for p in parts]), parts[0].file_index, self._core.paths,
-                           np.concatenate([p.file_indices for p in parts]))
 
     def stats(self) -> Dict[str, Any]:
         """The C++ plan reader's counters (``records`` handed out, ``file_bytes_read``, ``chunks``:
-        reads ...), with ``gds_mode``, ``gds_backend`` and ``crc`` (where the CRC ran)."""
+        reads, ``peak_held_bytes``: the most bytes of reads held at once, ``spilled_records``/``_bytes``:
+        copied out of reads let go early, ``gathered_batches``: batches gathered by a kernel ...), with
+        ``gds_mode``, ``gds_backend`` and ``crc`` (where the CRC ran)."""
         core = self._core.stats()
-        return dict(self._stats, skipped=len(self._core.bad_positions) if not self._raise else 0,
+        return dict(self._stats, skipped=0 if self._raise else self._stats["skipped"],
                     file_bytes_read=core["bytes_read"], chunks=core["reads"],
-                    buffers_allocated=core["buffers_allocated"] + self._stats["gathered_batches"],
+                    buffers_allocated=(core["buffers_allocated"] + self._stats["gathered_batches"]
+                                       + self._next_straggler - len(self._core.plan)),
                     gds_mode=core["gds_mode"], gds_backend=core["gds_backend"], crc=core["crc"])
 
     def notes(self) -> List[str]:
@@ -673,8 +838,8 @@ class GdsPlanReader:
 
     def corruptions(self) -> List[Tuple[str, int, str]]:
         """``(path, offset, what)`` of each corrupt record skipped (none under ``on_error="raise"``)."""
-        return [] if self._raise else self._core.corruptions()
+        return [] if self._raise else list(self._corruptions)
 
     def close(self) -> None:
-        self._pending = []
+        self._buffers, self._left, self._held, self._held_bytes = {}, {}, [], 0
         self._core.close()

@@ -13,8 +13,7 @@ It composes the pure placement functions with the C++ reader:
   several in flight, checks every frame, and hands out batches of exactly ``batch_size`` records in
   the planned order; :class:`dlstore.io.failover.MountHealth` picks a replica when a read fails, and
   the plan restarts there at the first record not yet handed out. With ``io="gds"``,
-  :class:`dlstore.io.gds.GdsPlanReader` does the same into GPU memory, from the plan put in
-  emission order.
+  :class:`dlstore.io.gds.GdsPlanReader` does the same into GPU memory.
 
 Its state (``epoch``, ``sample_in_epoch``) resumes a run exactly, mid-epoch.
 """
@@ -304,10 +303,6 @@ class Dataset(ReadsWithOptions):
         self.epoch, self.sample_in_epoch = int(epoch), 0
 
     def _core(self, plan: _ReaderPlan, start: int = 0):
-        if self.engine == "gds":
-            return self._gds_core(plan, start)
-        from dlstore import _C
-
         # Under a shuffle buffer the records held stay in the chunks read, up to twice the buffer's
         # bytes (then the oldest chunks' remaining records are copied out and the chunks let go).
         hold = 0
@@ -316,24 +311,25 @@ class Dataset(ReadsWithOptions):
         # Restarted mid-batch (a resume, a failover), the first batch completes the one under way, so
         # that batches keep the epoch's boundaries.
         batch = self._read_batch_size()
+        if self.engine == "gds":
+            return self._gds_core(plan, batch - start % batch, hold)
+        from dlstore import _C
+
         return _C.PlanReader(plan.paths, plan.file, plan.offset, plan.size, plan.emit, self.format, batch,
                              self._core_options, hold_bytes=hold, sequential=self.shuffle != "global",
                              first_batch=batch - start % batch, device=plan.device)
 
-    def _gds_core(self, plan: _ReaderPlan, start: int):
-        # The plan in emission order: every shuffle comes out as the host engines hand it out; a record
-        # held back by a shuffle buffer is read where it is emitted (neighbours still read together).
+    def _gds_core(self, plan: _ReaderPlan, first_batch: int, hold: int):
+        # As _C.PlanReader: the plan read in read order, records gathered on the device in emission order.
         from dlstore.io import gds
 
-        order = plan.emit if plan.emit is not None else slice(None)
-        batch = self._read_batch_size()
         shard_of_file = np.array([s for s, _ in plan.places], dtype=np.int64)
-        return gds.GdsPlanReader(plan.paths, plan.file[order], plan.offset[order], plan.size[order],
+        return gds.GdsPlanReader(plan.paths, plan.file, plan.offset, plan.size,
                                  gds.default_backend(self.choice.gds_mode, self.choice.reason, self.device_index),
-                                 batch_size=batch, first_batch=batch - start % batch,
+                                 emit=plan.emit, batch_size=self._read_batch_size(), first_batch=first_batch,
                                  chunk_size=self._core_options["chunk_size"], depth=self._core_options["depth"],
                                  verify=self.verify, on_error=self._core_options["on_error"],
-                                 file_sizes=self.index.sizes[shard_of_file].tolist())
+                                 file_sizes=self.index.sizes[shard_of_file].tolist(), hold_bytes=hold)
 
     def batches(self) -> Iterator:
         """Yields RecordBatches of this consumer's records for the current epoch, from the current position.

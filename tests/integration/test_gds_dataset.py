@@ -235,3 +235,37 @@ def test_a_loader_refuses_a_gds_source_in_one_line(tmp_path, stand_in_gds):
     with pytest.raises(dlstore.DlstoreError, match=r"io='gds' reads into GPU memory") as err:
         Loader(ds, Bert(16, 4), 8)
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("shuffle", ["block", "buffer"])
+def test_shuffled_gds_reads_large_chunks_not_a_read_per_record(tmp_path, stand_in_gds, shuffle):
+    """Under a shuffle buffer gds reads the read order in large reads (about as many as plan_reads makes
+    for it, far fewer than records) and re-orders on the device, as the host plan reader does."""
+    _shards(tmp_path / "d")
+    ds = Dataset(tmp_path / "d", io="gds", shuffle=shuffle, batch_size=5, buffer_size=9, block_size=64 << 10,
+                 chunk_size=64 << 10, seed=11)
+    host = Dataset(tmp_path / "d", io="buffered", shuffle=shuffle, batch_size=5, buffer_size=9,
+                   block_size=64 << 10, chunk_size=64 << 10, seed=11)
+    assert _epoch(ds, 0) == _epoch(host, 0)
+    shards, records, emit = ds.read_order(0)
+    assert emit is not None  # the read order differs from the emission order
+    offset, size = ds.index.frames(shards, records)
+    reads = gds.plan_reads(shards, offset, size, ds.index.sizes.tolist(), 64 << 10)
+    stats = ds.stats()
+    assert stats["chunks"] <= 2 * len(reads) and stats["chunks"] < len(ds) / 3
+    assert stats["file_bytes_read"] <= int(ds.index.sizes.sum()) + 2 * gds.ALIGN * stats["chunks"]  # pages rounded out
+    assert stats["gathered_batches"] >= 1
+
+
+def test_gds_holds_at_most_twice_a_tiny_shuffle_buffer_plus_a_read(tmp_path, stand_in_gds):
+    """A shuffle buffer of 2 records: the reads held stay within the Dataset's hold (2x the buffer's bytes,
+    at least two chunks) plus the read that pushed past it; records as a host engine hands them out."""
+    _shards(tmp_path / "d", counts=(300, 200), seed=6)
+    kw = dict(shuffle="buffer", batch_size=4, buffer_size=2, chunk_size=64 << 10, seed=3)
+    dev, host = Dataset(tmp_path / "d", io="gds", **kw), Dataset(tmp_path / "d", io="buffered", **kw)
+    assert _epoch(dev, 0) == _epoch(host, 0)
+    stats = dev.stats()
+    hold = max(int(2 * dev.buffer_size * dev.mean_record_bytes), 2 * (64 << 10))
+    largest_read = (64 << 10) + 24_100 + 2 * gds.ALIGN  # a chunk, one more record, rounded out to pages
+    assert 0 < stats["peak_held_bytes"] <= hold + largest_read
+    assert stats["chunks"] < len(dev) / 3

@@ -181,16 +181,21 @@ void frames(const unsigned char* buf, const long long* rel, const long long* siz
 """
 
 
-def test_the_cuda_frame_kernel_agrees_with_the_host_stand_in(tmp_path):
-    """The kernel's device functions, compiled for the host, on good, damaged and mis-sized frames."""
+def compiled_for_host(tmp_path, source, name):
+    """A CUDA kernel's device functions (``source``: C with a harness) built for the host with the C compiler."""
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         pytest.skip("no C compiler to build the kernel's device functions for the host")
-    src = tmp_path / "frames.c"
-    src.write_text(HARNESS % gds.FRAME_KERNEL)
-    lib_path = tmp_path / "frames.so"
+    src = tmp_path / f"{name}.c"
+    src.write_text(source)
+    lib_path = tmp_path / f"{name}.so"
     subprocess.run([cc, "-O1", "-shared", "-fPIC", "-o", str(lib_path), str(src)], check=True)
-    lib = ctypes.CDLL(str(lib_path))
+    return ctypes.CDLL(str(lib_path))
+
+
+def test_the_cuda_frame_kernel_agrees_with_the_host_stand_in(tmp_path):
+    """The kernel's device functions, compiled for the host, on good, damaged and mis-sized frames."""
+    lib = compiled_for_host(tmp_path, HARNESS % gds.FRAME_KERNEL, "frames")
     records = [b"", b"a", b"hello world" * 300, bytes(range(256)) * 20, b"z" * 4096]
     blob = bytearray(b"\0" * 3 + oracle_tfrecord_bytes(records))  # 3 bytes in: frames misaligned
     offsets, sizes = frames_of(records)
@@ -257,3 +262,127 @@ def test_plan_reader_hands_out_exact_batches_gathered_across_reads_and_files(tmp
     assert sizes[0] == 3 and all(s == 7 for s in sizes[1:-1]) and reader.position == 2 * n
     stats = reader.stats()
     assert stats["records"] == 2 * n and stats["gathered_batches"] == len(sizes) and stats["chunks"] == 2 * n
+
+
+GATHER_HARNESS = r"""
+#define DLSTORE_DEVICE static
+%s
+/* As the CUDA launch runs it: record r by a group of `step` threads, thread t copying bytes t, t + step, ... */
+void gather(const unsigned char* const* sources, const long long* src_buf, const long long* src_at,
+            const long long* len, const long long* dst_at, long long n, unsigned char* dst, long long step) {
+  for (long long r = n - 1; r >= 0; --r)
+    for (long long t = 0; t < step; ++t) dlstore_copy_record(sources, src_buf, src_at, len, dst_at, dst, r, t, step);
+}
+"""
+
+
+def test_the_gather_kernel_and_the_host_gather_match_an_oracle_off_4096(tmp_path):
+    """Records from three buffers, at offsets not aligned to 4096 (empty ones too), gathered into one
+    buffer by the CUDA kernel's device function compiled for the host and by HostBackend.gather."""
+    lib = compiled_for_host(tmp_path, GATHER_HARNESS % gds.GATHER_KERNEL, "gather")
+    rng = np.random.default_rng(8)
+    sources = [np.frombuffer(rng.bytes(n), dtype=np.uint8) for n in (20_000, 4096 * 3 + 5, 7)]
+    src_buf = rng.integers(0, 3, 60).astype(np.int64)
+    src_buf[:3] = [2, 1, 0]
+    length = np.array([rng.integers(0, min(5000, len(sources[b])) + 1) for b in src_buf], dtype=np.int64)
+    length[5] = 0
+    src_at = np.array([rng.integers(0, len(sources[b]) - n + 1) for b, n in zip(src_buf, length)], dtype=np.int64)
+    src_at[1], length[1] = 4095, 4098  # across a 4096 boundary
+    dst_at = gds.packed_offsets(length)
+    want = b"".join(sources[b][a:a + n].tobytes() for b, a, n in zip(src_buf.tolist(), src_at.tolist(),
+                                                                     length.tolist()))
+    assert dst_at.tolist() == [sum(length[:i].tolist()) for i in range(len(length))]
+    host = np.zeros(len(want), dtype=np.uint8)
+    gds.HostBackend().gather(host, sources, src_buf, src_at, length, dst_at)
+    assert host.tobytes() == want
+    pointers = (ctypes.c_void_p * 3)(*[b.ctypes.data for b in sources])
+    for step in (1, 3, 256):
+        got = np.zeros(len(want) + 1, dtype=np.uint8)
+        lib.gather(pointers, *(a.ctypes.data_as(ctypes.c_void_p) for a in (src_buf, src_at, length, dst_at)),
+                   ctypes.c_longlong(len(length)), got.ctypes.data_as(ctypes.c_void_p), ctypes.c_longlong(step))
+        assert got[:-1].tobytes() == want and got[-1] == 0  # nothing written past the records
+
+
+def held_back(n, every):
+    """An emission order that holds every ``every``-th read position back to the end (as a shuffle
+    buffer holds stragglers), the rest in read order."""
+    late = np.arange(0, n, every)
+    return np.concatenate([np.setdiff1d(np.arange(n), late), late])
+
+
+@pytest.mark.parametrize("hold", [0, 12 << 10])
+def test_plan_reader_reads_in_read_order_and_hands_out_in_emission_order(tmp_path, hold):
+    """The plan in read order plus an emission order: large reads (as many as plan_reads makes for the
+    read order, far fewer than records), batches of exactly 5 in emission order; with a hold limit the
+    reads held stay within it, the held-back records copied out of the reads let go (spilled)."""
+    rng = np.random.default_rng(5)
+    recs = [b"%d|" % i + rng.bytes(int(rng.integers(0, 1500))) for i in range(300)]
+    path = indexed(tmp_path, "e.tfrecord", recs)
+    file, offset, size = gds.file_plan([path])
+    emit = held_back(len(recs), 10)
+    reads = gds.plan_reads(file, offset, size, [os.path.getsize(path)], 4096)
+    reader = gds.GdsPlanReader([path], file, offset, size, gds.HostBackend(), emit=emit, batch_size=5,
+                               chunk_size=4096, hold_bytes=hold)
+    batches = []
+    while (batch := reader.next_batch()) is not None:
+        batches.append(read_all([batch]))
+        assert batch.file_offsets.tolist() == offset[emit[reader.position - batch.num_records:reader.position]].tolist()
+    assert [r for b in batches for r in b] == [recs[i] for i in emit]
+    assert all(len(b) == 5 for b in batches) and reader.position == len(recs)
+    stats = reader.stats()
+    assert stats["chunks"] == len(reads) < len(recs) // 4
+    read_bytes = int((reads.stop - reads.start).sum())  # neighbouring reads share the page between them
+    assert stats["file_bytes_read"] == read_bytes and stats["records"] == len(recs)
+    # No limit: each read holding a record emitted at the end stays held until the end.
+    holding = np.unique(np.repeat(np.arange(len(reads)), reads.count)[::10])
+    unbounded = int((reads.stop - reads.start)[holding].sum())
+    if hold:
+        assert stats["peak_held_bytes"] <= hold + reads.max_bytes < unbounded
+        assert stats["spilled_records"] >= len(emit) // 10 // 2  # held-back records copied out of reads let go
+    else:
+        assert unbounded <= stats["peak_held_bytes"] <= unbounded + 2 * reads.max_bytes  # + a batch's reads
+        assert stats["spilled_records"] == 0
+
+
+def test_plan_reader_resumed_plan_reads_only_the_records_emitted(tmp_path, payloads):
+    """Read positions missing from ``emit`` (already handed out before a restart) are not read."""
+    path = indexed(tmp_path, "r.tfrecord", payloads)
+    file, offset, size = gds.file_plan([path])
+    emit = np.arange(12, len(payloads))[::-1]
+    reader = gds.GdsPlanReader([path], file, offset, size, gds.HostBackend(), emit=emit, batch_size=4,
+                               first_batch=3, chunk_size=4096)
+    got, sizes = [], []
+    while (batch := reader.next_batch()) is not None:
+        got += read_all([batch])
+        sizes.append(batch.num_records)
+    assert got == [payloads[i] for i in emit] and sizes[0] == 3 and set(sizes[1:-1]) == {4}
+    stats = reader.stats()  # from record 12's page on, each read at most a page more
+    assert stats["file_bytes_read"] <= os.path.getsize(path) - (offset[12] & ~4095) + 4096 * stats["chunks"]
+
+
+def test_plan_reader_skips_or_raises_corrupt_records_in_emission_order(tmp_path, payloads):
+    path = indexed(tmp_path, "c.tfrecord", payloads)
+    offsets, _ = frames_of(payloads)
+    corrupt(path, int(offsets[4]) + 12 + 1)
+    file, offset, size = gds.file_plan([path])
+    emit = held_back(len(payloads), 4)  # record 4 is held back to the end
+    late = len(payloads) - len(np.arange(0, len(payloads), 4))
+
+    def run(on_error):
+        reader = gds.GdsPlanReader([path], file, offset, size, gds.HostBackend(), emit=emit, batch_size=3,
+                                   chunk_size=4096, on_error=on_error)
+        got = []
+        try:
+            while (batch := reader.next_batch()) is not None:
+                got += read_all([batch])
+        except dlstore.CorruptRecordError as e:
+            return reader, got, e
+        return reader, got, None
+
+    reader, got, err = run("raise")
+    assert got == [payloads[i] for i in emit[:late + 1]] and reader.position == late + 1
+    assert (err.path, err.offset) == (path, offsets[4]) and "data CRC" in str(err)
+    reader, got, err = run("skip")
+    assert err is None and got == [payloads[i] for i in emit if i != 4] and reader.position == len(payloads)
+    assert reader.corruptions() == [(path, int(offsets[4]), "corrupt record: the data CRC does not match")]
+    assert reader.stats()["skipped"] == 1
