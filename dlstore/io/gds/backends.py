@@ -13,6 +13,7 @@ from dlstore.io.gds.plan import byte_indices
 
 __all__ = ["DoneRead", "FailedRead", "HostBackend", "KvikioBackend", "default_backend"]
 
+
 class DoneRead:
     """A finished read, as the host stand-in returns it (kvikio returns an IOFuture)."""
 

@@ -14,6 +14,7 @@ from dlstore.io.gds.plan import frame_positions, frame_problem, plan_reads
 
 __all__ = ["GdsCore"]
 
+
 class GdsCore:
     """Reads a plan of TFRecord frames into device buffers, ``depth`` reads in flight; the C++
     reader's interface.

@@ -6,8 +6,6 @@ __all__ = ["FRAME_OK", "FRAME_LENGTH", "FRAME_LENGTH_CRC", "FRAME_DATA_CRC", "FR
            "FRAME_KERNEL", "GATHER_KERNEL", "CUDA_SOURCE"]
 
 
-
-
 #: Frame status codes, the same from the CUDA kernel and the host stand-in.
 FRAME_OK, FRAME_LENGTH, FRAME_LENGTH_CRC, FRAME_DATA_CRC = 0, 1, 2, 3
 FRAME_HEADER, FRAME_FOOTER = 12, 4  # TFRecord: u64 length + u32 masked CRC of it; u32 masked CRC of the data

@@ -15,6 +15,7 @@ from dlstore.sources.indexing import find_index
 __all__ = ["ALIGN", "ReadPlan", "plan_reads", "frame_positions", "packed_offsets", "byte_indices", "frame_problem",
            "file_plan"]
 
+
 #: Reads start on this boundary: cuFile reads GPU pages of 4 KiB, and O_DIRECT needs the block size.
 ALIGN = 4096
 

@@ -13,6 +13,7 @@ from dlstore.io.gds.plan import frame_problem, packed_offsets
 
 __all__ = ["GdsPlanReader"]
 
+
 class GdsPlanReader:
     """An epoch's read plan through :class:`GdsCore`, handed out in batches of exactly ``batch_size``
     records in emission order: ``_C.PlanReader``'s interface and shape, for :class:`dlstore.Dataset`
