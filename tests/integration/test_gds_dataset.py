@@ -125,13 +125,17 @@ def test_a_corrupt_record_is_raised_after_the_good_ones_naming_file_and_offset(t
     path = sorted(data)[2]
     ds = Dataset(tmp_path / "d", io="gds", shuffle=shuffle, batch_size=4, seed=1, buffer_size=8,
                  block_size=64 << 10, remainder="uneven")
+    host = Dataset(tmp_path / "d", io="buffered", shuffle=shuffle, batch_size=4, seed=1, buffer_size=8,
+                   block_size=64 << 10, remainder="uneven")  # made before the damage, as ds
     order = _flat(_epoch(ds, 0))  # the planned order, before the damage
     _, frames = ensure_index(path)
     offset = flip_data_byte(path, 7, frames)
     ds.set_epoch(0)
     got, err = records_until_error(ds, dlstore.CorruptRecordError, records_of)
     assert err.path == path and err.offset == offset
-    assert str(err) == f"{path}: at byte {offset}: corrupt record: the data CRC does not match"
+    assert str(err) == f"{path}: at byte {offset}: bad data CRC in a record of {len(data[path][7])} bytes"
+    _, host_err = records_until_error(host, dlstore.CorruptRecordError, records_of)
+    assert str(host_err).startswith(str(err) + ": stored ")  # the host engines' words, and their CRC values
     assert got == order[:order.index(data[path][7])]  # every record planned before it, and nothing else
     assert ds.state_dict()["sample_in_epoch"] == len(got)
 
@@ -147,7 +151,7 @@ def test_corrupt_records_can_be_skipped_counted_and_listed(tmp_path, stand_in_gd
     offsets = [flip_data_byte(path, r, frames) for r in (3, 11)]
     ds.set_epoch(0)
     if policy == "warn":
-        with pytest.warns(RuntimeWarning, match="data CRC does not match") as caught:
+        with pytest.warns(RuntimeWarning, match="bad data CRC") as caught:
             got = [records_of(b) for b in ds.batches()]
         assert len([w for w in caught if "skipped" in str(w.message)]) == 2
     else:

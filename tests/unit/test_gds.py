@@ -105,7 +105,7 @@ def test_corrupt_data_is_named_or_skipped(tmp_path, payloads):
     core = gds.GdsCore([path], *gds.file_plan([path]), gds.HostBackend(), chunk_size=64 << 10, on_error="skip")
     assert read_all(core) == payloads[:5] + payloads[6:]
     assert core.stats()["skipped"] == 1 and core.corruptions() == [(path, int(offsets[5]),
-                                                                    "corrupt record: the data CRC does not match")]
+                                                                    "bad data CRC in a record of 4097 bytes")]
     # verify=False: the CRC is not checked, so the damaged payload comes through.
     core = gds.GdsCore([path], *gds.file_plan([path]), gds.HostBackend(), chunk_size=64 << 10, verify=False)
     got = read_all(core)
@@ -384,5 +384,5 @@ def test_plan_reader_skips_or_raises_corrupt_records_in_emission_order(tmp_path,
     assert (err.path, err.offset) == (path, offsets[4]) and "data CRC" in str(err)
     reader, got, err = run("skip")
     assert err is None and got == [payloads[i] for i in emit if i != 4] and reader.position == len(payloads)
-    assert reader.corruptions() == [(path, int(offsets[4]), "corrupt record: the data CRC does not match")]
+    assert reader.corruptions() == [(path, int(offsets[4]), f"bad data CRC in a record of {len(payloads[4])} bytes")]
     assert reader.stats()["skipped"] == 1

@@ -106,13 +106,14 @@ def byte_indices(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
 
 
 def frame_problem(status: int, length_in_index: int) -> str:
-    """What a frame status code means, for the error message."""
+    """What a frame status code means, for the error message: the host engines' words (the device brings back
+    a status byte, not the stored and computed CRCs they also print)."""
     if status == FRAME_LENGTH:
         return f"record length differs from the index's frame size ({length_in_index} bytes of payload expected)"
     if status == FRAME_LENGTH_CRC:
-        return "corrupt record: the length CRC does not match"
+        return "bad length CRC"
     if status == FRAME_DATA_CRC:
-        return "corrupt record: the data CRC does not match"
+        return f"bad data CRC in a record of {length_in_index} bytes"
     return f"unknown frame status {status}"
 
 
