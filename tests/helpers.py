@@ -96,6 +96,18 @@ def flip_data_byte(path, record: int, offsets) -> int:
     return int(offsets[record])
 
 
+def corrupt_unnoticed(path, records) -> None:
+    """Damages the payloads of ``records`` of a TFRecord shard whose index or manifest was made before,
+    keeping its size and mtime: the manifest still holds, and only reading the records finds them bad."""
+    from dlstore.sources.indexing import ensure_index
+
+    _, frames = ensure_index(os.fspath(path))
+    before = os.stat(path)
+    for record in records:
+        flip_data_byte(path, record, frames)
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+
+
 def records_until_error(source, error, records_of=None):
     """``(records, exception)``: what ``source.batches()`` handed out before raising ``error`` (which it
     must), each batch split by ``records_of`` (default :func:`batch_records`)."""

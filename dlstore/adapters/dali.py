@@ -95,7 +95,9 @@ class EncodedSamples:
         self.label_spec = {label_key: (np.int64, 1)}
         self.label_offset = int(label_offset)
         self.epoch = 0
-        self.sample_in_epoch = 0  # samples of `epoch` handed out (padding not counted)
+        self.sample_in_epoch = 0  # the source's records of `epoch` consumed: handed out, and skipped as corrupt
+        self._delivered = 0       # samples handed out (padding not counted), on the scale of _chunk_ends
+        self._chunk_ends: collections.deque = collections.deque()  # (delivered, source position) at chunk ends
         self._handed_out = collections.deque(maxlen=max(1, int(keep)))
 
     def state_dict(self) -> dict:
@@ -129,7 +131,13 @@ class EncodedSamples:
         size = self.batch_size
         images: List[np.ndarray] = []
         labels: List[np.ndarray] = []
+        self._delivered = self.sample_in_epoch
+        self._chunk_ends.clear()
         for chunk_images, chunk_labels in self._samples(source):
+            # The source's position after this chunk, the corrupt records it skipped included (a Dataset's).
+            after = getattr(source, "sample_in_epoch", None)
+            if isinstance(after, int):
+                self._chunk_ends.append((self._delivered + len(images) + len(chunk_images), after))
             images.extend(chunk_images)
             labels.append(chunk_labels)
             if len(images) < size:
@@ -153,6 +161,12 @@ class EncodedSamples:
         out = (list(images), np.ascontiguousarray(labels, dtype=np.int64))
         self._handed_out.append(out)
         self.sample_in_epoch += real
+        self._delivered += real
+        # Past a chunk's end, the position is the source's there (its skipped records included) plus
+        # the samples handed out since: a resume starts where the source stopped.
+        while self._chunk_ends and self._chunk_ends[0][0] <= self._delivered:
+            end, at = self._chunk_ends.popleft()
+            self.sample_in_epoch = max(self.sample_in_epoch, at + self._delivered - end)
         return out
 
 

@@ -283,6 +283,11 @@ class Loader:
         Batches prepared ahead and not yet drawn do not count. The source's state is included under
         ``"source"`` with its ``epoch`` and ``sample_in_epoch`` set to the consumer's, so the source
         can be put back there.
+
+        Records the source skipped as corrupt (its ``on_error="skip"``) count from the end of the source
+        batch they were skipped in. When the source's batches are the loader's (a ``Dataset`` without a
+        batch size of its own takes the loader's), every position is exact; with other sizes, a stop
+        inside a source batch that skipped records resumes that many records early.
         """
         return {"epoch": self._epoch, "sample_in_epoch": self._position, "seed": self.seed,
                 "source": state_at(self.source, self._epoch, self._position)}
@@ -389,11 +394,17 @@ class _Producer:
             epoch += 1
 
     def _epoch(self, prefetcher: Prefetcher, epoch: int, position: int) -> None:
-        """Fills and publishes the batches of one epoch, starting at ``position``."""
+        """Fills and publishes the batches of one epoch, starting at ``position``.
+
+        ``position`` is the source's: records handed out plus those it skipped as corrupt
+        (``on_error="skip"`` on the source), so that a resume starts where the source stopped;
+        ``delivered`` leaves the skipped ones out, for the batch count the ranks agree on.
+        """
         batch_size = self.batch_size
         slot: Optional[int] = None
         out: Dict[str, np.ndarray] = {}
         row = 0
+        delivered = position
         chunks = self.source.batches()
         try:
             while True:
@@ -403,6 +414,8 @@ class _Producer:
                 self.seconds["source"] += t1 - t0
                 if chunk is None or prefetcher.stopping:
                     break
+                # The source's position after this chunk, its skipped records included (a Dataset's).
+                after = getattr(self.source, "sample_in_epoch", None)
                 n = chunk.num_records
                 start = 0
                 offsets, lengths = chunk.offsets, chunk.lengths
@@ -421,6 +434,9 @@ class _Producer:
                     self.seconds["pipeline"] += time.perf_counter() - t0
                     start += take
                     position += take
+                    delivered += take
+                    if start == n and isinstance(after, int) and after > position:
+                        position = after  # records the source skipped before or within this chunk
                     if row == batch_size:
                         prefetcher.publish(_Batch(slot, row, 0, epoch, position))
                         slot = None
@@ -437,16 +453,16 @@ class _Producer:
                 for a in out.values():
                     a[row:] = a[row - 1]
                 prefetcher.publish(_Batch(slot, batch_size, batch_size - row, epoch, position))
-        self._agree(prefetcher, epoch, position)
+        self._agree(prefetcher, epoch, position, delivered)
 
-    def _agree(self, prefetcher: Prefetcher, epoch: int, position: int) -> None:
+    def _agree(self, prefetcher: Prefetcher, epoch: int, position: int, delivered: int) -> None:
         # A source that splits an epoch unevenly between ranks (dlstore.Dataset, remainder "uneven")
         # agrees on a batch count so that no rank waits forever in a collective: a rank whose
         # share ran out early yields empty batches (0 rows) up to that count.
         agreed = self.source.num_batches
         if self.last_batch != "PARTIAL" or not isinstance(agreed, int):
             return
-        yielded = -(-position // self.batch_size)  # batches covering the samples of this epoch
+        yielded = -(-delivered // self.batch_size)  # batches covering the samples of this epoch
         for _ in range(agreed - yielded):
             if prefetcher.stopping:
                 return

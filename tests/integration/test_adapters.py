@@ -20,7 +20,7 @@ from dlstore.adapters.base import LastBatch, check_last_batch, rank_source
 from dlstore.formats.example import encode_example
 from dlstore.placement.world import World
 from dlstore.synthetic import generate_bert, generate_imagenet
-from tests.helpers import REPO, batch_records
+from tests.helpers import REPO, batch_records, corrupt_unnoticed
 from tests.resume import assert_resumes_exactly, loader_rows
 
 pytestmark = pytest.mark.slow  # imports torch, TensorFlow and DALI
@@ -464,6 +464,11 @@ def test_tf_adapter_resumes_exactly(bert):
     assert_resumes_exactly(make, stops=[1, 6, 9], run=iter, values=loader_rows)
 
 
+def _dali_values(batch):
+    images, labels = batch
+    return [bytes(i) + b"|%d" % label for i, label in zip(images, labels.tolist())]
+
+
 def test_dali_feed_resumes_exactly(imagenet):
     from dlstore.adapters.dali import EncodedSamples
 
@@ -471,8 +476,18 @@ def test_dali_feed_resumes_exactly(imagenet):
         source = dlstore.Dataset(imagenet, shuffle="block", buffer_size=4, batch_size=4, seed=3)
         return EncodedSamples(source, 4, last_batch="FILL")
 
-    def values(batch):
-        images, labels = batch
-        return [bytes(i) + b"|%d" % label for i, label in zip(images, labels.tolist())]
+    assert_resumes_exactly(make, stops=[1, 2, 5, 6], run=iter, values=_dali_values)
 
-    assert_resumes_exactly(make, stops=[1, 2, 5, 6], run=iter, values=values)
+
+def test_dali_feed_resumes_after_records_the_source_skipped(tmp_path):
+    from dlstore.adapters.dali import EncodedSamples
+
+    generate_imagenet(tmp_path, shards=2, records_per_shard=9, image_size=(48, 80), progress=False)
+    dlstore.Dataset(tmp_path)  # the manifest, made before the damage
+    corrupt_unnoticed(sorted(p for p in tmp_path.iterdir() if not p.name.startswith("."))[0], (1, 6))
+
+    def make():
+        source = dlstore.Dataset(tmp_path, shuffle="block", buffer_size=4, batch_size=4, seed=3, on_error="skip")
+        return EncodedSamples(source, 4, last_batch="FILL")
+
+    assert_resumes_exactly(make, stops=[1, 2, 3, 4], run=iter, values=_dali_values)

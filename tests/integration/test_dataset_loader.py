@@ -9,6 +9,7 @@ from dlstore.pipeline import bert_loader
 from dlstore.placement.world import World
 from dlstore.synthetic import generate_bert
 
+from tests.helpers import corrupt_unnoticed
 from tests.resume import assert_resumes_exactly, loader_rows
 
 
@@ -52,3 +53,20 @@ def test_resume_mid_epoch_through_the_loader(bert_dir):
         return bert_loader(ds, batch_size=4, copy=True)
 
     assert_resumes_exactly(make, stops=[1, 5, 9], run=iter, values=loader_rows)
+
+
+@pytest.mark.parametrize("shuffle", ["none", "block", "global"])
+def test_resume_after_records_the_source_skipped(tmp_path, shuffle):
+    """The source leaves corrupt records out (``on_error="skip"``): the loader's position still counts
+    them, so a resume starts where the source stopped, not that many records earlier."""
+    generate_bert(tmp_path, shards=2, records_per_shard=23, seq_len=128)
+    path = sorted(p for p in tmp_path.iterdir() if not p.name.startswith("."))[1]
+    Dataset(tmp_path)  # the manifest, made before the damage
+    corrupt_unnoticed(path, (2, 17))
+
+    def make():
+        ds = Dataset(tmp_path, world=World(rank=1, size=2), shuffle=shuffle, remainder="pad", batch_size=4, seed=3,
+                     on_error="skip", block_size=64 << 10, buffer_size=6)
+        return bert_loader(ds, batch_size=4, copy=True)
+
+    assert_resumes_exactly(make, stops=[1, 2, 3, 4, 5, 6, 7], run=iter, values=loader_rows)
