@@ -27,11 +27,12 @@ The native loader's threads, as torch tensors (no DataLoader, no per-sample Pyth
 from __future__ import annotations
 
 import warnings
-from typing import Any, Dict, Iterator, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from dlstore.adapters.base import BatchAdapter, LastBatch, check_last_batch, import_framework, rank_source
+from dlstore.sources.source import start_at
 
 __all__ = ["DlstoreIterableDataset", "TorchLoader", "pinned_allocator"]  # noqa: F822 (DlstoreIterableDataset: module __getattr__)
 
@@ -84,6 +85,7 @@ class _IterableRecords:
         self.prefetch = int(prefetch)
         self.threads = threads
         self.epoch = 0
+        self._resume: Optional[Dict[str, int]] = None  # where the next pass of `epoch` starts (load_state_dict)
 
     @property
     def paths(self):
@@ -93,20 +95,91 @@ class _IterableRecords:
         """Chooses the epoch whose order and augmentation seeds the next pass uses.
 
         Call it before creating the epoch's DataLoader iterator: workers take a copy of the dataset then.
+        Another epoch than a loaded state's forgets that state's resume point.
         """
         self.epoch = int(epoch)
+        if self._resume is not None and self._resume["epoch"] != self.epoch:
+            self._resume = None
+
+    def state_dict(self, batches_seen: int, num_workers: int = 0,
+                   records_per_batch: Optional[int] = None) -> Dict[str, int]:
+        """Where a training loop is after drawing ``batches_seen`` items of this epoch from a
+        ``DataLoader`` over this dataset with ``num_workers`` workers: save it with the checkpoint.
+
+        With a pipeline an item is one of its batches (``DataLoader(ds, batch_size=None)``); without
+        one, pass the DataLoader's ``batch_size`` as ``records_per_batch`` (``drop_last=False``). The
+        DataLoader must hand out its workers' items in order (``in_order=True``, its default).
+        """
+        if int(batches_seen) < 0 or int(num_workers) < 0:
+            raise ValueError(f"batches_seen and num_workers must be non-negative, got {batches_seen} and "
+                             f"{num_workers}")
+        per_item = self.batch_size if self.pipeline is not None else records_per_batch
+        if per_item is None or int(per_item) < 1:
+            raise ValueError("without a pipeline, state_dict needs records_per_batch: the DataLoader's batch_size")
+        return {"epoch": self.epoch, "batches_seen": int(batches_seen), "num_workers": int(num_workers),
+                "records_per_batch": int(per_item), "seed": self.seed,
+                "num_consumers": self.dataset.world.with_worker(0, max(1, int(num_workers))).num_consumers}
+
+    def load_state_dict(self, state: Dict[str, int]) -> None:
+        """Resumes at a :meth:`state_dict`: the next DataLoader pass over this dataset (same world, same
+        number of workers) yields exactly the items an uninterrupted pass would have yielded after the
+        ones already seen, each worker starting at its own position in its share."""
+        state = {key: int(state[key]) for key in ("epoch", "batches_seen", "num_workers", "records_per_batch",
+                                                  "seed", "num_consumers")}
+        if state["seed"] != self.seed:
+            raise ValueError(f"the state was saved with seed {state['seed']}, this dataset has seed {self.seed}")
+        self.epoch, self._resume = state["epoch"], state
+
+    def _worker_share(self, worker: int, num_workers: int) -> Tuple[Any, int, int]:
+        """``(its Dataset, sample, batches to drop)`` of DataLoader worker ``worker`` of ``num_workers`` (0:
+        none) this pass. After :meth:`load_state_dict` the workers take the turns of the saved pass from
+        the one whose turn was next: worker ``w`` reads the share of the saved pass's worker ``(w + next) %
+        num_workers``, from the sample that worker had reached (the batches to drop are agreed empty
+        ones it had already handed out)."""
+        state = self._resume
+        if state is None or state["epoch"] != self.epoch:
+            return self._consumer(worker, num_workers), 0, 0
+        if state["num_workers"] != num_workers or \
+                state["num_consumers"] != self._consumer(0, num_workers).world.num_consumers:
+            raise ValueError(f"the state was saved reading with {state['num_workers']} DataLoader workers and "
+                             f"{state['num_consumers']} consumers; this pass has {num_workers} and "
+                             f"{self._consumer(0, num_workers).world.num_consumers}: an epoch's plan depends on "
+                             f"them, so resume with the "
+                             f"same, or from the start of an epoch")
+        per = state["records_per_batch"]
+        consumers = [self._consumer(w, num_workers) for w in range(max(1, num_workers))]
+        shares = [len(c) for c in consumers]
+        if self.pipeline is not None:
+            consumers[0].use_batch_size(per)
+        if self.pipeline is not None and self.last_batch == LastBatch.PARTIAL and \
+                isinstance(consumers[0].num_batches, int):
+            items = [consumers[0].num_batches] * len(shares)  # agreed: empty batches after a short share
+        elif self.pipeline is not None and self.last_batch == LastBatch.DROP:
+            items = [n // per for n in shares]
+        else:
+            items = [-(-n // per) for n in shares]
+        taken, turn = items_per_worker(items, state["batches_seen"])
+        plays = (worker + turn) % len(shares)
+        full = -(-shares[plays] // per)
+        return consumers[plays], min(taken[plays] * per, shares[plays]), max(0, taken[plays] - full)
 
     def share(self) -> Any:
         """The records this process (or, in a DataLoader worker, this worker) reads this epoch."""
         info = _torch().utils.data.get_worker_info()
-        ds = self.dataset.for_worker(info.id, info.num_workers) if info is not None else self.dataset
+        return self._worker_share(info.id if info else 0, info.num_workers if info else 0)[0]
+
+    def _consumer(self, worker: int, num_workers: int) -> Any:
+        """The Dataset of DataLoader worker ``worker`` of ``num_workers`` (0: no workers) at this epoch."""
+        ds = self.dataset.for_worker(worker, num_workers) if num_workers else self.dataset
         ds.set_epoch(self.epoch)
         return ds
 
     def __iter__(self) -> Iterator[Any]:
         torch = _torch()
-        source = self.share()
+        info = torch.utils.data.get_worker_info()
+        source, start, drop = self._worker_share(info.id if info else 0, info.num_workers if info else 0)
         if self.pipeline is None:
+            start_at(source, self.epoch, start)
             yield from _records(source)
             return
         from dlstore.pipeline import Loader
@@ -120,9 +193,37 @@ class _IterableRecords:
         threads = self.threads if self.threads is not None or not in_worker else 1
         loader = Loader(source, self.pipeline, self.batch_size, prefetch=self.prefetch,
                         last_batch=self.last_batch, threads=threads, seed=seed, epochs=1, copy=True)
-        loader.load_state_dict({"epoch": self.epoch, "sample_in_epoch": 0, "seed": seed})
+        loader.load_state_dict({"epoch": self.epoch, "sample_in_epoch": start, "seed": seed})
         for batch in loader:
+            if drop:  # an agreed empty batch handed out before the stop
+                drop -= 1
+                continue
             yield {name: _as_tensor(torch, array) for name, array in batch.items()}
+
+
+def items_per_worker(items: Sequence[int], seen: int) -> Tuple[List[int], int]:
+    """How many of ``seen`` items each worker had handed out, when worker ``w`` has ``items[w]`` in all
+    and a DataLoader takes them in turns, skipping a worker once it has none left (``in_order=True``);
+    and the worker whose turn is next."""
+    counts = np.asarray(items, dtype=np.int64)
+    if seen > int(counts.sum()):
+        raise ValueError(f"batches_seen {seen} is more than the epoch's {int(counts.sum())} items")
+    lo, hi = 0, int(counts.max(initial=0))  # the most rounds r completed: sum(min(counts, r)) <= seen
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if int(np.minimum(counts, mid).sum()) <= seen:
+            lo = mid
+        else:
+            hi = mid - 1
+    taken = np.minimum(counts, lo)
+    rest = seen - int(taken.sum())  # the next round's first workers that still have items
+    turn = np.flatnonzero(counts > lo)[:rest]
+    taken[turn] += 1
+    if len(turn):
+        last = int(turn[-1])
+    else:  # a round just ended: its last worker was the last one holding that many
+        last = int(np.flatnonzero(counts >= lo)[-1]) if lo else len(counts) - 1
+    return taken.tolist(), (last + 1) % len(counts)
 
 
 def _records(source) -> Iterator[bytes]:
@@ -178,6 +279,11 @@ def _dataset_class():
         Every consumer yields the same number of batches per epoch (the Dataset agrees on it): with
         ``PARTIAL`` under ``uneven``, a consumer whose share ran out yields empty batches up to that
         count, so no rank waits for another in a collective.
+
+        Mid-epoch resume through a DataLoader (in order, its default): save
+        ``ds.state_dict(items_drawn, num_workers=loader.num_workers)`` (without a pipeline also
+        ``records_per_batch=`` its batch size); later ``ds.load_state_dict(state)`` and a fresh
+        DataLoader with the same number of workers goes on with exactly the items that came next.
         """
 
     # Named as the module attribute it becomes, so that pickle finds it: DataLoader workers started

@@ -7,6 +7,7 @@ synthetic ImageNet and BERT shards. Frameworks that are not installed skip their
 from __future__ import annotations
 
 import io
+import json
 import os
 import subprocess
 import sys
@@ -138,6 +139,99 @@ def test_torch_dataset_ranks_x_workers_exactly_once(tmp_path, counts, shuffle):
         assert per_rank[0] and per_rank[1]
         orders.append(per_rank)
     assert orders[0] != orders[1]
+
+
+def test_items_per_worker_follows_the_dataloaders_turns():
+    from dlstore.adapters.torch import items_per_worker
+
+    assert items_per_worker([3, 3], 0) == ([0, 0], 0)
+    assert items_per_worker([3, 3], 3) == ([2, 1], 1)  # w0, w1, w0; then w1's turn
+    assert items_per_worker([3, 3], 4) == ([2, 2], 0)
+    assert items_per_worker([1, 3, 2], 3) == ([1, 1, 1], 0)
+    assert items_per_worker([1, 3, 2], 4) == ([1, 2, 1], 2)  # w0 w1 w2 | w1 (w0 has none left); w2 next
+    assert items_per_worker([1, 3, 2], 5) == ([1, 2, 2], 0)  # w0 is skipped when its turn comes
+    assert items_per_worker([1, 3, 2], 6) == ([1, 3, 2], 2)
+    assert items_per_worker([5], 4) == ([4], 0)
+    with pytest.raises(ValueError, match="more than the epoch's 6 items"):
+        items_per_worker([1, 3, 2], 7)
+
+
+def _batches(dataset, num_workers, stop=None):
+    """The DataLoader's batches of ``dataset`` (batch_size 4, records as ids), the first ``stop`` only."""
+    torch = pytest.importorskip("torch")
+    loader = torch.utils.data.DataLoader(dataset, batch_size=4, num_workers=num_workers, collate_fn=list)
+    out = []
+    for batch in loader:
+        if stop is not None and len(out) == stop:
+            break
+        out.append(_ids(batch))
+    return out
+
+
+@pytest.mark.slow  # several DataLoaders, each forking workers
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("shuffle", ["block", "global"])
+def test_torch_dataset_resumes_mid_epoch_across_dataloader_workers(tmp_path, shuffle, num_workers):
+    """A stop after k batches, the state through JSON, a fresh dataset and DataLoader: the rest of the
+    epoch exactly as an uninterrupted run hands it out (workers' shares uneven), then a whole next epoch."""
+    from dlstore.adapters.torch import DlstoreIterableDataset
+
+    paths, _ = _numbered_files(tmp_path, [30, 50, 41])
+
+    def make():
+        return DlstoreIterableDataset(paths, world=World(rank=1, size=2), shuffle=shuffle, seed=5, chunk_size=64 << 10)
+
+    reference = []
+    for epoch in (0, 1):
+        ds = make()
+        ds.set_epoch(epoch)
+        reference.append(_batches(ds, num_workers))
+    assert len({len(b) for b in reference[0]}) > 1 or num_workers == 0  # workers' last batches are short
+    for k in (0, 1, 5, len(reference[0]) - 1):
+        first = make()
+        first.set_epoch(0)
+        before = _batches(first, num_workers, stop=k)
+        state = json.loads(json.dumps(first.state_dict(k, num_workers=num_workers, records_per_batch=4)))
+        again = make()
+        again.load_state_dict(state)
+        again.set_epoch(0)  # a training loop sets the epoch it resumes: the resume point stays
+        assert before + _batches(again, num_workers) == reference[0], f"stop {k}"
+        again.set_epoch(1)  # the next epoch: whole
+        assert _batches(again, num_workers) == reference[1]
+
+
+@pytest.mark.slow  # DataLoaders forking workers
+def test_torch_dataset_resumes_mid_epoch_with_a_pipeline(bert):
+    torch = pytest.importorskip("torch")
+    pipeline = _pipeline()
+    from dlstore.adapters.torch import DlstoreIterableDataset
+
+    def make():
+        return DlstoreIterableDataset(bert, pipeline.Bert(seq_len=128, max_predictions=20), batch_size=4,
+                                      world=World(rank=0, size=2), shuffle="global", seed=2)
+
+    def run(ds, stop=None):
+        out = []
+        for batch in torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2):
+            if stop is not None and len(out) == stop:
+                break
+            out.append(batch["input_ids"].tolist())
+        return out
+
+    reference = run(make())
+    assert [] in reference or len(reference) >= 4
+    for k in (1, 3, len(reference) - 1):
+        first = make()
+        before = run(first, stop=k)
+        again = make()
+        again.load_state_dict(first.state_dict(k, num_workers=2))
+        assert before + run(again) == reference, f"stop {k}"
+    wrong = make()
+    wrong.load_state_dict(make().state_dict(1, num_workers=0))
+    with pytest.raises(ValueError, match="saved reading with 0 DataLoader workers"):
+        run(wrong)
+    with pytest.raises(ValueError, match="records_per_batch"):
+        DlstoreIterableDataset(bert).state_dict(3, num_workers=2)
 
 
 def test_torch_dataset_reads_the_rank_from_the_environment(tmp_path, monkeypatch):
