@@ -316,7 +316,8 @@ def _add_plan_parser(sub) -> None:
     pl.add_argument("--seed", type=int, default=0)
     pl.add_argument("--epoch", type=int, default=0)
     pl.add_argument("--shuffle", default="block", choices=sorted(SHUFFLES),
-                    help="record shuffle (default: block, as dlstore.Dataset reads)")
+                    help="record shuffle (default: block, Dataset's default; sized here in records: blocks and "
+                         "buffer of 1024 records without --simulate)")
     pl.add_argument("--no-shard-shuffle", action="store_true", help="keep shards in path order")
     pl.add_argument("--remainder", choices=sorted(REMAINDERS),
                     help="default: pad with record counts, uneven when whole shards are assigned")

@@ -32,6 +32,8 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 
 from dlstore.adapters.base import BatchAdapter, LastBatch, check_last_batch, import_framework, rank_source
+from dlstore.io.cuda import parse_device
+from dlstore.placement.world import detect_world
 from dlstore.sources.source import start_at
 
 __all__ = ["DlstoreIterableDataset", "TorchLoader", "pinned_allocator"]  # noqa: F822 (DlstoreIterableDataset: module __getattr__)
@@ -199,6 +201,15 @@ class _IterableRecords:
                 drop -= 1
                 continue
             yield {name: _as_tensor(torch, array) for name, array in batch.items()}
+
+
+def _cuda_index(torch, device: Any, loader: Any) -> Optional[int]:
+    """The CUDA device index ``device`` names for ``loader`` (``"cuda"``: torch's current device; ``cuda:local``:
+    the local rank of the loader's source), None for the CPU."""
+    if str(device).strip().lower() == "cuda":
+        return torch.cuda.current_device() if torch.cuda.is_available() else 0
+    world = getattr(getattr(loader, "source", None), "world", None)
+    return parse_device(device, world.local_rank if world is not None else detect_world().local_rank)
 
 
 def items_per_worker(items: Sequence[int], seen: int) -> Tuple[List[int], int]:
@@ -380,7 +391,7 @@ class TorchLoader(BatchAdapter):
         #: ``"cuda:N"`` when the loader's batches are on that GPU already (shared through DLPack).
         self.loader_device = getattr(loader, "device", None)
         if self.loader_device is not None:
-            if device is not None and torch.device(device) != torch.device(self.loader_device):
+            if device is not None and _cuda_index(torch, device, loader) != parse_device(self.loader_device):
                 raise ValueError(f"TorchLoader(device={str(device)!r}) over a loader yielding on "
                                  f"{self.loader_device}: its batches stay where they are (make the Loader with "
                                  f"device={str(device)!r})")

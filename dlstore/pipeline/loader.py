@@ -121,7 +121,8 @@ class Loader:
         if getattr(source, "engine", None) == "gds":  # its batches are in GPU memory; the stages run on the host
             raise DlstoreError("a Loader runs its pipeline on host batches, and io='gds' reads into GPU memory: "
                                "iterate the source's batches() for the records on the GPU, or read with a host "
-                               "engine and Loader(device='cuda:N') for pipeline batches on the GPU")
+                               "engine (a Dataset without device= or with a host io=) and Loader(device='cuda:N') "
+                               "for pipeline batches on the GPU")
         if not isinstance(pipeline, Pipeline):
             raise TypeError(f"pipeline must be a dlstore.pipeline.Pipeline (Bert, ResNet50), "
                             f"got {type(pipeline).__name__}")

@@ -164,7 +164,9 @@ class Dataset(ReadsWithOptions):
         self.buffer_size = int(buffer_size)
         self.choice: EngineChoice = resolve_engine(self.options.get("io"), first, total_bytes,
                                                    random_reads=shuffle == "global",
-                                                   device=None if gpu is None else f"cuda:{gpu}")
+                                                   # gds reads TFRecord only: no GPU target for auto otherwise
+                                                   device=None if gpu is None or self.format != "tfrecord"
+                                                   else f"cuda:{gpu}")
         if self.engine == "gds" and self.format != "tfrecord":  # GdsUnavailableError was raised above
             raise DlstoreError(f"io='gds' reads uncompressed TFRecord shards; {first[0]} is {self.format}: "
                                f"use a host engine", path=first[0])
@@ -332,7 +334,8 @@ class Dataset(ReadsWithOptions):
                                  file_sizes=self.index.sizes[shard_of_file].tolist(), hold_bytes=hold)
 
     def batches(self) -> Iterator:
-        """Yields RecordBatches of this consumer's records for the current epoch, from the current position.
+        """Yields RecordBatches of this consumer's records for the current epoch, from the current position
+        (with ``io="gds"``, :class:`~dlstore.io.gds.DeviceBatch` objects in GPU memory).
 
         Every batch holds ``batch_size`` records (an epoch's last may hold fewer). The position
         (:attr:`sample_in_epoch`) advances as batches are handed out; at the end of the epoch it

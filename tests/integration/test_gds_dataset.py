@@ -230,6 +230,15 @@ def test_device_picks_gds_for_auto_and_is_checked(tmp_path, stand_in_gds):
         Dataset(tmp_path / "d", device="gpu0")
 
 
+def test_auto_with_a_gpu_target_keeps_recordio_on_a_host_engine(tmp_path, stand_in_gds):
+    path = tmp_path / "a.rec"
+    with dlstore.RecordIOWriter(os.fspath(path), idx_path=os.fspath(tmp_path / "a.idx")) as w:
+        for i in range(5):
+            w.write(b"record %d" % i)
+    ds = Dataset(path, format="recordio", device="cuda:0")  # io="auto": gds reads TFRecord only
+    assert ds.engine != "gds" and len(list(ds.batches())) >= 1
+
+
 def test_a_loader_refuses_a_gds_source_in_one_line(tmp_path, stand_in_gds):
     from dlstore.pipeline.bert import Bert
     from dlstore.pipeline.loader import Loader

@@ -56,6 +56,8 @@ def test_torch_loader_over_a_gpu_loader_keeps_its_device(tmp_path, monkeypatch):
     loader = Loader(dlstore.open_records(path), Bert(16, 4), 8, device="cuda:0")
     assert TorchLoader(loader, device="cuda:0").device == torch.device("cuda:0")
     assert TorchLoader(loader, device=torch.device("cuda", 0)).device == torch.device("cuda:0")
+    for same in ("cuda", "cuda:local"):  # torch's current device (0 here), the local rank's (0 here)
+        assert TorchLoader(loader, device=same).device == torch.device("cuda:0")
     for other in ("cuda:1", "cpu"):
         with pytest.raises(ValueError, match=f"^TorchLoader\\(device='{other}'\\) over a loader yielding on "
                                              "cuda:0: .*make the Loader with device="):

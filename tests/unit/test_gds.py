@@ -132,6 +132,35 @@ def test_short_read_names_file_offset_and_bytes(tmp_path):
         read_all(core)
 
 
+class _Refused:
+    """kvikio's way of failing: C++ errors reach Python as RuntimeError, when issued or when waited on."""
+
+    def get(self):
+        raise RuntimeError("cuFile read: Input/output error")
+
+
+@pytest.mark.parametrize("where", ["open", "issue", "wait"])
+def test_kvikio_style_errors_become_dlstore_io_errors_naming_file_and_offset(tmp_path, where):
+    path = indexed(tmp_path, "k.tfrecord", [b"x" * 5000, b"y" * 5000])
+
+    class Kvikio(gds.HostBackend):
+        def open(self, p):
+            if where == "open":
+                raise RuntimeError("cuFileHandleRegister failed")
+            return super().open(p)
+
+        def read(self, handle, buf, size, file_offset):
+            if where == "issue":
+                raise RuntimeError("cuFile read: Input/output error")
+            return _Refused() if where == "wait" else super().read(handle, buf, size, file_offset)
+
+    core = gds.GdsCore([path], *gds.file_plan([path]), Kvikio(), chunk_size=4096)
+    what = "cannot open" if where == "open" else "read failed at byte 0"
+    with pytest.raises(dlstore.DlstoreIOError, match=f"^{path}: {what}: ") as e:  # failover's error, not a traceback
+        read_all(core)
+    assert e.value.path == path
+
+
 def test_missing_index_says_how_to_build_one(tmp_path):
     path = write_tfrecord(tmp_path / "n.tfrecord", [b"x"])
     with pytest.raises(dlstore.DlstoreError, match="locates records from the index.*dlstore index"):

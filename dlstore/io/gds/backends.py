@@ -8,7 +8,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from dlstore.errors import GdsUnavailableError
-from dlstore.io.gds.kernels import CUDA_SOURCE, FRAME_DATA_CRC, FRAME_LENGTH, FRAME_LENGTH_CRC
+from dlstore.io.gds.kernels import (CUDA_SOURCE, FRAME_DATA_CRC, FRAME_FOOTER, FRAME_HEADER, FRAME_LENGTH,
+                                    FRAME_LENGTH_CRC)
 from dlstore.io.gds.plan import byte_indices
 
 __all__ = ["DoneRead", "FailedRead", "HostBackend", "KvikioBackend", "default_backend"]
@@ -80,7 +81,7 @@ class HostBackend:
         view = memoryview(buf)
         for i, (r, s) in enumerate(zip(rel.tolist(), size.tolist())):
             length = int.from_bytes(view[r:r + 8], "little")
-            if s < 16 or length != s - 16:
+            if s < FRAME_HEADER + FRAME_FOOTER or length != s - FRAME_HEADER - FRAME_FOOTER:
                 status[i] = FRAME_LENGTH
             elif verify and _C.masked_crc32c(view[r:r + 8]) != int.from_bytes(view[r + 8:r + 12], "little"):
                 status[i] = FRAME_LENGTH_CRC
@@ -143,7 +144,11 @@ class KvikioBackend:
                           cp.asarray(length, dtype=cp.int64), cp.asarray(dst_at, dtype=cp.int64), np.int64(n), dst))
 
     def read(self, handle: Any, buf: Any, size: int, file_offset: int) -> Any:
-        # Non-blocking: kvikio splits the read into tasks on its thread pool; .get() waits.
+        # Non-blocking: kvikio splits the read into tasks on its thread pool; .get() waits. `buf` may be
+        # memory CuPy's pool took back from buffers a queued gather or frame kernel still reads, and
+        # cuFile's DMA (or kvikio's compat copies) does not wait for that stream: wait for it first.
+        with self._device:
+            self._cupy.cuda.get_current_stream().synchronize()
         return handle.pread(buf[:size], size, file_offset)
 
     def frame_status(self, buf: Any, rel: np.ndarray, size: np.ndarray, verify: bool) -> np.ndarray:

@@ -60,6 +60,8 @@ class GdsCore:
             except OSError as e:
                 raise DlstoreIOError(f"{self.paths[f]}: cannot open: {e.strerror} (errno {e.errno})",
                                      path=self.paths[f]) from e
+            except RuntimeError as e:  # kvikio's C++ errors (cuFile, its compat mode) reach Python as these
+                raise DlstoreIOError(f"{self.paths[f]}: cannot open: {e}", path=self.paths[f]) from e
         return h
 
     def _issue(self) -> None:
@@ -74,7 +76,12 @@ class GdsCore:
                 continue
             buf = self.backend.alloc(stop - start)
             self._stats["buffers_allocated"] += 1
-            self._inflight.append((k, buf, self.backend.read(handle, buf, stop - start, start)))
+            try:
+                future = self.backend.read(handle, buf, stop - start, start)
+            except (OSError, RuntimeError) as e:  # refused at once (kvikio): fails when waited on, as above
+                future = FailedRead(DlstoreIOError(f"{self.paths[f]}: read failed at byte {start}: {e}",
+                                                   path=self.paths[f], offset=start))
+            self._inflight.append((k, buf, future))
 
     def close(self) -> None:
         """Waits for reads in flight (their buffers must not go while the device writes them) and
@@ -112,7 +119,12 @@ class GdsCore:
         self._issue()  # the next read is under way while this one is checked
         f, start, stop = int(self.plan.file[k]), int(self.plan.start[k]), int(self.plan.stop[k])
         path = self.paths[f]
-        got = int(future.get())
+        try:
+            got = int(future.get())
+        except DlstoreIOError:  # a file that did not open (FailedRead): already named
+            raise
+        except (OSError, RuntimeError) as e:  # kvikio's read errors: failover reads the file elsewhere
+            raise DlstoreIOError(f"{path}: read failed at byte {start}: {e}", path=path, offset=start) from e
         if got != stop - start:
             raise DlstoreIOError(f"{path}: short read at byte {start}: {got} of {stop - start} bytes (the file "
                                  f"shrank, or the index is stale)", path=path, offset=start)
@@ -137,18 +149,18 @@ class GdsCore:
         a, b = int(self.plan.first[k]), int(self.plan.first[k] + self.plan.count[k])
         rel = frame_positions(self.plan, k, self.offset)
         size = self.size[a:b]
-        batch = DeviceBatch(buf, rel + FRAME_HEADER, size - FRAME_HEADER - FRAME_FOOTER, self.offset[a:b], f,
-                            self.paths)
+        payload = size - FRAME_HEADER - FRAME_FOOTER
+        batch = DeviceBatch(buf, rel + FRAME_HEADER, payload, self.offset[a:b], f, self.paths)
         bad = np.flatnonzero(status != FRAME_OK)
         if len(bad):
             if self.on_error == "raise":
                 i = int(bad[0])
                 raise CorruptRecordError(f"{path}: at byte {int(self.offset[a + i])}: "
-                                         f"{frame_problem(int(status[i]), int(size[i]) - 16)}",
+                                         f"{frame_problem(int(status[i]), int(payload[i]))}",
                                          path=path, offset=int(self.offset[a + i]))
             for i in bad.tolist():
-                self._corruptions.append((path, int(self.offset[a + i]), frame_problem(int(status[i]),
-                                                                                         int(size[i]) - 16)))
+                self._corruptions.append((path, int(self.offset[a + i]),
+                                          frame_problem(int(status[i]), int(payload[i]))))
             self._stats["skipped"] += len(bad)
             batch = batch.take(status == FRAME_OK)
         self._stats["records"] += batch.num_records

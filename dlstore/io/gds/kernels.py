@@ -37,9 +37,10 @@ DLSTORE_DEVICE unsigned int dlstore_load_u32(const unsigned char* p) {
 DLSTORE_DEVICE unsigned char dlstore_frame_status(const unsigned int* table, const unsigned char* buf,
                                                   long long rel, long long size, int verify) {
   const unsigned char* p = buf + rel;
+  if (size < 16) return 1; /* not even a header and footer: read none of it (it may end the buffer) */
   unsigned long long len = 0;
   for (int k = 0; k < 8; ++k) len |= (unsigned long long)p[k] << (8 * k);
-  if (size < 16 || len != (unsigned long long)(size - 16)) return 1;
+  if (len != (unsigned long long)(size - 16)) return 1;
   if (!verify) return 0;
   if (dlstore_masked_crc(table, p, 8) != dlstore_load_u32(p + 8)) return 2;
   if (dlstore_masked_crc(table, p + 12, len) != dlstore_load_u32(p + 12 + len)) return 3;

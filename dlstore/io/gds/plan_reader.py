@@ -196,7 +196,7 @@ class GdsPlanReader:
             self.close()
             return None
         self._want = self._batch
-        sources = np.unique(self._src[pos])
+        sources, counts = np.unique(self._src[pos], return_counts=True)
         if len(sources) == 1:  # a view of the one buffer holding them
             buf, at = self._buffers[int(sources[0])], self._at[pos]
         else:
@@ -207,8 +207,7 @@ class GdsPlanReader:
         file = core.plan.file[self._read_of[pos]]
         batch = DeviceBatch(buf, at, self._length[pos], core.offset[pos], int(file[0]), core.paths, file)
         self._done[pos] = True
-        used, counts = np.unique(self._src[pos], return_counts=True)
-        for source, k in zip(used.tolist(), counts.tolist()):
+        for source, k in zip(sources.tolist(), counts.tolist()):
             self._left[source] -= k
             if not self._left[source]:
                 self._let_go(source)
