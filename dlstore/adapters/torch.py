@@ -141,15 +141,13 @@ class _IterableRecords:
         state = self._resume
         if state is None or state["epoch"] != self.epoch:
             return self._consumer(worker, num_workers), 0, 0
-        if state["num_workers"] != num_workers or \
-                state["num_consumers"] != self._consumer(0, num_workers).world.num_consumers:
-            raise ValueError(f"the state was saved reading with {state['num_workers']} DataLoader workers and "
-                             f"{state['num_consumers']} consumers; this pass has {num_workers} and "
-                             f"{self._consumer(0, num_workers).world.num_consumers}: an epoch's plan depends on "
-                             f"them, so resume with the "
-                             f"same, or from the start of an epoch")
-        per = state["records_per_batch"]
         consumers = [self._consumer(w, num_workers) for w in range(max(1, num_workers))]
+        now = consumers[0].world.num_consumers
+        if state["num_workers"] != num_workers or state["num_consumers"] != now:
+            raise ValueError(f"the state was saved reading with {state['num_workers']} DataLoader workers and "
+                             f"{state['num_consumers']} consumers; this pass has {num_workers} and {now}: an "
+                             f"epoch's plan depends on them, so resume with the same, or from the start of an epoch")
+        per = state["records_per_batch"]
         shares = [len(c) for c in consumers]
         if self.pipeline is not None:
             consumers[0].use_batch_size(per)

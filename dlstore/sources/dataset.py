@@ -314,21 +314,21 @@ class Dataset(ReadsWithOptions):
         # that batches keep the epoch's boundaries.
         batch = self._read_batch_size()
         if self.engine == "gds":
-            return self._gds_core(plan, batch - start % batch, hold)
+            return self._gds_core(plan, batch, batch - start % batch, hold)
         from dlstore import _C
 
         return _C.PlanReader(plan.paths, plan.file, plan.offset, plan.size, plan.emit, self.format, batch,
                              self._core_options, hold_bytes=hold, sequential=self.shuffle != "global",
                              first_batch=batch - start % batch, device=plan.device)
 
-    def _gds_core(self, plan: _ReaderPlan, first_batch: int, hold: int):
+    def _gds_core(self, plan: _ReaderPlan, batch: int, first_batch: int, hold: int):
         # As _C.PlanReader: the plan read in read order, records gathered on the device in emission order.
         from dlstore.io import gds
 
         shard_of_file = np.array([s for s, _ in plan.places], dtype=np.int64)
         return gds.GdsPlanReader(plan.paths, plan.file, plan.offset, plan.size,
                                  gds.default_backend(self.choice.gds_mode, self.choice.reason, self.device_index),
-                                 emit=plan.emit, batch_size=self._read_batch_size(), first_batch=first_batch,
+                                 emit=plan.emit, batch_size=batch, first_batch=first_batch,
                                  chunk_size=self._core_options["chunk_size"], depth=self._core_options["depth"],
                                  verify=self.verify, on_error=self._core_options["on_error"],
                                  file_sizes=self.index.sizes[shard_of_file].tolist(), hold_bytes=hold)

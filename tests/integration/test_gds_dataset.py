@@ -118,7 +118,6 @@ def test_a_resume_at_any_sample_gives_the_host_engines_rest(tmp_path, stand_in_g
     assert got == want and len(got[0]) == 2  # the first batch completes the one under way
 
 
-
 @pytest.mark.parametrize("shuffle", ["none", "block", "global"])
 def test_a_corrupt_record_is_raised_after_the_good_ones_naming_file_and_offset(tmp_path, stand_in_gds, shuffle):
     data = _shards(tmp_path / "d")
