@@ -236,7 +236,7 @@ class Dataset(ReadsWithOptions):
     def _read_batch_size(self) -> int:
         if self.batch_size is not None:
             return self.batch_size
-        chunk = self._core_options["chunk_size"]
+        chunk = self._core_options.chunk_size
         return max(1, int(chunk // self.mean_record_bytes)) if self.mean_record_bytes else 1
 
     def read_order(self, epoch: int, emitted: int = 0) -> ReadOrder:
@@ -309,7 +309,7 @@ class Dataset(ReadsWithOptions):
         # bytes (then the oldest chunks' remaining records are copied out and the chunks let go).
         hold = 0
         if plan.emit is not None:
-            hold = max(int(2 * self.buffer_size * self.mean_record_bytes), 2 * self._core_options["chunk_size"])
+            hold = max(int(2 * self.buffer_size * self.mean_record_bytes), 2 * self._core_options.chunk_size)
         # Restarted mid-batch (a resume, a failover), the first batch completes the one under way, so
         # that batches keep the epoch's boundaries.
         batch = self._read_batch_size()
@@ -329,8 +329,8 @@ class Dataset(ReadsWithOptions):
         return gds.GdsPlanReader(plan.paths, plan.file, plan.offset, plan.size,
                                  gds.default_backend(self.choice.gds_mode, self.choice.reason, self.device_index),
                                  emit=plan.emit, batch_size=batch, first_batch=first_batch,
-                                 chunk_size=self._core_options["chunk_size"], depth=self._core_options["depth"],
-                                 verify=self.verify, on_error=self._core_options["on_error"],
+                                 chunk_size=self._core_options.chunk_size, depth=self._core_options.depth,
+                                 verify=self.verify, on_error=self._core_options.on_error,
                                  file_sizes=self.index.sizes[shard_of_file].tolist(), hold_bytes=hold)
 
     def batches(self) -> Iterator:
