@@ -153,6 +153,13 @@ void register_reader(py::module_& m) {
 
   m.def("engine_names", &dlstore::engine_names);
   m.def("io_uring_refusal", &dlstore::io_uring_refusal);
+  m.def("io_uring_queue_depth",
+        [](const std::string& path, size_t setting) {
+          std::string why;
+          const size_t depth = dlstore::io_uring_queue_depth(path, setting, &why);
+          return py::make_tuple(depth, why);
+        },
+        py::arg("path"), py::arg("setting") = 0);
   m.def("_simulate_io_uring_refusal", &dlstore::simulate_io_uring_refusal, py::arg("why"));
 
   py::class_<dlstore::Reader>(m, "Reader")

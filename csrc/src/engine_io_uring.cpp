@@ -183,6 +183,21 @@ class Ring {
 // wait on another's. It is closed when the thread ends.
 thread_local std::unique_ptr<Ring> thread_ring;
 
+// Reads in flight on `fh`'s device: the setting, else what the device queues (nr_requests), at most
+// kMaxQueueDepth; kMaxQueueDepth where the file lies on no block device. `why` says which.
+size_t queue_depth_for(const FileHandle& fh, size_t setting, std::string* why) {
+  if (setting > 0) {
+    if (why) *why = "the queue_depth setting";
+    return setting;
+  }
+  const uint32_t device = fh.device_requests();
+  if (why)
+    *why = device ? "the device queues " + std::to_string(device) + " requests (nr_requests), at most " +
+                        std::to_string(kMaxQueueDepth) + " are used"
+                  : "no block device queue found: " + std::to_string(kMaxQueueDepth);
+  return device ? std::min<size_t>(device, kMaxQueueDepth) : kMaxQueueDepth;
+}
+
 // A piece of one request: up to kSplit bytes into the request's slot.
 struct SubRead {
   size_t request;
@@ -211,14 +226,7 @@ class IoUringEngine : public Engine {
       f->fh = std::make_shared<FileHandle>(path, false);
     }
     f->size = f->fh->size();
-    // Reads in flight: the setting, else what the device queues (nr_requests), at most kMaxQueueDepth;
-    // kMaxQueueDepth where the file lies on no block device.
-    size_t depth = queue_depth_;
-    if (depth == 0) {
-      const uint32_t device = f->fh->device_requests();
-      depth = device ? std::min<size_t>(device, kMaxQueueDepth) : kMaxQueueDepth;
-    }
-    f->queue_depth = static_cast<uint32_t>(std::max<size_t>(depth, 1));
+    f->queue_depth = static_cast<uint32_t>(queue_depth_for(*f->fh, queue_depth_, nullptr));
     return f;
   }
 
@@ -352,6 +360,11 @@ std::string io_uring_refusal() {
   // IORING_OP_READ came with Linux 5.6, as did this feature flag.
   if (!(p.features & IORING_FEAT_RW_CUR_POS)) return "this kernel's io_uring has no IORING_OP_READ (before Linux 5.6)";
   return "";
+}
+
+size_t io_uring_queue_depth(const std::string& path, size_t setting, std::string* why) {
+  const FileHandle fh(path, false);
+  return queue_depth_for(fh, setting, why);
 }
 
 void simulate_io_uring_refusal(const std::string& why) {

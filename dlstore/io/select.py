@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence, Tuple
 
 from dlstore import _C
 from dlstore.errors import GdsUnavailableError
@@ -26,7 +26,8 @@ from dlstore.io import cuda  # cuda.cuda_facts looked up at each call: tests sta
 from dlstore.io.cuda import gds_verdict, parse_device
 from dlstore.io.system import available_page_cache_bytes, filesystem_of, format_bytes
 
-__all__ = ["ENGINES", "REQUESTS", "EngineChoice", "resolve_engine", "probe_direct", "probe_io_uring"]
+__all__ = ["ENGINES", "REQUESTS", "EngineChoice", "resolve_engine", "probe_direct", "probe_io_uring",
+           "io_uring_depth"]
 
 #: The engines that read into host memory: the C++ core's registry (csrc/src/engine_registry.cpp).
 ENGINES = tuple(_C.engine_names())
@@ -65,6 +66,22 @@ def probe_direct(path: str) -> Optional[str]:
 def probe_io_uring() -> Optional[str]:
     """None when this kernel lets this process use io_uring, else the reason it does not."""
     return _C.io_uring_refusal() or None
+
+
+def io_uring_depth(path: str) -> Tuple[int, str]:
+    """The reads io_uring keeps in flight per I/O thread on ``path``'s device (the ``queue_depth``
+    setting, else the device's nr_requests, at most 64), and why that many: what the C++ engine uses."""
+    from dlstore import settings  # settings imports this module
+
+    depth, why = _C.io_uring_queue_depth(path, settings.get("queue_depth"))
+    return int(depth), why
+
+
+def _ring_text(paths: Sequence[str]) -> str:
+    if not paths:
+        return ""
+    depth, why = io_uring_depth(paths[0])
+    return f"; up to {depth} reads in flight per I/O thread ({why})"
 
 
 def resolve_engine(requested: str, paths: Sequence[str], total_bytes: int,
@@ -129,7 +146,7 @@ def _resolve_host(requested: str, paths: Sequence[str], total_bytes: int, availa
         no_ring = probe_io_uring()
         if no_ring is None:
             return EngineChoice("io_uring", requested, "requested" + (f"; {refused}: through the page cache"
-                                                                      if refused else ""))
+                                                                      if refused else "") + _ring_text(paths))
         requested_but = f"io_uring requested, but {no_ring}"
         if refused:
             return EngineChoice("buffered", requested, f"{requested_but}, and {refused}: reading buffered")
@@ -150,7 +167,7 @@ def _resolve_host(requested: str, paths: Sequence[str], total_bytes: int, availa
             if no_ring is None:
                 return EngineChoice("io_uring", requested,
                                     f"{exceeds}, and a global shuffle reads record by record: io_uring keeps many "
-                                    "O_DIRECT record reads in flight at once")
+                                    "O_DIRECT record reads in flight at once" + _ring_text(paths))
             return EngineChoice("direct", requested, f"{exceeds}: O_DIRECT avoids thrashing the cache and a copy "
                                                      f"out of it (not io_uring: {no_ring})")
         return EngineChoice("direct", requested,

@@ -147,6 +147,9 @@ std::shared_ptr<const Engine> make_engine(const EngineOptions& opts, std::string
 // Why io_uring cannot run here ("" when it can): io_uring_setup refused (seccomp, sysctl), or a kernel
 // without IORING_OP_READ. Probed at each call (one setup and close), so it is never stale.
 std::string io_uring_refusal();
+// Reads io_uring keeps in flight per I/O thread on `path`'s device for the queue_depth setting (0: the
+// device's nr_requests, at most kMaxQueueDepth), and why that many.
+size_t io_uring_queue_depth(const std::string& path, size_t setting, std::string* why);
 // For tests: makes io_uring_refusal() give `why` (empty: probe the kernel again), as a kernel that
 // refuses io_uring would.
 void simulate_io_uring_refusal(const std::string& why);
