@@ -192,9 +192,9 @@ size_t queue_depth_for(const FileHandle& fh, size_t setting, std::string* why) {
   }
   const uint32_t device = fh.device_requests();
   if (why)
-    *why = device ? "the device queues " + std::to_string(device) + " requests (nr_requests), at most " +
-                        std::to_string(kMaxQueueDepth) + " are used"
-                  : "no block device queue found: " + std::to_string(kMaxQueueDepth);
+    *why = device ? "the device's nr_requests " + std::to_string(device) + ", capped at " +
+                        std::to_string(kMaxQueueDepth)
+                  : "no block device queue found, so the cap, " + std::to_string(kMaxQueueDepth);
   return device ? std::min<size_t>(device, kMaxQueueDepth) : kMaxQueueDepth;
 }
 
