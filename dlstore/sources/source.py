@@ -31,9 +31,11 @@ class ReadOptions:
 
     Parameters
     ----------
-    io : {"auto", "buffered", "mmap", "direct", "gds"}, optional
-        The I/O engine. ``auto`` resolves once and says why (``source.engine_reason``): ``direct``
-        when the data is larger than the memory the page cache can have, else ``buffered``.
+    io : {"auto", "buffered", "mmap", "direct", "io_uring", "gds"}, optional
+        The I/O engine (:data:`dlstore.io.ENGINES`, or ``gds``). ``auto`` resolves once and says why
+        (``source.engine_reason``): ``direct`` when the data is larger than the memory the page cache
+        can have (``io_uring`` for a global shuffle, where the kernel allows it), else ``buffered``
+        (``mmap`` for a global shuffle).
         ``gds`` raises :class:`~dlstore.GdsUnavailableError` saying why it cannot run here.
     verify : bool
         Check TFRecord CRCs (hardware CRC-32C where the CPU has it).
