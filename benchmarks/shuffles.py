@@ -60,6 +60,7 @@ COLD_BLOCK_VS_NONE = 0.9
 GLOBAL_VS_FIO_SAME_DEPTH = 0.85
 STREAM_VS_BEST_FIO = 0.9
 FIO_DEPTHS = (1, 2, 4, 8, 16, 32, 64)
+O_DIRECT_ENGINES = ("direct", "io_uring")  # the engines fio's direct=1 jobs compare with
 NEIGHBOURS_MAX = 0.05  # block: consecutive records rarely neighbours in a file
 
 
@@ -146,7 +147,7 @@ def engine_depth(engine: str, files: List[str]) -> int:
     return io_uring_depth(files[0])[0] if engine == "io_uring" else 1
 
 
-def fio_jobs(files: List[str], mean_record: float, engines: List[str]) -> List[Dict]:
+def fio_jobs(files: List[str], mean_record: float, engines: List[str], depths=FIO_DEPTHS) -> List[Dict]:
     """The fio jobs of a round: randread at each cold engine's depth, then the grid."""
     from dlstore import settings
     from dlstore.bench.fio import block_size_for
@@ -157,7 +158,7 @@ def fio_jobs(files: List[str], mean_record: float, engines: List[str]) -> List[D
         depth = engine_depth(engine, files)
         jobs[("randread", bs, depth)] = {"rw": "randread", "bs": bs, "depth": depth, "jobs": threads}
     for rw, size in (("read", "1M"), ("randread", bs)):
-        for depth in FIO_DEPTHS:
+        for depth in depths:
             jobs.setdefault((rw, size, depth), {"rw": rw, "bs": size, "depth": depth, "jobs": threads})
     return list(jobs.values())
 
@@ -184,7 +185,7 @@ def run_fio_job(files: List[str], job: Dict) -> Dict:
 def configurations(args) -> List[Dict]:
     out = []
     for state in args.cache.split(","):
-        engines = args.engines.split(",") if args.engines else (["direct", "buffered"] if state == "cold"
+        engines = args.engines.split(",") if args.engines else (["direct", "io_uring", "buffered"] if state == "cold"
                                                                 else ["buffered", "mmap"])
         for engine in engines:
             for shuffle in args.shuffles.split(","):
@@ -207,10 +208,11 @@ def run(args) -> Dict:
 
     from dlstore.bench.fio import fio_missing_reason
 
-    cold_engines = sorted({c["engine"] for c in configs if c["cache"] == "cold"})
+    cold_engines = sorted({c["engine"] for c in configs if c["cache"] == "cold" and c["engine"] in O_DIRECT_ENGINES})
     fio_why = None if cold_engines else "no cold configuration"
     fio_why = fio_why or (None if args.fio else "--no-fio") or fio_missing_reason()
-    jobs = fio_jobs(files, probe.mean_record_bytes, cold_engines) if fio_why is None else []
+    depths = [int(d) for d in args.fio_depths.split(",")]
+    jobs = fio_jobs(files, probe.mean_record_bytes, cold_engines, depths) if fio_why is None else []
     fio_results: Dict[str, List[Dict]] = {}
     loads = [os.getloadavg()[0]]
     with tempfile.TemporaryDirectory(prefix="dlstore-shuffles-") as tmp:
@@ -260,7 +262,7 @@ def run(args) -> Dict:
         row["rss_growth_bytes"] = (rss[-1] - rss[0]) if len(rss) > 1 else None  # after the untimed epoch
         row["status"] = "ok"
         row["runs"] = runs
-        if cfg["cache"] == "cold" and not fio_why:
+        if cfg["cache"] == "cold" and cfg["engine"] in O_DIRECT_ENGINES and not fio_why:
             row["fio_depth"] = engine_depth(cfg["engine"], files)
         rows.append(row)
     base = {(r["cache"], r["engine"]): r.get("gb_per_s") for r in rows if r["shuffle"] == "none"}
@@ -300,7 +302,8 @@ def fio_targets(rows: List[Dict], fio_rows: List[Dict]) -> List[Dict]:
     best = max(fio_ok, key=lambda f: f["gb_per_s"])
     randread = [f for f in fio_ok if f["rw"] == "randread"]
     for r in rows:
-        if r["cache"] != "cold" or not r.get("gb_per_s") or r["shuffle"] not in ("global", "block", "none"):
+        if (r["cache"] != "cold" or r["engine"] not in O_DIRECT_ENGINES or not r.get("gb_per_s")
+                or r["shuffle"] not in ("global", "block", "none")):
             continue
         if r["shuffle"] == "global":
             same = [f for f in randread if f["depth"] == r.get("fio_depth")]
@@ -427,10 +430,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--quick", action="store_true", help="the tiny set, one round, two epochs: a smoke test")
     p.add_argument("--cache", default="cold,warm", help="cache states to run (default: %(default)s)")
     p.add_argument("--engines", default=None,
-                   help="engines, comma-separated (default: direct,buffered cold; buffered,mmap warm)")
+                   help="engines, comma-separated (default: direct,io_uring,buffered cold; buffered,mmap warm)")
     p.add_argument("--shuffles", default=",".join(SHUFFLES), help="shuffles (default: %(default)s)")
     p.add_argument("--fio", action=argparse.BooleanOptionalAction, default=True,
                    help="cold runs: fio on the same files beside them (default: on where fio is installed)")
+    p.add_argument("--fio-depths", default=",".join(map(str, FIO_DEPTHS)),
+                   help="queue depths of fio's grid (default: %(default)s; --quick: 1,4)")
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--epochs", type=int, default=3,
                    help="warm epochs measured after the untimed one, for RSS (default: 3)")
@@ -449,6 +454,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     json_path = _harness.output_path(p, args, "shuffles")
     if args.quick:
         args.size, args.repeat, args.epochs, args.batch_size = "tiny", 1, 2, 8
+        args.fio_depths = "1,4"
     doc = run(args)
     print()
     print(markdown(doc))
