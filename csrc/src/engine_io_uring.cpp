@@ -179,6 +179,14 @@ class Ring {
   io_uring_cqe* cqes_ = nullptr;
 };
 
+// An I/O error about `path` at `offset`, as throw_errno makes them, for a request to carry.
+std::exception_ptr io_error(const std::string& path, uint64_t offset, const std::string& what, int err) {
+  Error e(ErrorKind::Io, describe(path, static_cast<int64_t>(offset), what), path, static_cast<int64_t>(offset));
+  e.reason = what;
+  e.err = err;
+  return std::make_exception_ptr(e);
+}
+
 // Each I/O thread has a ring of its own: rings are single-threaded here, and a thread's reads never
 // wait on another's. It is closed when the thread ends.
 thread_local std::unique_ptr<Ring> thread_ring;
@@ -247,9 +255,8 @@ class IoUringEngine : public Engine {
       const ReadRequest& r = reqs[i];
       const uint64_t at = align_down(r.offset, r.file->offset_align);
       const size_t want = r.file->slot_bytes(r.offset, r.len);
-      for (size_t done = 0; done < want; done += kSplit)
+      for (size_t done = 0; done < want; done += kSplit)  // nothing for an empty request
         subs.push_back({i, at + done, r.slot + done, std::min(kSplit, want - done)});
-      if (want == 0) subs.push_back({i, at, r.slot, 0});  // an empty read still completes
     }
 
     std::vector<size_t> retry;  // sub-reads to queue again (interrupted, or short of the end)
@@ -268,11 +275,12 @@ class IoUringEngine : public Engine {
       while (inflight < depth && next < subs.size()) queue(next++);
       try {
         ring->submit_and_wait();
-      } catch (const Error&) {
+      } catch (const Error& e) {
         // The ring itself failed (not a read): the reads already in flight still complete into
         // their slots, so wait for them before the slots can go back to their pool.
         ring->drain(inflight);
-        for (size_t i = 0; i < n; ++i) reqs[i].error = std::current_exception();
+        for (size_t i = 0; i < n; ++i)
+          if (!reqs[i].error) reqs[i].error = io_error(reqs[i].file->path, reqs[i].offset, e.reason, e.err);
         return;
       }
       ring->reap([&](uint64_t tag, int res) {
@@ -284,14 +292,11 @@ class IoUringEngine : public Engine {
           return;
         }
         if (res < 0) {
-          if (!r.error) {
-            try {
-              throw_errno(r.file->path, static_cast<int64_t>(s.offset + s.got),
-                          "io_uring read of " + std::to_string(s.len - s.got) + " bytes", -res);
-            } catch (const Error&) {
-              r.error = std::current_exception();
-            }
-          }
+          if (!r.error)
+            r.error = io_error(r.file->path, s.offset + s.got,
+                               "io_uring read of " + std::to_string(s.len - s.got) + " bytes failed: " +
+                                   std::strerror(-res) + " (errno " + std::to_string(-res) + ")",
+                               -res);
           s.ended = true;
           --left;
           return;
