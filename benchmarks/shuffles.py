@@ -351,6 +351,13 @@ HOW_TO_READ = """
   reads every record where it lies: as fast as the device serves random ~115 kB reads, about half the
   sequential rate here. The device is a shared VM's disk: identical runs vary by a third (`spread`),
   so compare medians over many rounds, and fio on the same files (`docs/read_throughput.md`).
+- **Cold, io_uring** reads what `direct` reads, with many reads in flight: a `global` epoch's records up
+  to `queue_depth` at a time per I/O thread (64 here: the device's nr_requests, capped), where `direct`
+  reads one per thread; `none` and `block` chunks as 1 MiB pieces all in flight. The fio rows are the
+  same files read by fio's io_uring engine, each job cold: `randread` at the mean record size and the
+  depth each engine keeps per thread is what `global` is held to, the best of the grid (sequential 1 MiB
+  and random record-sized reads, depths 1 to 64) what `none` and `block` are held to. fio suffers from a
+  loaded machine as dlstore does, so both are measured in every round and compared as medians.
 - **First epoch.** A fresh process pays once for memory it touches the first time (on a VM, a host
   fault per page): the last column is each process's first epoch, read before the measured one. Cold,
   the block shuffle's first epoch is slower than its later ones by about the time its ~130 MB of held
