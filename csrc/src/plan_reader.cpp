@@ -14,7 +14,7 @@ namespace dlstore {
 namespace {
 
 // Chunk and batch buffers are aligned to 64 KiB, the largest direct-I/O alignment accepted
-// (open_for_engine), so any piece slot aligned within them is aligned in memory too.
+// (open_direct), so any piece slot aligned within them is aligned in memory too.
 constexpr size_t kBufferAlign = 64u << 10;
 
 }  // namespace
