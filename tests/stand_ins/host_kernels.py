@@ -32,13 +32,14 @@ import re
 import shutil
 import subprocess
 import tempfile
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
 from dlstore.io.gds.kernels import CUDA_SOURCE_PATH, FRAME_THREADS, cuda_source
 
-__all__ = ["host_kernel", "host_library", "build_host_library", "kernel_parameters", "HostCompilerMissing"]
+__all__ = ["host_kernel", "host_library", "build_host_library", "asan_runtime", "kernel_parameters",
+           "HostCompilerMissing"]
 
 
 class HostCompilerMissing(RuntimeError):
@@ -67,13 +68,16 @@ def kernel_parameters(source: str) -> Dict[str, List[Tuple[str, str]]]:
     return kernels
 
 
-def build_host_library(source: str) -> ctypes.CDLL:
+def build_host_library(source: str, sanitize: bool = False) -> ctypes.CDLL:
     """``source`` (kernels.cu's text, or a variant a test made of it) built for the host with
-    ``-DDLSTORE_HOST``; cached under the temp dir by the text's hash."""
+    ``-DDLSTORE_HOST``; cached under the temp dir by the text's hash. ``sanitize``: with AddressSanitizer,
+    which checks every read and write to the byte, as compute-sanitizer's memcheck does on a GPU (the
+    process must have libasan preloaded: :func:`asan_runtime`)."""
     cxx = shutil.which("g++") or shutil.which("c++")
     if cxx is None:
         raise HostCompilerMissing("no C++ compiler (g++) to build dlstore/io/gds/kernels.cu for the host")
-    digest = hashlib.sha256(source.encode()).hexdigest()[:16]
+    flags = ["-fsanitize=address", "-fno-omit-frame-pointer", "-g", "-O1"] if sanitize else ["-O2"]
+    digest = hashlib.sha256((source + " ".join(flags)).encode()).hexdigest()[:16]
     folder = os.path.join(tempfile.gettempdir(), f"dlstore-host-kernels-{os.getuid()}")
     os.makedirs(folder, exist_ok=True)
     lib_path = os.path.join(folder, f"kernels-{digest}.so")
@@ -81,7 +85,7 @@ def build_host_library(source: str) -> ctypes.CDLL:
         # Built under a private name, then renamed: concurrent sessions never load a half-written file.
         with tempfile.NamedTemporaryFile(dir=folder, suffix=".so", delete=False) as f:
             partial = f.name
-        command = [cxx, "-x", "c++", "-std=c++17", "-O2", "-fno-strict-aliasing", "-Wall", "-Wextra", "-shared",
+        command = [cxx, "-x", "c++", "-std=c++17", *flags, "-fno-strict-aliasing", "-Wall", "-Wextra", "-shared",
                    "-fPIC", "-DDLSTORE_HOST", "-o", partial, "-"]
         built = subprocess.run(command, input=source.encode(), capture_output=True)
         if built.returncode != 0:
@@ -89,6 +93,15 @@ def build_host_library(source: str) -> ctypes.CDLL:
             raise RuntimeError(f"{CUDA_SOURCE_PATH}: the host build failed:\n{built.stderr.decode()}")
         os.replace(partial, lib_path)
     return ctypes.CDLL(lib_path)
+
+
+def asan_runtime() -> Optional[str]:
+    """The AddressSanitizer runtime g++ links against (to preload into a Python process), or None."""
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        return None
+    path = subprocess.run([cxx, "-print-file-name=libasan.so"], capture_output=True, text=True).stdout.strip()
+    return path if os.path.isabs(path) and os.path.exists(path) else None
 
 
 @functools.lru_cache(maxsize=None)
@@ -118,15 +131,16 @@ def _dims(dims: Any, what: str) -> int:
     return int(dims[0])
 
 
-def host_kernel(name: str) -> Callable[..., None]:
+def host_kernel(name: str, library: Optional[ctypes.CDLL] = None) -> Callable[..., None]:
     """The host twin of CUDA kernel ``name`` (e.g. ``"dlstore_tfrecord_frames"``) as
     ``fn(grid, block, args, shared_mem=0)``, CuPy's launch signature; see the module's docstring for
-    what ``args`` may hold. Raises :class:`HostCompilerMissing` without g++."""
+    what ``args`` may hold. ``library``: a build of kernels.cu other than :func:`host_library`'s (one
+    with AddressSanitizer). Raises :class:`HostCompilerMissing` without g++."""
     params = kernel_parameters(cuda_source())
     if name not in params:
         raise AttributeError(f"{CUDA_SOURCE_PATH} has no kernel {name!r} (it has {sorted(params)})")
     signature = params[name]
-    twin = getattr(host_library(), f"{name}_host")
+    twin = getattr(library or host_library(), f"{name}_host")
     twin.restype = None
     twin.argtypes = [ctypes.c_int, ctypes.c_int] + [
         ctypes.c_void_p if ctype.endswith("*") else _C_TYPES[ctype][0] for ctype, _ in signature]

@@ -10,7 +10,11 @@
 from __future__ import annotations
 
 import ctypes
+import os
+import pathlib
 import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -349,6 +353,67 @@ def test_gather_matches_numpy_at_every_relative_alignment(lib, launch):
     # Nothing written outside the records.
     end = 5 + len(want)
     assert dst[:5].tobytes() == before[:5].tobytes() and dst[end:].tobytes() == before[end:].tobytes()
+
+
+def test_gather_of_short_records_at_every_pair_of_alignments(lib):
+    """Records of 0 to 40 bytes (and 100) from every source alignment to every destination alignment:
+    the byte-by-byte edges, words or none, and the assembled words meet exactly."""
+    gather = host_kernels.host_kernel(kernels.GATHER_KERNEL_NAME)
+    src = aligned_bytes(256, seed=3)
+    pointers = np.array([src.ctypes.data], dtype=np.uint64)
+    one = np.zeros(1, dtype=np.int64)
+    for n in list(range(41)) + [100]:
+        for src_at in range(16):
+            for dst_at in range(16):
+                for threads in (1, 33):
+                    dst = np.zeros(160, dtype=np.uint8)
+                    gather(1, threads, (pointers, one, np.array([src_at]), np.array([n]), np.array([dst_at]),
+                                        np.int64(1), dst))
+                    want = np.zeros(160, dtype=np.uint8)
+                    want[dst_at:dst_at + n] = src[src_at:src_at + n]
+                    assert dst.tobytes() == want.tobytes(), (n, src_at, dst_at, threads)
+
+
+def reads_and_writes_stay_inside_the_records():
+    """Run by the test below in a child process with AddressSanitizer preloaded: both kernels, built with
+    it, over buffers allocated at their exact size; a byte read or written outside one stops the child."""
+    library = host_kernels.build_host_library(SOURCE, sanitize=True)
+    gather = host_kernels.host_kernel(kernels.GATHER_KERNEL_NAME, library)
+    frames = host_kernels.host_kernel(kernels.FRAMES_KERNEL_NAME, library)
+    rng = np.random.default_rng(0)
+    one = np.zeros(1, dtype=np.int64)
+    for n in list(range(0, 70)) + [100, 1000, 4097]:
+        for src_at in range(16):
+            src = np.empty(src_at + n, dtype=np.uint8)  # the record ends its allocation
+            src[:] = np.frombuffer(rng.bytes(len(src)), dtype=np.uint8)
+            pointers = np.array([src.ctypes.data], dtype=np.uint64)
+            for dst_at in range(0, 16, 5):
+                dst = np.empty(dst_at + n, dtype=np.uint8)
+                gather(1, 33, (pointers, one, np.array([src_at]), np.array([n]), np.array([dst_at]), np.int64(1), dst))
+                assert dst[dst_at:].tobytes() == src[src_at:].tobytes()
+    for n in list(range(0, 40)) + [100, 1000, 110_000]:
+        for at in range(0, 16, 3):
+            record = frame(rng.bytes(n))
+            blob = np.empty(at + len(record) + 5, dtype=np.uint8)  # the frame, then 5 bytes too short to read
+            blob[at:at + len(record)] = np.frombuffer(record, dtype=np.uint8)
+            rel, size = np.array([at, at + len(record)]), np.array([len(record), 5])
+            status = np.empty(2, dtype=np.uint8)
+            frames(1, 256, (blob[at:], rel - at, size, np.int32(2), np.int32(1), status))
+            assert status.tolist() == [kernels.FRAME_OK, kernels.FRAME_LENGTH]
+    print("inside")
+
+
+def test_no_kernel_reads_or_writes_outside_its_records():
+    """What compute-sanitizer's memcheck checks on a GPU, on the host: the kernels under AddressSanitizer."""
+    runtime = host_kernels.asan_runtime()
+    if runtime is None:
+        pytest.skip("no AddressSanitizer runtime (libasan) for g++")
+    env = dict(os.environ, LD_PRELOAD=runtime, ASAN_OPTIONS="detect_leaks=0")
+    child = subprocess.run([sys.executable, "-c", "from tests.unit.test_gds_kernels import "
+                            "reads_and_writes_stay_inside_the_records as check; check()"],
+                           cwd=str(pathlib.Path(__file__).resolve().parents[2]), env=env, capture_output=True,
+                           text=True)
+    assert child.returncode == 0 and child.stdout.strip() == "inside", (child.returncode, child.stderr[-3000:])
 
 
 # --- the whole source through NVRTC and nvJitLink ------------------------------------------------

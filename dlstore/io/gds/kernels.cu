@@ -334,11 +334,11 @@ extern "C" dlstore_u32 dlstore_crc_shift_host(dlstore_u32 c, int k) { return dls
 /* ------------------------------------------------------------------------------------------------
  * The gather. Record r: len[r] bytes from sources[src_buf[r]] + src_at[r] to dst + dst_at[r], by the
  * threads of one block, thread t taking the destination's aligned 16-byte words t, t + nthreads, ...
- * (a warp stores 512 contiguous bytes per instruction); the under-16 bytes before the first and after
- * the last aligned word go one byte per thread. Where the source's alignment differs from the
- * destination's, each word is assembled from the two aligned source words it straddles: both hold
- * bytes of the record, so no read leaves the source allocation (device allocations are aligned to at
- * least 256 bytes), and L1 serves the word the neighbouring thread also reads.
+ * (a warp stores 512 contiguous bytes per instruction). Where the source's alignment differs from the
+ * destination's, each word is assembled from the two aligned source words it straddles (L1 serves the
+ * one the neighbouring thread also reads). The bytes before the first such word and after the last
+ * (under 32 at each end) go one byte per thread, so that no read leaves the record's bytes (what
+ * compute-sanitizer checks when buffers are allocated at their exact size).
  * ------------------------------------------------------------------------------------------------ */
 
 /* The four bytes at byte `shift8 / 8` of the eight bytes lo, hi (little-endian); shift8 in 0, 8, 16, 24. */
@@ -372,19 +372,28 @@ DLSTORE_DEVICE void dlstore_gather_record(const dlstore_u64* sources, const dlst
   const dlstore_u8* s = (const dlstore_u8*)sources[src_buf[r]] + src_at[r];
   dlstore_u8* d = dst + dst_at[r];
   dlstore_i64 n = len[r];
+  /* Destination words from byte `head` on (d + head is 16-byte aligned); word i's bytes come from
+   * s + head + 16 i, which lies `shift` bytes into the aligned source word in[i]. */
   dlstore_i64 head = (dlstore_i64)((16u - ((dlstore_u64)d & 15u)) & 15u);
   if (head > n) head = n;
-  dlstore_i64 words = (n - head) >> 4;
-  dlstore_i64 tail = head + (words << 4);
-  for (dlstore_i64 i = tid; i < head; i += nthreads) d[i] = s[i];
-  for (dlstore_i64 i = tail + tid; i < n; i += nthreads) d[i] = s[i];
-  dlstore_word16* out = (dlstore_word16*)(d + head);
+  dlstore_i64 first = 0, last = (n - head) >> 4;
   unsigned shift = (unsigned)((dlstore_u64)(s + head) & 15u);
   const dlstore_word16* in = (const dlstore_word16*)(s + head - shift);
+  if (shift != 0) {
+    /* Word i is assembled from in[i] and in[i + 1]: only where both lie inside the record. */
+    if (head < (dlstore_i64)shift) first = 1;
+    dlstore_i64 fit = (n - head + (dlstore_i64)shift) / 16 - 1;
+    if (last > fit) last = fit;
+    if (last <= first) first = last = 0; /* no word: the record goes byte by byte */
+  }
+  dlstore_i64 words_begin = head + 16 * first, words_end = head + 16 * last;
+  for (dlstore_i64 i = tid; i < words_begin; i += nthreads) d[i] = s[i];
+  for (dlstore_i64 i = words_end + tid; i < n; i += nthreads) d[i] = s[i];
+  dlstore_word16* out = (dlstore_word16*)(d + head);
   if (shift == 0) {
-    for (dlstore_i64 i = tid; i < words; i += nthreads) out[i] = in[i];
+    for (dlstore_i64 i = first + tid; i < last; i += nthreads) out[i] = in[i];
   } else {
-    for (dlstore_i64 i = tid; i < words; i += nthreads) out[i] = dlstore_word16_at(in[i], in[i + 1], shift);
+    for (dlstore_i64 i = first + tid; i < last; i += nthreads) out[i] = dlstore_word16_at(in[i], in[i + 1], shift);
   }
 }
 
