@@ -47,22 +47,24 @@ struct alignas(16) dlstore_word16 {
 /* ------------------------------------------------------------------------------------------------
  * CRC-32C, sliced across the threads of a block.
  *
- * Why this reaches >= 100 GB/s on an H100 for 8 MiB reads of ~110 KB records (76 records):
+ * Why this should reach >= 100 GB/s on an H100 for 8 MiB reads of ~110 KB records (76 per read), an
+ * estimate from the sm_90 SASS (not yet timed on a GPU: `python -m dlstore.bench gpu-check` does):
  *  - A block of 256 threads per record; the record's data is cut into at most 256 slices of 2^k bytes
- *    (k >= 6, the smallest that covers it: 512 bytes for 110 KB), one per thread, so all of a record's
- *    bytes are in flight at once and the 76 blocks land on 76 of the H100's 132 SMs together.
- *  - Each thread reads its slice with aligned 16-byte loads, four issued before the first is used
- *    (64 bytes in flight per thread, 16 KB per SM). Neighbouring threads read neighbouring slices, so
- *    every 128-byte line a warp touches is fetched from DRAM once and its other seven 16-byte pieces
- *    come from L1: no byte is read twice from DRAM.
- *  - The CRC runs slicing-by-8 (8 bytes per step through eight 256-entry tables, 8 KB of shared memory
- *    built by each block in two steps): one shared-memory lookup per byte, the lookups of a step
- *    independent of each other. That is ~2 lookups per byte per SM, about 8 us of the SM's shared-memory
- *    bandwidth (with bank conflicts) for 110 KB, the same for all 76 SMs in parallel: 8 MiB in ~10 us,
- *    a bound several times above the target and above what a read of 8 MiB delivers.
+ *    (k >= 6, the smallest that covers it: 512 bytes for 110 KB, 215 slices), one per thread, so all of
+ *    a record's bytes are in flight at once and the 76 blocks run together on 76 of the 132 SMs.
+ *  - Each thread reads its slice with aligned 16-byte loads (LD.E.128), several issued before the first
+ *    is used. Neighbouring threads read neighbouring slices, so each 128-byte line a warp touches comes
+ *    from DRAM (or L2, where the read just landed) once and its other 16-byte pieces from L1.
+ *  - The CRC runs slicing-by-8: 8 bytes per step through eight 256-entry tables in shared memory (8 KB,
+ *    built by each block in two steps), one shared load per byte, the loads of a step independent.
+ *    The inner loop is 242 instructions per 64 bytes (64 of them LDS). Per SM and record: 110 KB /
+ *    32 lanes = 3,400 warp-wide LDS at ~3.5 cycles each for bank conflicts (random table indices) =
+ *    ~12,000 cycles, ~7 us at 1.7 GHz; the other instructions issue in under half that on 4 schedulers.
  *  - The slices are joined with the CRC's linearity in a tree of log2(slices) barrier-separated levels
- *    (8 for 110 KB), each a 32-step GF(2) multiplication by a constant: a few hundred instructions per
- *    thread per record, small beside the slice itself.
+ *    (8 for 215 slices), each a 32-step GF(2) multiplication by a constant: ~250 dependent instructions,
+ *    ~3 us of latency per record for the 8 levels.
+ *  With the 76 SMs in parallel, 8 MiB take ~7 us, plus the combine, the table build and the launch:
+ *  ~15-20 us in all, 400-550 GB/s, four to five times the target.
  * ------------------------------------------------------------------------------------------------ */
 
 /* x^(8 * 2^k) mod P, k = 0..63, in the CRC's reflected bit order (bit 31 is x^0): multiplying a CRC
