@@ -68,11 +68,15 @@ def kernel_parameters(source: str) -> Dict[str, List[Tuple[str, str]]]:
     return kernels
 
 
+@functools.lru_cache(maxsize=None)
 def build_host_library(source: str, sanitize: bool = False) -> ctypes.CDLL:
     """``source`` (kernels.cu's text, or a variant a test made of it) built for the host with
-    ``-DDLSTORE_HOST``; cached under the temp dir by the text's hash. ``sanitize``: with AddressSanitizer,
-    which checks every read and write to the byte, as compute-sanitizer's memcheck does on a GPU (the
-    process must have libasan preloaded: :func:`asan_runtime`)."""
+    ``-DDLSTORE_HOST``, once per process, and cached under the temp dir by the text's hash.
+
+    ``sanitize``: with AddressSanitizer, which checks every read and write to the byte, as
+    compute-sanitizer's memcheck does on a GPU (the process must have libasan preloaded:
+    :func:`asan_runtime`).
+    """
     cxx = shutil.which("g++") or shutil.which("c++")
     if cxx is None:
         raise HostCompilerMissing("no C++ compiler (g++) to build dlstore/io/gds/kernels.cu for the host")
@@ -104,7 +108,6 @@ def asan_runtime() -> Optional[str]:
     return path if os.path.isabs(path) and os.path.exists(path) else None
 
 
-@functools.lru_cache(maxsize=None)
 def host_library() -> ctypes.CDLL:
     """kernels.cu built for the host, once per session (and per source text across sessions)."""
     return build_host_library(cuda_source())
@@ -131,16 +134,21 @@ def _dims(dims: Any, what: str) -> int:
     return int(dims[0])
 
 
-def host_kernel(name: str, library: Optional[ctypes.CDLL] = None) -> Callable[..., None]:
+def host_kernel(name: str, source: Optional[str] = None, sanitize: bool = False) -> Callable[..., None]:
     """The host twin of CUDA kernel ``name`` (e.g. ``"dlstore_tfrecord_frames"``) as
     ``fn(grid, block, args, shared_mem=0)``, CuPy's launch signature; see the module's docstring for
-    what ``args`` may hold. ``library``: a build of kernels.cu other than :func:`host_library`'s (one
-    with AddressSanitizer). Raises :class:`HostCompilerMissing` without g++."""
-    params = kernel_parameters(cuda_source())
+    what ``args`` may hold.
+
+    ``source``: the CUDA text to build (a fake ``RawModule(code=...)`` passes its ``code``); kernels.cu's
+    by default. ``sanitize``: a build with AddressSanitizer (:func:`build_host_library`). Raises
+    :class:`HostCompilerMissing` without g++.
+    """
+    source = cuda_source() if source is None else source
+    params = kernel_parameters(source)
     if name not in params:
         raise AttributeError(f"{CUDA_SOURCE_PATH} has no kernel {name!r} (it has {sorted(params)})")
     signature = params[name]
-    twin = getattr(library or host_library(), f"{name}_host")
+    twin = getattr(build_host_library(source, sanitize), f"{name}_host")
     twin.restype = None
     twin.argtypes = [ctypes.c_int, ctypes.c_int] + [
         ctypes.c_void_p if ctype.endswith("*") else _C_TYPES[ctype][0] for ctype, _ in signature]

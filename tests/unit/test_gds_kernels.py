@@ -377,9 +377,8 @@ def test_gather_of_short_records_at_every_pair_of_alignments(lib):
 def reads_and_writes_stay_inside_the_records():
     """Run by the test below in a child process with AddressSanitizer preloaded: both kernels, built with
     it, over buffers allocated at their exact size; a byte read or written outside one stops the child."""
-    library = host_kernels.build_host_library(SOURCE, sanitize=True)
-    gather = host_kernels.host_kernel(kernels.GATHER_KERNEL_NAME, library)
-    frames = host_kernels.host_kernel(kernels.FRAMES_KERNEL_NAME, library)
+    gather = host_kernels.host_kernel(kernels.GATHER_KERNEL_NAME, SOURCE, sanitize=True)
+    frames = host_kernels.host_kernel(kernels.FRAMES_KERNEL_NAME, SOURCE, sanitize=True)
     rng = np.random.default_rng(0)
     one = np.zeros(1, dtype=np.int64)
     for n in list(range(0, 70)) + [100, 1000, 4097]:
