@@ -252,6 +252,27 @@ def test_frame_statuses_match_the_oracle(lib, offset):
             assert status.tolist() == expected, (grid, block, verify)
 
 
+@settings(max_examples=60, deadline=None)
+@given(lengths=st.lists(st.integers(0, 20_000), min_size=1, max_size=12), offset=st.integers(0, 31),
+       damage=st.lists(st.tuples(st.integers(0, 11), st.integers(0, 2**31)), max_size=4),
+       threads=st.sampled_from([1, 7, 32, 100, 256]), grid=st.integers(1, 13), seed=st.integers(0, 2**32 - 1))
+def test_random_frames_with_random_damage(lib, lengths, offset, damage, threads, grid, seed):
+    rng = np.random.default_rng(seed)
+    frames_bytes = [frame(rng.bytes(n)) for n in lengths]
+    size = np.array([len(f) for f in frames_bytes], dtype=np.int64)
+    rel = (offset + np.concatenate([[0], np.cumsum(size)[:-1]])).astype(np.int64)
+    blob = bytearray(bytes(offset) + b"".join(frames_bytes))
+    for record, where in damage:  # a flipped bit anywhere in a frame: length, its CRC, data or data CRC
+        if record < len(lengths):
+            blob[rel[record] + where % size[record]] ^= 1 << (where % 8)
+    blob = bytes(blob)
+    buf = np.frombuffer(blob, dtype=np.uint8).copy()
+    status = np.full(len(rel), 0xEE, dtype=np.uint8)
+    host_kernels.host_kernel(kernels.FRAMES_KERNEL_NAME)(
+        grid, threads, (buf, rel, size, np.int32(len(rel)), np.int32(1), status))
+    assert status.tolist() == [oracle_status(blob, r, n, True) for r, n in zip(rel.tolist(), size.tolist())]
+
+
 def test_the_bench_input_checks_ok_and_fills_the_read(lib):
     buf, rel, size = kernels.crc_bench_inputs(1 << 20, 110_000)
     assert len(buf) == 1 << 20 and rel.dtype == size.dtype == np.int64
