@@ -218,31 +218,20 @@ def crc_kernel_gb_per_s(index: int, repeat: int = 50) -> float:
     """The frame kernel alone (length and CRCs checked) over 8 MiB of valid 110 KB records, in GB/s."""
     import cupy
 
-    from dlstore.formats.tfrecord import frame_parts
     from dlstore.io.gds import kernels
 
-    rng = np.random.default_rng(0)
-    frames, rel, size = [], [], []
-    at = 0
-    while at < 8 << 20:
-        payload = rng.bytes(110_000)
-        head, foot = frame_parts(payload)
-        frames.append(head + payload + foot)
-        rel.append(at)
-        size.append(len(frames[-1]))
-        at += size[-1]
+    buf, rel, size = kernels.crc_bench_inputs(8 << 20, 110_000)
     with cupy.cuda.Device(index):
-        fn = cupy.RawModule(code=kernels.source()).get_function(kernels.FRAMES)
-        buf = cupy.asarray(np.frombuffer(b"".join(frames), dtype=np.uint8))
-        rel_d, size_d = cupy.asarray(np.array(rel, dtype=np.int64)), cupy.asarray(np.array(size, dtype=np.int64))
+        fn = cupy.RawModule(code=kernels.CUDA_SOURCE).get_function(kernels.FRAMES_KERNEL_NAME)
+        buf_d, rel_d, size_d = cupy.asarray(buf), cupy.asarray(rel), cupy.asarray(size)
         status = cupy.empty(len(rel), dtype=cupy.uint8)
         grid, block, shared = kernels.frames_launch(len(rel))
 
         def launch() -> None:
-            fn(grid, block, (buf, rel_d, size_d, np.int32(len(rel)), np.int32(1), status), shared_mem=shared)
+            fn(grid, block, (buf_d, rel_d, size_d, np.int32(len(rel)), np.int32(1), status), shared_mem=shared)
 
         launch()
-        if int(status.max()) != 0:
+        if int(status.max()) != kernels.FRAME_OK:
             raise RuntimeError("the frame kernel flags valid records")
         start, stop = cupy.cuda.Event(), cupy.cuda.Event()
         start.record()
@@ -251,7 +240,7 @@ def crc_kernel_gb_per_s(index: int, repeat: int = 50) -> float:
         stop.record()
         stop.synchronize()
         seconds = cupy.cuda.get_elapsed_time(start, stop) / 1000
-    return at * repeat / seconds / 1e9
+    return int(size.sum()) * repeat / seconds / 1e9
 
 
 def _pipelines(device: str, work: str) -> Dict[str, Any]:

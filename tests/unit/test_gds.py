@@ -3,10 +3,7 @@ its pure read planning, and its CUDA frame kernel compiled for the host. The rea
 is the ``gds``-marked test at the end, skipped without a GPU."""
 from __future__ import annotations
 
-import ctypes
 import os
-import shutil
-import subprocess
 
 import numpy as np
 import pytest
@@ -14,7 +11,9 @@ import pytest
 import dlstore
 from dlstore.sources.indexing import build_index
 from dlstore.io import cuda, gds
+from dlstore.io.gds.kernels import FRAMES_KERNEL_NAME, GATHER_KERNEL_NAME, frames_launch
 from tests.helpers import oracle_read_tfrecord, oracle_tfrecord_bytes, write_tfrecord
+from tests.stand_ins.host_kernels import HostCompilerMissing, host_kernel
 
 
 def frames_of(records):
@@ -198,33 +197,16 @@ def test_gds_refuses_compressed_and_recordio(tmp_path, stand_in_gds):
         dlstore.open_records(rec, io="gds")
 
 
-HARNESS = r"""
-#define DLSTORE_DEVICE static
-%s
-void frames(const unsigned char* buf, const long long* rel, const long long* size, int n, int verify,
-            unsigned char* status) {
-  unsigned int table[256];
-  dlstore_crc_table(table, 0, 1);
-  for (int r = 0; r < n; ++r) status[r] = dlstore_frame_status(table, buf, rel[r], size[r], verify);
-}
-"""
-
-
-def compiled_for_host(tmp_path, source, name):
-    """A CUDA kernel's device functions (``source``: C with a harness) built for the host with the C compiler."""
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        pytest.skip("no C compiler to build the kernel's device functions for the host")
-    src = tmp_path / f"{name}.c"
-    src.write_text(source)
-    lib_path = tmp_path / f"{name}.so"
-    subprocess.run([cc, "-O1", "-shared", "-fPIC", "-o", str(lib_path), str(src)], check=True)
-    return ctypes.CDLL(str(lib_path))
+def host_kernel_or_skip(name):
+    try:
+        return host_kernel(name)
+    except HostCompilerMissing as e:
+        pytest.skip(str(e))
 
 
 def test_the_cuda_frame_kernel_agrees_with_the_host_stand_in(tmp_path):
-    """The kernel's device functions, compiled for the host, on good, damaged and mis-sized frames."""
-    lib = compiled_for_host(tmp_path, HARNESS % gds.FRAME_KERNEL, "frames")
+    """The CUDA kernel, compiled for the host, on good, damaged and mis-sized frames."""
+    frames = host_kernel_or_skip(FRAMES_KERNEL_NAME)
     records = [b"", b"a", b"hello world" * 300, bytes(range(256)) * 20, b"z" * 4096]
     blob = bytearray(b"\0" * 3 + oracle_tfrecord_bytes(records))  # 3 bytes in: frames misaligned
     offsets, sizes = frames_of(records)
@@ -237,9 +219,8 @@ def test_the_cuda_frame_kernel_agrees_with_the_host_stand_in(tmp_path):
     for verify in (True, False):
         want = gds.HostBackend().frame_status(buf, rel, sizes, verify)
         got = np.zeros(len(records), dtype=np.uint8)
-        lib.frames(buf.ctypes.data_as(ctypes.c_void_p), rel.ctypes.data_as(ctypes.c_void_p),
-                   sizes.ctypes.data_as(ctypes.c_void_p), len(records), int(verify),
-                   got.ctypes.data_as(ctypes.c_void_p))
+        grid, block, shared = frames_launch(len(records))
+        frames(grid, block, (buf, rel, sizes, np.int32(len(records)), np.int32(int(verify)), got), shared_mem=shared)
         assert got.tolist() == want.tolist()
     assert want.tolist() == [0, 0, 0, 0, gds.FRAME_LENGTH]
     assert gds.HostBackend().frame_status(buf, rel, sizes, True).tolist() == [0, 0, gds.FRAME_DATA_CRC,
@@ -293,22 +274,10 @@ def test_plan_reader_hands_out_exact_batches_gathered_across_reads_and_files(tmp
     assert stats["records"] == 2 * n and stats["gathered_batches"] == len(sizes) and stats["chunks"] == 2 * n
 
 
-GATHER_HARNESS = r"""
-#define DLSTORE_DEVICE static
-%s
-/* As the CUDA launch runs it: record r by a group of `step` threads, thread t copying bytes t, t + step, ... */
-void gather(const unsigned char* const* sources, const long long* src_buf, const long long* src_at,
-            const long long* len, const long long* dst_at, long long n, unsigned char* dst, long long step) {
-  for (long long r = n - 1; r >= 0; --r)
-    for (long long t = 0; t < step; ++t) dlstore_copy_record(sources, src_buf, src_at, len, dst_at, dst, r, t, step);
-}
-"""
-
-
 def test_the_gather_kernel_and_the_host_gather_match_an_oracle_off_4096(tmp_path):
     """Records from three buffers, at offsets not aligned to 4096 (empty ones too), gathered into one
-    buffer by the CUDA kernel's device function compiled for the host and by HostBackend.gather."""
-    lib = compiled_for_host(tmp_path, GATHER_HARNESS % gds.GATHER_KERNEL, "gather")
+    buffer by the CUDA kernel compiled for the host and by HostBackend.gather."""
+    gather = host_kernel_or_skip(GATHER_KERNEL_NAME)
     rng = np.random.default_rng(8)
     sources = [np.frombuffer(rng.bytes(n), dtype=np.uint8) for n in (20_000, 4096 * 3 + 5, 7)]
     src_buf = rng.integers(0, 3, 60).astype(np.int64)
@@ -324,11 +293,10 @@ def test_the_gather_kernel_and_the_host_gather_match_an_oracle_off_4096(tmp_path
     host = np.zeros(len(want), dtype=np.uint8)
     gds.HostBackend().gather(host, sources, src_buf, src_at, length, dst_at)
     assert host.tobytes() == want
-    pointers = (ctypes.c_void_p * 3)(*[b.ctypes.data for b in sources])
+    pointers = np.array([b.ctypes.data for b in sources], dtype=np.uint64)
     for step in (1, 3, 256):
         got = np.zeros(len(want) + 1, dtype=np.uint8)
-        lib.gather(pointers, *(a.ctypes.data_as(ctypes.c_void_p) for a in (src_buf, src_at, length, dst_at)),
-                   ctypes.c_longlong(len(length)), got.ctypes.data_as(ctypes.c_void_p), ctypes.c_longlong(step))
+        gather((2,), (step,), (pointers, src_buf, src_at, length, dst_at, np.int64(len(length)), got))
         assert got[:-1].tobytes() == want and got[-1] == 0  # nothing written past the records
 
 

@@ -77,9 +77,9 @@ class GdsPlanReader:
                                       hold_bytes=int(hold_bytes), on_error=on_error)
         self._device = cupy.cuda.Device(int(device))
         with self._device:
-            module = cupy.RawModule(code=kernels.source())
-            self._frames = module.get_function(kernels.FRAMES)
-            self._gather = module.get_function(kernels.GATHER)
+            module = cupy.RawModule(code=kernels.CUDA_SOURCE)
+            self._frames = module.get_function(kernels.FRAMES_KERNEL_NAME)
+            self._gather = module.get_function(kernels.GATHER_KERNEL_NAME)
         self._quarantine = Quarantine(cupy)
         self._handles: Dict[int, Any] = {}
         self._file_sizes: Dict[int, int] = {}
