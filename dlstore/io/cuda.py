@@ -1,14 +1,11 @@
 """What CUDA and GPUDirect Storage this machine offers, found at run time, and what that allows.
 
-Nothing here needs CUDA to import or to build: the driver is opened with :mod:`ctypes`, kvikio and CuPy
-are looked up without being imported, nvidia-fs is looked up in ``/proc``. :func:`cuda_facts` gathers
-the facts once per process (:class:`CudaFacts`) without initialising CUDA or starting kvikio's thread
-pool, so it is safe in a process that forks DataLoader workers; ``cuda_facts(init=True)`` asks the
-driver and kvikio themselves, in the process that reads. :func:`gds_verdict` and
-:func:`device_missing` are pure functions of the facts, so ``dlstore info``, ``io="gds"``, ``io="auto"``
-with a GPU target, ``Loader(device=...)`` and the benchmark headers quote the same reasons, and tests
-feed them facts of machines they are not. :func:`kvikio_backends` says which of kvikio's backends
-moved the bytes (kvikio falls back to POSIX per file), from kvikio's own statistics.
+Nothing here needs CUDA to import or build (the driver through :mod:`ctypes`, kvikio and CuPy imported
+lazily). :func:`cuda_facts` gathers the facts once per process without initialising CUDA or starting
+kvikio's thread pool, so a process may then fork DataLoader workers; ``cuda_facts(init=True)`` asks
+the driver and kvikio themselves, in the process that reads. :func:`gds_verdict` and
+:func:`device_missing` are pure functions of the facts: every report quotes the same reasons, and tests
+feed them machines they are not. :func:`kvikio_backends` says which backend moved the bytes.
 """
 from __future__ import annotations
 
@@ -34,17 +31,15 @@ Loader = Callable[[str], Any]
 
 @dataclass
 class CudaFacts:
-    """What was found; each ``*_error`` or ``*_how`` says why or how.
+    """What was found; each ``*_error``/``*_how`` says why or how.
 
-    ``driver``: the CUDA driver's version (``"13.0"``), None without ``libcuda.so.1``. ``devices``: the
-    GPUs' names, index order (from the driver after ``cuInit`` with ``init``, else from
-    ``/proc/driver/nvidia/gpus`` narrowed by ``CUDA_VISIBLE_DEVICES``: ``devices_how``). ``kvikio`` and
-    ``cupy``: versions, None when not installed. ``libcufile``: where it is. ``nvidia_fs``: the kernel
-    module is loaded. ``kvikio_compat``: ``KVIKIO_COMPAT_MODE`` as kvikio reads it (``on``, ``off``,
-    ``auto``). ``kvikio_compat_preferred``: ``kvikio.defaults.is_compat_mode_preferred()``, asked only
-    with ``init``. ``cufile_json``: the cuFile configuration read (``CUFILE_ENV_PATH_JSON`` or
-    /etc/cufile.json); ``cufile_allow_compat`` and ``cufile_p2pdma``: its ``allow_compat_mode`` and
-    ``use_pci_p2pdma`` properties (None: not set).
+    ``driver``: the CUDA driver's version, None without ``libcuda.so.1``. ``devices``: GPU names in index
+    order (after ``cuInit`` with ``init``; else ``/proc/driver/nvidia/gpus`` narrowed by
+    ``CUDA_VISIBLE_DEVICES``). ``kvikio``, ``cupy``: versions, None when not installed. ``libcufile``:
+    where it is. ``kvikio_compat``: ``KVIKIO_COMPAT_MODE`` (``on``, ``off``, ``auto``);
+    ``kvikio_compat_preferred``: kvikio's own answer, asked with ``init`` only. ``cufile_json``: the
+    cuFile configuration read; ``cufile_allow_compat``, ``cufile_p2pdma``: its ``allow_compat_mode``
+    and ``use_pci_p2pdma`` (None: not set).
     """
 
     driver: Optional[str] = None
@@ -152,12 +147,10 @@ def _module_version(name: str, import_it: bool) -> Tuple[Optional[str], str]:
             dists = importlib.metadata.packages_distributions().get(name) or [name]
             return importlib.metadata.version(dists[0]), ""
         module = module or importlib.import_module(name)
-    except ImportError as e:
-        if getattr(e, "name", None) == name:
+    except Exception as e:  # noqa: BLE001 - a module that fails to import for any reason is not usable
+        if isinstance(e, ImportError) and e.name == name:
             return None, f"{name} is not installed (pip install 'dlstore[gpu]')"
-        return None, f"{name} cannot be imported: ImportError: {str(e).splitlines()[0] if str(e) else ''}"
-    except Exception as e:  # noqa: BLE001 - a module that fails for any reason is not usable
-        return None, f"{name} cannot be imported: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        return None, f"{name} cannot be imported: {type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
     return str(getattr(module, "__version__", "unknown version")), ""
 
 
@@ -182,11 +175,10 @@ def _nvidia_fs_loaded(proc_nvfs: str, proc_modules: str) -> Tuple[bool, str]:
         return True, f"{proc_nvfs} exists"
     try:
         with open(proc_modules) as f:
-            if any(line.split(" ", 1)[0] == "nvidia_fs" for line in f):
-                return True, f"nvidia_fs in {proc_modules}"
+            listed = any(line.split(" ", 1)[0] == "nvidia_fs" for line in f)
     except OSError:
         return False, f"neither {proc_nvfs} nor {proc_modules} can be read"
-    return False, f"no {proc_nvfs}, no nvidia_fs in {proc_modules}"
+    return listed, f"nvidia_fs in {proc_modules}" if listed else f"no {proc_nvfs}, no nvidia_fs in {proc_modules}"
 
 
 def probe_cuda(*, init: bool = False, load: Loader = ctypes.CDLL, environ: Optional[Mapping[str, str]] = None,
@@ -194,26 +186,14 @@ def probe_cuda(*, init: bool = False, load: Loader = ctypes.CDLL, environ: Optio
                proc_gpus: str = "/proc/driver/nvidia/gpus") -> CudaFacts:
     """Looks for the CUDA driver and GPUs, kvikio, CuPy, libcufile, nvidia-fs and the compat-mode settings.
 
-    Parameters
-    ----------
-    init : bool
-        Ask CUDA and kvikio themselves: ``cuInit`` counts the GPUs, kvikio and CuPy are imported and
-        kvikio says whether it prefers its compat mode (which starts kvikio's thread pool). Without it
-        (the default) nothing is initialised, imported or started: safe before DataLoader workers fork.
-    load : callable
-        Opens a shared library (``ctypes.CDLL``; tests pass a stand-in).
-    environ : mapping, optional
-        The environment (``os.environ``).
-    proc_nvfs, proc_modules, proc_gpus : str
-        Where nvidia-fs and the GPUs show themselves.
+    With ``init`` it asks CUDA and kvikio themselves (``cuInit`` counts the GPUs; kvikio, imported, says
+    whether it prefers its compat mode, which starts its thread pool); without (the default) nothing is
+    initialised, imported or started. ``load`` opens a library (tests pass a stand-in); ``environ``
+    defaults to ``os.environ``; ``proc_*`` are where nvidia-fs and the GPUs show themselves.
     """
     environ = os.environ if environ is None else environ
     facts = CudaFacts()
-    try:
-        lib = load("libcuda.so.1")
-    except OSError:
-        lib = None
-    version = ctypes.c_int(0)
+    lib, version = load_driver(load), ctypes.c_int(0)
     if lib is None:
         facts.driver_error = "no CUDA driver (libcuda.so.1 cannot be loaded)"
     elif lib.cuDriverGetVersion(ctypes.byref(version)) != 0:
@@ -267,13 +247,9 @@ def device_missing(facts: CudaFacts, index: int = 0) -> str:
 
 def gds_verdict(facts: CudaFacts, index: int = 0) -> GdsVerdict:
     """Whether the gds engine can run on device ``index``, and whether cuFile would read true GDS or kvikio
-    its compat mode (POSIX reads through host memory), with the reason.
-
-    True GDS needs libcufile and a kernel path to GPU memory: the nvidia-fs module, or PCI P2PDMA
-    (``use_pci_p2pdma`` in cufile.json, no nvidia-fs needed). kvikio still decides per file (a file
-    cuFile refuses is read in compat mode, as are reads under its ``gds_threshold``): what ran is
-    :func:`kvikio_backends`'s answer after a pass.
-    """
+    its compat mode (POSIX reads through host memory), with the reason. True GDS needs libcufile and
+    nvidia-fs or PCI P2PDMA (``use_pci_p2pdma`` in cufile.json); kvikio still decides per file, and
+    :func:`kvikio_backends` says after a pass what ran."""
     missing = [m for m in (device_missing(facts, index),
                            facts.kvikio is None and (facts.kvikio_error or "kvikio is not installed"),
                            facts.cupy is None and (facts.cupy_error or "cupy is not installed")) if m]
@@ -302,13 +278,7 @@ def gds_verdict(facts: CudaFacts, index: int = 0) -> GdsVerdict:
 
 def parse_device(device: object, local_rank: int = 0) -> Optional[int]:
     """The CUDA device index of ``"cuda"``, ``"cuda:1"``, ``"cuda:local"`` (the GPU numbered as the
-    process's ``local_rank``) or a torch-like device; None for ``None`` and ``"cpu"``.
-
-    Raises
-    ------
-    ValueError
-        For anything else.
-    """
+    process's ``local_rank``) or a torch-like device; None for ``None`` and ``"cpu"``; else ValueError."""
     text = "cpu" if device is None else str(device).strip().lower()
     if text == "cpu":
         return None

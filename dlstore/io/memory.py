@@ -1,14 +1,10 @@
 """Pinned host memory, and batches copied from it to a GPU.
 
-:class:`PinnedPool` hands out page-aligned host buffers (anonymous ``mmap`` regions, so O_DIRECT can
-read into them), page-locked with ``cuMemHostRegister`` in the primary context of the GPU they feed
-(the CUDA driver opened with :mod:`ctypes`: no build-time CUDA, and no context on another GPU). A
-released buffer is handed out again, so a loader registers its buffers once; where the driver refuses
-to pin, a buffer stays pageable and :meth:`PinnedPool.stats` says so.
-
-:class:`DeviceCopier` copies a loader's batches from those buffers to CuPy arrays on a stream of its
-own, while the loader's thread prepares the next batches. Tests run it over the CuPy stand-in
-(tests/stand_ins). NOT YET RUN ON A GPU: see docs/gpu.md.
+:class:`PinnedPool` hands out page-aligned host buffers (anonymous ``mmap``: O_DIRECT reads into them),
+page-locked in the primary context of the GPU they feed (the CUDA driver through :mod:`ctypes`, so no
+build-time CUDA and no context on another GPU), and reused. :class:`DeviceCopier` copies a loader's
+batches from them to CuPy arrays on a stream of its own. Tests run both over the stand-ins of
+tests/stand_ins. NOT YET RUN ON A GPU: see docs/gpu.md.
 """
 from __future__ import annotations
 
@@ -33,8 +29,8 @@ _lock = threading.Lock()
 
 
 def _in_primary_context(device: int, what: str, call: Callable[[Any], int]) -> None:
-    """Runs ``call(libcuda)`` with device ``device``'s primary context current on this thread (the one the
-    CUDA runtime and CuPy use for that device), then restores the thread's context."""
+    """``call(libcuda)`` with GPU ``device``'s primary context (CuPy's) current on this thread, then the
+    thread's own again."""
     lib = cuda.load_driver()
     if lib is None:
         raise DlstoreError(f"{what} needs the CUDA driver (libcuda.so.1 cannot be loaded)")
@@ -63,13 +59,7 @@ def _error(lib: Any, rc: int) -> str:
 
 
 def cuda_host_register(address: int, nbytes: int, device: int = 0) -> None:
-    """Page-locks ``nbytes`` at ``address`` for GPU ``device`` (``cuMemHostRegister`` in its primary context).
-
-    Raises
-    ------
-    DlstoreError
-        Without a CUDA driver, or when the driver refuses (its error named).
-    """
+    """Page-locks ``nbytes`` at ``address`` for GPU ``device``; DlstoreError naming why when it cannot."""
     _in_primary_context(device, f"cuMemHostRegister of {nbytes} bytes at 0x{address:x} on cuda:{device}",
                         lambda lib: lib.cuMemHostRegister_v2(ctypes.c_void_p(address), ctypes.c_size_t(nbytes), 0))
 
@@ -89,32 +79,15 @@ class PinnedBuffer:
         self.array = np.frombuffer(region, dtype=np.uint8)
         self.address = self.array.ctypes.data
 
-    def view(self, shape: Tuple[int, ...], dtype: Any) -> np.ndarray:
-        """The start of the region as a C-contiguous array of ``shape`` and ``dtype``."""
-        n = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-        if n > self.capacity:
-            raise ValueError(f"{n} bytes asked of a {self.capacity}-byte pinned buffer")
-        return self.array[:n].view(dtype).reshape(shape)
-
 
 class PinnedPool:
-    """Reusable page-aligned, page-locked host buffers for GPU ``device``.
+    """Reusable page-aligned host buffers, page-locked for GPU ``device``.
 
-    Parameters
-    ----------
-    register, unregister : callable, optional
-        ``(address, nbytes)``; default :func:`cuda_host_register` and its inverse on ``device``.
-    page : int
-        Alignment and rounding of every buffer (the system page: O_DIRECT and cuFile need 4096).
-    device : int
-        The GPU the buffers feed: they are registered in its primary context.
-
-    Notes
-    -----
-    A buffer is registered once, when made, and unregistered by :meth:`close`. When registration is
-    refused (a locked-memory limit, a driver error) the buffer stays pageable: copies from it are
-    slower, not wrong, and ``stats()["note"]`` says why. :meth:`acquire` reuses the smallest free
-    buffer that holds the bytes asked for and is at most twice as large, else makes a new one.
+    ``register``/``unregister`` (``(address, nbytes)``) default to :func:`cuda_host_register` and its
+    inverse; ``page`` is the alignment and rounding (O_DIRECT and cuFile need 4096). A buffer is
+    registered once, when made, and unregistered by :meth:`close`; where registration is refused (a
+    locked-memory limit) it stays pageable, slower, not wrong, and ``stats()["note"]`` says why.
+    :meth:`acquire` reuses the smallest free buffer that holds the bytes and is at most twice as large.
     """
 
     def __init__(self, register: Optional[Register] = None, unregister: Optional[Register] = None, page: int = PAGE,
@@ -170,11 +143,10 @@ class PinnedPool:
         """``allocator(shape, dtype)`` for :class:`~dlstore.pipeline.Loader`: an array in a pinned buffer
         held until :meth:`close`."""
         nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-        return self.acquire(nbytes).view(tuple(shape), dtype)
+        return self.acquire(nbytes).array[:nbytes].view(dtype).reshape(shape)
 
     def stats(self) -> Dict[str, Any]:
-        """``buffers`` made, ``reused`` acquisitions, ``in_use``, ``free``, ``registered_bytes``, ``pageable``
-        (buffers whose registration was refused) and ``note`` (why, empty when none was)."""
+        """``buffers``, ``reused``, ``in_use``, ``free``, ``registered_bytes``, ``pageable`` (not pinned), ``note``."""
         with self._lock:
             return dict(self._stats, buffers=self._stats["made"], in_use=len(self._used), free=len(self._free))
 
@@ -251,25 +223,12 @@ class DeviceCopier:
 
 
 def check_device(device: Any, local_rank: int = 0) -> Optional[int]:
-    """The CUDA device index ``device`` names, after checking that a GPU batch can reach it; None for the CPU.
+    """The CUDA device index ``device`` names (see :func:`dlstore.io.cuda.parse_device`; ``cuda:local`` is
+    ``local_rank``'s GPU), after checking that a GPU batch can reach it; None for the CPU.
 
-    The one device check of dlstore: ``Loader(device=...)``, ``python -m dlstore.bench ... --device`` and
-    the adapters call it. It initialises nothing (:func:`dlstore.io.cuda.cuda_facts`).
-
-    Parameters
-    ----------
-    device : str, torch.device-like or None
-        ``None`` or ``"cpu"``; ``"cuda"`` (device 0), ``"cuda:N"`` or ``"cuda:local"`` (device
-        ``local_rank``: a GPU per rank on the host); or anything whose ``str`` is one of them.
-    local_rank : int
-        This process's rank among those of its host (:attr:`dlstore.World.local_rank`).
-
-    Raises
-    ------
-    ValueError
-        When ``device`` is none of those.
-    DlstoreError
-        For a GPU, one line naming what is missing: no CUDA driver, no GPU, no CUDA device N, no CuPy.
+    The one device check of dlstore (``Loader(device=)``, the bench's ``--device``, the adapters). It
+    initialises nothing. Raises ValueError for what is no device, DlstoreError naming in one line what
+    a GPU lacks (no CUDA driver, no GPU, no CUDA device N, no CuPy).
     """
     index = cuda.parse_device(device, local_rank)
     if index is None:
@@ -287,14 +246,8 @@ def device_path(index: int) -> str:
 
 
 def device_copier(device: Any, local_rank: int = 0, rows: int = 1) -> Tuple[Optional[int], Optional[DeviceCopier], str]:
-    """``(CUDA index, copier of batches of up to rows, why)`` for ``Loader(device=...)``; ``(None, None, "")``
-    for the CPU.
-
-    Raises
-    ------
-    ValueError, DlstoreError
-        As :func:`check_device`.
-    """
+    """``(CUDA index, copier of batches of up to rows, why)`` for ``Loader(device=...)``, ``(None, None, "")``
+    for the CPU; raises as :func:`check_device`."""
     index = check_device(device, local_rank)
     if index is None:
         return None, None, ""

@@ -128,7 +128,7 @@ def test_dlstore_info_reports_the_gpu_path(tmp_path):
 # ---- fork safety: a verdict initialises nothing ----------------------------------------------------------
 
 def test_the_probe_without_init_calls_no_cuinit_and_starts_no_kvikio_pool(tmp_path, gpu_libraries):
-    driver = CudaDriver(["NVIDIA H100 80GB HBM3"] * 3)
+    driver = gpu_libraries.driver  # libcuda.so.1 for the probe, as for the pinned memory
     facts = probe(tmp_path, driver, gpus=["NVIDIA H100 80GB HBM3"] * 3, init=False,
                   env={"CUDA_VISIBLE_DEVICES": "2,0,7,1"})
     assert driver.calls == ["cuDriverGetVersion"] and not driver.initialized
@@ -136,13 +136,13 @@ def test_the_probe_without_init_calls_no_cuinit_and_starts_no_kvikio_pool(tmp_pa
     # The kernel driver's list, narrowed as CUDA narrows it (up to the first ordinal it cannot use).
     assert facts.devices == ["NVIDIA H100 80GB HBM3"] * 2 and "CUDA_VISIBLE_DEVICES=2,0,7,1" in facts.devices_how
     assert facts.kvikio == "26.10.00" and facts.kvikio_compat_preferred is None and device_missing(facts, 1) == ""
-    assert "no GPU (none in" in device_missing(probe(tmp_path / "none", CudaDriver([]), init=False))
+    assert "no GPU (none in" in device_missing(probe(tmp_path / "none", driver, init=False))
 
 
 def test_the_probe_with_init_asks_the_driver_and_kvikio(tmp_path, gpu_libraries):
-    driver = CudaDriver(["A", "B"])
+    driver = gpu_libraries.driver
     facts = probe(tmp_path, driver, init=True)
-    assert driver.calls[:2] == ["cuDriverGetVersion", "cuInit"] and facts.devices == ["A", "B"]
+    assert driver.calls[:2] == ["cuDriverGetVersion", "cuInit"] and facts.devices == ["stand-in GPU"] * 2
     assert facts.devices_how == "cuInit" and facts.kvikio_compat_preferred is True
     assert gpu_libraries.kvikio.thread_pool_started()  # asking kvikio starts its pool: only where it reads
 
