@@ -16,11 +16,11 @@ run on a host without a GPU (a CPU buffer, and a stub libcuda.so.1 that calls ho
 - ``pread(buf, size, file_offset, task_size)`` into a device buffer (an array with ``_host``, as the CuPy
   stand-in's): under ``gds_threshold`` (16 KiB: defaults.cpp sets 16384 since kvikio 25.06; the header's
   "1 MiB" is stale) the read runs at once through POSIX, even for a GDS file, and an error is raised by
-  ``pread`` itself; larger reads run on the thread pool and errors come from ``IOFuture.get()``. The
-  POSIX (compat) path copies what it read and raises ``RuntimeError("KvikIO failure at:
-  .../posix_io.hpp:173: POSIX error on pread: EOF")`` when the file ends first; cuFile (a GDS file, reads
-  at or over the threshold) returns the short count instead. A numpy buffer is host memory: always the
-  pool, POSIX.
+  ``pread`` itself; larger reads run on the thread pool (as one task: the split into ``task_size`` tasks
+  is not modelled) and errors come from ``IOFuture.get()``. The POSIX (compat) path copies what it
+  read and raises ``RuntimeError("KvikIO failure at: .../posix_io.hpp:173: POSIX error on pread: EOF")``
+  when the file ends first; cuFile (a GDS file, reads at or over the threshold) returns the short count
+  instead. A numpy buffer is host memory: always the pool, POSIX.
 - ``IOFuture``: ``get()`` a second time raises ``RuntimeError("std::future_error: No associated state")``;
   ``done()`` after ``get()`` a ``ValueError`` (an invalid std::future, utils.hpp).
 - ``defaults``: ``get``/``set`` (``set`` also a context manager restoring the old values) of compat_mode,
