@@ -107,3 +107,34 @@ def stand_in_gds(monkeypatch):
         return gds.HostBackend(mode, reason)
     monkeypatch.setattr(gds, "default_backend", backend)
     return made
+
+
+@pytest.fixture
+def gpu_libraries(monkeypatch):
+    """kvikio 26.10 and CuPy 14 as host stand-ins (tests/stand_ins), installed as ``kvikio``,
+    ``kvikio.defaults`` and ``cupy`` and removed afterwards, each fresh (no kvikio thread pool yet, empty
+    CuPy pools); the CUDA driver is the driver stand-in (two GPUs: pinning is recorded per GPU), and
+    :func:`dlstore.io.cuda.cuda_facts` says so: kvikio and CuPy installed, kvikio in its compat mode (no
+    libcufile). Returns a namespace: ``kvikio``, ``cupy``, ``driver``, ``facts``."""
+    import sys
+    from types import SimpleNamespace
+
+    from dlstore.io import cuda, memory
+    from tests.stand_ins import cupy_stand_in, kvikio_stand_in
+    from tests.stand_ins.cuda_driver_stand_in import CudaDriver
+
+    kvikio_stand_in.reset()
+    cupy_stand_in.reset()
+    for name, module in (("kvikio", kvikio_stand_in), ("kvikio.defaults", kvikio_stand_in.defaults),
+                         ("cupy", cupy_stand_in)):
+        monkeypatch.setitem(sys.modules, name, module)
+    driver = CudaDriver(["stand-in GPU"] * cupy_stand_in.DEVICES)
+    facts = cuda.CudaFacts(driver="13.0", devices=list(driver.names), devices_how="stand-in",
+                           kvikio=kvikio_stand_in.__version__, cupy=cupy_stand_in.__version__,
+                           kvikio_compat_preferred=True)
+    monkeypatch.setattr(cuda, "load_driver", lambda load=None: driver)
+    monkeypatch.setattr(memory, "_contexts", {})  # the primary contexts this process retained: none yet
+    monkeypatch.setattr(cuda, "cuda_facts", lambda init=False: facts)
+    yield SimpleNamespace(kvikio=kvikio_stand_in, cupy=cupy_stand_in, driver=driver, facts=facts)
+    kvikio_stand_in.reset()
+    cupy_stand_in.reset()
