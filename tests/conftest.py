@@ -91,22 +91,17 @@ def make_unreadable(monkeypatch):
 
 
 @pytest.fixture
-def stand_in_gds(monkeypatch):
-    """``io="gds"`` resolving as on a GPU machine with true GDS (two GPUs), running the host stand-in
-    backend (:class:`dlstore.io.gds.HostBackend`). Yields the ``(mode, reason, device)`` of each
-    backend made."""
-    from dlstore.io import cuda, gds
+def stand_in_gds(gpu_libraries, monkeypatch):
+    """``io="gds"`` resolving as on a GPU machine with true GDS (two GPUs), its reader running over the
+    kvikio and CuPy stand-ins (``gpu_libraries``) and the kernels compiled for the host. Returns the
+    ``gpu_libraries`` namespace."""
+    from dlstore.io import cuda
 
-    facts = cuda.CudaFacts(driver="13.0", devices=["GPU", "GPU"], kvikio="26.10", cupy="14.0",
-                           libcufile="libcufile.so.0", nvidia_fs=True)
-    monkeypatch.setattr(cuda, "cuda_facts", lambda: facts)
-    made = []
-
-    def backend(mode, reason, device=0):
-        made.append((mode, reason, device))
-        return gds.HostBackend(mode, reason)
-    monkeypatch.setattr(gds, "default_backend", backend)
-    return made
+    facts = cuda.CudaFacts(**dict(gpu_libraries.facts.as_dict(), libcufile="libcufile.so.0", nvidia_fs=True,
+                                  kvikio_compat_preferred=False))
+    monkeypatch.setattr(cuda, "cuda_facts", lambda init=False: facts)
+    gpu_libraries.facts = facts
+    return gpu_libraries
 
 
 @pytest.fixture

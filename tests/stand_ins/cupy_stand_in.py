@@ -27,6 +27,7 @@ modelled is what dlstore's correctness depends on. From CuPy v14.2.0's sources (
 """
 from __future__ import annotations
 
+import ctypes
 import itertools
 import threading
 import weakref
@@ -54,6 +55,8 @@ def _device_id() -> int:
 class Event:
     def __init__(self):
         self.id = next(_ids)
+
+    done = property(lambda self: True)  # work on a stand-in stream runs at once
 
     def record(self, stream: Optional["Stream"] = None) -> None:
         stream = stream or get_current_stream()
@@ -85,6 +88,18 @@ class Stream:
 
     def __exit__(self, *exc) -> None:
         _streams()[self.device_id].pop()
+
+
+class ExternalStream(Stream):
+    """``cupy.cuda.ExternalStream(ptr)``: a stream made elsewhere (a consumer's), named by its pointer."""
+
+    def __init__(self, ptr: int, device_id: int = -1):
+        self.ptr, self.non_blocking, self.device_id = int(ptr), False, _device_id() if device_id < 0 else device_id
+
+
+def get_elapsed_time(start: Event, end: Event) -> float:
+    """Milliseconds between two events: the stand-in's streams take no time."""
+    return 0.0
 
 
 def _streams() -> Dict[int, List[Stream]]:
@@ -147,8 +162,8 @@ class MemoryPool:
             arena = self._arenas.setdefault(stream_ptr, [])
             fits = [b for b in arena if b.nbytes >= size]
             raw = min(fits, key=lambda b: b.nbytes) if fits else None
-            if raw is not None:
-                arena.remove(raw)
+            if raw is not None:  # by identity: numpy's == compares the bytes
+                del arena[next(i for i, b in enumerate(arena) if b is raw)]
             else:
                 raw = np.zeros(size, dtype=np.uint8)
             self._used += raw.nbytes
@@ -185,6 +200,23 @@ def get_default_memory_pool() -> MemoryPool:
 
 # ---- arrays -------------------------------------------------------------------------------------------
 
+class UnownedMemory:
+    """``cupy.cuda.UnownedMemory(ptr, size, owner)``: memory allocated elsewhere, ``owner`` kept alive with it."""
+
+    def __init__(self, ptr: int, size: int, owner: Any, device_id: Optional[int] = None):
+        self.ptr, self.size, self.owner = int(ptr), int(size), owner
+        self.device_id = _device_id() if device_id is None else device_id
+        self.raw = np.ctypeslib.as_array((ctypes.c_uint8 * self.size).from_address(self.ptr)) if self.size else \
+            np.zeros(0, dtype=np.uint8)
+
+
+class MemoryPointer:
+    """``cupy.cuda.MemoryPointer(mem, offset)``."""
+
+    def __init__(self, mem: Any, offset: int):
+        self.mem, self.ptr, self.device_id = mem, mem.ptr + int(offset), mem.device_id
+
+
 class _Pointer:
     def __init__(self, array: "ndarray"):
         self.ptr, self.device_id, self.mem = array._host.ctypes.data, array._mem.device_id, array._mem
@@ -199,6 +231,10 @@ class ndarray:  # noqa: N801 - CuPy's name
             return
         dtype = np.dtype(dtype)
         count = int(np.prod(shape, dtype=np.int64))
+        if memptr is not None:  # over memory given (an UnownedMemory keeps its owner alive)
+            self._mem, start = memptr.mem, memptr.ptr - memptr.mem.ptr
+            self._host = memptr.mem.raw[start:start + count * dtype.itemsize].view(dtype).reshape(shape)
+            return
         self._mem = get_default_memory_pool().malloc(count * dtype.itemsize)
         self._host = self._mem.raw[:count * dtype.itemsize].view(dtype).reshape(shape)
 
@@ -347,6 +383,8 @@ class _CudaModule:
     """``cupy.cuda``."""
 
     Device, Stream, Event, MemoryPool = Device, Stream, Event, MemoryPool
+    ExternalStream, UnownedMemory, MemoryPointer = ExternalStream, UnownedMemory, MemoryPointer
+    get_elapsed_time = staticmethod(get_elapsed_time)
     runtime = _Runtime()
     get_current_stream = staticmethod(get_current_stream)
 

@@ -10,6 +10,7 @@ rare flagged frame is copied back and named by the C++ frame check, in the host 
 """
 from __future__ import annotations
 
+import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -81,6 +82,9 @@ class GdsPlanReader:
             self._frames = module.get_function(kernels.FRAMES_KERNEL_NAME)
             self._gather = module.get_function(kernels.GATHER_KERNEL_NAME)
         self._quarantine = Quarantine(cupy)
+        from dlstore.io.cuda import kvikio_monitor
+
+        self._monitor = kvikio_monitor()  # kvikio counts by backend what it moves while this lives
         self._handles: Dict[int, Any] = {}
         self._file_sizes: Dict[int, int] = {}
         self._reads: Dict[int, Tuple[Any, List[Tuple[int, Any, int, str, int]], np.ndarray, np.ndarray]] = {}
@@ -131,7 +135,7 @@ class GdsPlanReader:
     def _handle(self, f: int) -> Any:
         if f not in self._handles:
             self._handles[f] = self._kvikio.CuFile(self.paths[f], "r")
-            self._file_sizes[f] = int(self._handles[f].nbytes())
+            self._file_sizes[f] = os.fstat(self._handles[f].fileno()).st_size
         return self._handles[f]
 
     def _read(self, chunk: int, file: np.ndarray, start: np.ndarray, end: np.ndarray, first: np.ndarray,
@@ -141,23 +145,25 @@ class GdsPlanReader:
         piece = np.repeat(np.arange(len(first)), count)
         pos = np.repeat(first - _packed(count), count) + np.arange(int(count.sum()))
         issued: List[Tuple[Any, int, str, int]] = []  # per piece: (future, or the error, bytes asked, path, at)
-        lo = start & ~(ALIGN - 1)
-        try:
-            for f in np.unique(file).tolist():
+        opened, failure = len(file), None
+        for i, f in enumerate(file.tolist()):  # a file that does not open fails its first piece and those after
+            try:
                 self._handle(f)
-        except Exception as e:  # noqa: BLE001 - kvikio raises RuntimeError, OSError, ValueError...
-            # A file that does not open fails the chunk's first piece, so failover reads it elsewhere.
-            self._reads[chunk] = (None, [(e, 0, self.paths[int(file[0])], -1)], pos, pos, piece, first)
-            return
-        sizes = np.array([self._file_sizes[f] for f in file.tolist()], dtype=np.int64)
-        hi = np.minimum((end + ALIGN - 1) & ~(ALIGN - 1), sizes)
+            except Exception as e:  # noqa: BLE001 - kvikio raises RuntimeError, OSError, ValueError...
+                opened, failure = i, (e, 0, self.paths[f], -1)
+                break
+        lo = start[:opened] & ~(ALIGN - 1)
+        sizes = np.array([self._file_sizes[f] for f in file[:opened].tolist()], dtype=np.int64)
+        # Whole pages, but not past the file's end; never short of a frame's end (a file cut after it was
+        # indexed then fails at kvikio's EOF, naming file and offset, rather than reading a short frame).
+        hi = np.maximum(end[:opened], np.minimum((end[:opened] + ALIGN - 1) & ~(ALIGN - 1), sizes))
         slot = _packed((hi - lo + ALIGN - 1) & ~(ALIGN - 1))
-        buf = self._alloc(int(slot[-1] + hi[-1] - lo[-1]))
+        buf = self._alloc(int(slot[-1] + hi[-1] - lo[-1])) if opened else None
         with self._device:
             # The buffer may be memory CuPy took back from one a queued kernel still reads, and a pread
             # is not ordered on CuPy's stream: wait for the stream first.
             self._cp.cuda.get_current_stream().synchronize()
-            for i in range(len(file)):
+            for i in range(opened):
                 path, n, at = self.paths[int(file[i])], int(hi[i] - lo[i]), int(lo[i])
                 try:
                     issued.append((self._handles[int(file[i])].pread(buf[int(slot[i]):int(slot[i]) + n], n, at),
@@ -165,8 +171,11 @@ class GdsPlanReader:
                 except Exception as e:  # noqa: BLE001 - refused at once: fails when waited on
                     issued.append((e, n, path, at))
                     break
-        rel = self._offset[pos] + (slot - lo)[piece]
-        self._reads[chunk] = (buf, issued, pos, rel, piece, first)
+        if failure is not None and len(issued) == opened:
+            issued.append(failure)
+        shift = np.zeros(len(first), dtype=np.int64)
+        shift[:opened] = slot - lo
+        self._reads[chunk] = (buf, issued, pos, self._offset[pos] + shift[piece], piece, first)
 
     def _arrive(self, chunk: int) -> None:
         buf, issued, pos, rel, piece, first = self._reads.pop(chunk)
@@ -265,7 +274,11 @@ class GdsPlanReader:
         ``gds_backend`` and ``crc`` (where the CRC ran)."""
         out = dict(self._sched.stats())
         out.update(self._moved)
-        out.update(gds_mode=self._mode, gds_backend="kvikio CuFile",
+        from dlstore.io.cuda import kvikio_backends
+
+        moved = kvikio_backends(self._monitor)
+        out.update(gds_mode=moved["gds_mode"] if moved["gds_mode"] not in ("unknown", "none") else self._mode,
+                   gds_moved=moved["reason"], gds_backend="kvikio CuFile",
                    crc="GPU (frame kernel)" if self._verify else "off (verify=False; lengths still checked)")
         return out
 
