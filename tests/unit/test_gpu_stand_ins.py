@@ -162,3 +162,12 @@ def test_cupy_raw_module_gives_the_host_kernel(gpu_libraries, monkeypatch):
     module = cp.RawModule(code="__global__ void k() {}")
     module.get_function("dlstore_gather")((1,), (256,), (3,))
     assert calls == [("dlstore_gather", (1,), (3,))]
+
+
+def test_kvikio_refuses_a_non_contiguous_buffer(gpu_libraries, data_file):
+    cp = gpu_libraries.cupy
+    with gpu_libraries.kvikio.CuFile(data_file, "r") as f:
+        with pytest.raises(ValueError, match="^Array must be contiguous$"):
+            f.pread(cp.empty((4, 4096), dtype=cp.uint8)[:, :100], 400, 0)
+        with pytest.raises(ValueError, match="^Size is greater than the size of the buffer$"):
+            f.pread(cp.empty(10, dtype=cp.uint8), 11, 0)
