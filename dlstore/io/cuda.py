@@ -210,7 +210,7 @@ def probe_cuda(*, init: bool = False, load: Loader = ctypes.CDLL, environ: Optio
     facts.cupy, facts.cupy_error = _module_version("cupy", init)
     if init and facts.kvikio is not None and not facts.driver_error:
         try:
-            facts.kvikio_compat_preferred = bool(sys.modules["kvikio"].defaults.is_compat_mode_preferred())
+            facts.kvikio_compat_preferred = bool(importlib.import_module("kvikio.defaults").is_compat_mode_preferred())
         except Exception:  # noqa: BLE001 - a kvikio without it: the environment says
             pass
     facts.libcufile = find_library_file("cufile")
