@@ -75,7 +75,10 @@ def test_kvikio_large_reads_run_on_the_pool_and_fail_in_get(gpu_libraries, data_
 
 def test_kvikio_gds_files_return_a_short_count_at_the_end(gpu_libraries, data_file):
     kvikio, cp = gpu_libraries.kvikio, gpu_libraries.cupy
-    kvikio.CUFILE_AVAILABLE = True
+    gpu_libraries.use_gds()
+    from dlstore.io import cuda
+
+    assert cuda.gds_verdict(cuda.cuda_facts()).mode == "gds" and not kvikio.defaults.is_compat_mode_preferred()
     with kvikio.CuFile(data_file, "r") as f:
         if not f.is_direct_io_supported():
             pytest.skip("this filesystem refuses O_DIRECT: kvikio reads the file in compat mode")
