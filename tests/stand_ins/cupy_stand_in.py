@@ -145,12 +145,8 @@ class MemoryPool:
         stream_ptr = get_current_stream(self.device_id).ptr
         with self._lock:
             arena = self._arenas.setdefault(stream_ptr, [])
-            fits = [b for b in arena if b.nbytes >= size]
-            raw = min(fits, key=lambda b: b.nbytes) if fits else None
-            if raw is not None:
-                arena.remove(raw)
-            else:
-                raw = np.zeros(size, dtype=np.uint8)
+            fits = [i for i, b in enumerate(arena) if b.nbytes >= size]
+            raw = arena.pop(min(fits, key=lambda i: arena[i].nbytes)) if fits else np.zeros(size, dtype=np.uint8)
             self._used += raw.nbytes
         return _Memory(self, raw, stream_ptr)
 

@@ -152,6 +152,10 @@ def test_cupy_pool_hands_a_dropped_arrays_memory_out_again_on_its_stream(gpu_lib
     with cp.cuda.Stream():
         assert cp.empty(1000, dtype=cp.uint8).data.ptr != ptr  # another stream's allocation: not this block
     assert cp.empty(600, dtype=cp.uint8).data.ptr == ptr  # the same stream: handed out again
+    big, small = cp.empty(70_000, dtype=cp.uint8), cp.empty(2000, dtype=cp.uint8)
+    ptrs = big.data.ptr, small.data.ptr
+    del big, small
+    assert cp.empty(1500, dtype=cp.uint8).data.ptr == ptrs[1]  # the best fit of several free blocks
 
 
 def test_cupy_raw_module_gives_the_host_kernel(gpu_libraries, monkeypatch):
