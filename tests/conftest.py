@@ -110,7 +110,8 @@ def gpu_libraries(monkeypatch):
     ``kvikio.defaults`` and ``cupy`` and removed afterwards, each fresh (no kvikio thread pool yet, empty
     CuPy pools); the CUDA driver is the driver stand-in (two GPUs: pinning is recorded per GPU), and
     :func:`dlstore.io.cuda.cuda_facts` says so: kvikio and CuPy installed, kvikio in its compat mode (no
-    libcufile). Returns a namespace: ``kvikio``, ``cupy``, ``driver``, ``facts``."""
+    libcufile). Returns a namespace: ``kvikio``, ``cupy``, ``driver``, ``facts`` and ``use_gds()`` (the
+    machine gets libcufile and nvidia-fs: kvikio reads files that take O_DIRECT through cuFile)."""
     import sys
     from types import SimpleNamespace
 
@@ -130,6 +131,10 @@ def gpu_libraries(monkeypatch):
     monkeypatch.setattr(cuda, "load_driver", lambda load=None: driver)
     monkeypatch.setattr(memory, "_contexts", {})  # the primary contexts this process retained: none yet
     monkeypatch.setattr(cuda, "cuda_facts", lambda init=False: facts)
-    yield SimpleNamespace(kvikio=kvikio_stand_in, cupy=cupy_stand_in, driver=driver, facts=facts)
+    def use_gds() -> None:  # a machine with libcufile and nvidia-fs: kvikio reads through cuFile where it can
+        kvikio_stand_in.CUFILE_AVAILABLE = True
+        facts.libcufile, facts.nvidia_fs, facts.kvikio_compat_preferred = "libcufile.so.0", True, False
+
+    yield SimpleNamespace(kvikio=kvikio_stand_in, cupy=cupy_stand_in, driver=driver, facts=facts, use_gds=use_gds)
     kvikio_stand_in.reset()
     cupy_stand_in.reset()

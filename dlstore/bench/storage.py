@@ -460,9 +460,9 @@ def run_storage(paths: Sequence[str], *, io: str = "auto", cache: str = "both", 
 
     chunk = settings.get("chunk_size")
     sink = pinned_copy_sink(device, chunk) if device is not None and io != "gds" else None
-    facts = cuda.cuda_facts()
-    kvikio_missing = "" if facts.kvikio else (facts.kvikio_error or "kvikio is not installed")
-    if device is not None and kvikio_missing:
+    facts = cuda.cuda_facts() if device is not None else None
+    kvikio_missing = "" if facts is None or facts.kvikio else (facts.kvikio_error or "kvikio is not installed")
+    if kvikio_missing:
         log(f"note: no kvikio reference read ({kvikio_missing})")
 
     modes = ["cold", "warm"] if cache == "both" else [cache]

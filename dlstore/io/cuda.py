@@ -119,20 +119,25 @@ def _count_devices(facts: CudaFacts, lib: Any) -> None:
 
 def _listed_devices(proc_gpus: str, environ: Mapping[str, str]) -> Tuple[List[str], str]:
     """The GPUs the kernel driver lists (no CUDA call: fork-safe), narrowed by ``CUDA_VISIBLE_DEVICES``."""
-    names = []
+    names, uuids = [], []
     for info in sorted(glob.glob(os.path.join(proc_gpus, "*", "information"))):
         with open(info) as f:
-            model = re.search(r"^Model:\s*(.+)$", f.read(), re.M)
+            text = f.read()
+        model, uuid = (re.search(rf"^{key}:\s*(.+)$", text, re.M) for key in ("Model", "GPU UUID"))
         names.append(model.group(1).strip() if model else os.path.basename(os.path.dirname(info)))
+        uuids.append(uuid.group(1).strip() if uuid else "")
     visible = environ.get("CUDA_VISIBLE_DEVICES")
     if visible is None:
         return names, proc_gpus
     picked = []
-    for entry in visible.split(","):  # CUDA stops at the first entry it cannot use
-        entry = entry.strip()
-        if not entry.isdigit() or int(entry) >= len(names):
+    for entry in (e.strip() for e in visible.split(",")):  # CUDA stops at the first entry it cannot use
+        match = [i for i, u in enumerate(uuids) if entry.startswith("GPU-") and u.startswith(entry)]
+        if entry.isdigit() and int(entry) < len(names):
+            picked.append(names[int(entry)])
+        elif len(match) == 1 or entry.startswith("MIG-"):
+            picked.append(names[match[0]] if match else f"MIG instance {entry}")
+        else:
             break
-        picked.append(names[int(entry)])
     return picked, f"{proc_gpus}, CUDA_VISIBLE_DEVICES={visible}"
 
 
@@ -210,7 +215,7 @@ def probe_cuda(*, init: bool = False, load: Loader = ctypes.CDLL, environ: Optio
     facts.cupy, facts.cupy_error = _module_version("cupy", init)
     if init and facts.kvikio is not None and not facts.driver_error:
         try:
-            facts.kvikio_compat_preferred = bool(sys.modules["kvikio"].defaults.is_compat_mode_preferred())
+            facts.kvikio_compat_preferred = bool(importlib.import_module("kvikio.defaults").is_compat_mode_preferred())
         except Exception:  # noqa: BLE001 - a kvikio without it: the environment says
             pass
     facts.libcufile = find_library_file("cufile")

@@ -160,12 +160,8 @@ class MemoryPool:
         stream_ptr = get_current_stream(self.device_id).ptr
         with self._lock:
             arena = self._arenas.setdefault(stream_ptr, [])
-            fits = [b for b in arena if b.nbytes >= size]
-            raw = min(fits, key=lambda b: b.nbytes) if fits else None
-            if raw is not None:  # by identity: numpy's == compares the bytes
-                del arena[next(i for i, b in enumerate(arena) if b is raw)]
-            else:
-                raw = np.zeros(size, dtype=np.uint8)
+            fits = [i for i, b in enumerate(arena) if b.nbytes >= size]
+            raw = arena.pop(min(fits, key=lambda i: arena[i].nbytes)) if fits else np.zeros(size, dtype=np.uint8)
             self._used += raw.nbytes
         return _Memory(self, raw, stream_ptr)
 
@@ -229,6 +225,8 @@ class ndarray:  # noqa: N801 - CuPy's name
         if _view is not None:
             self._host, self._mem = _view
             return
+        if memptr is not None:
+            raise NotImplementedError("stand-in: an ndarray over given memory (memptr) is not modelled")
         dtype = np.dtype(dtype)
         count = int(np.prod(shape, dtype=np.int64))
         if memptr is not None:  # over memory given (an UnownedMemory keeps its owner alive)

@@ -252,7 +252,10 @@ class CuFile:
               task_size: Optional[int] = None) -> IOFuture:
         host = getattr(buf, "_host", None)
         device = host is not None
-        target = (host if device else np.asarray(buf)).reshape(-1).view(np.uint8)
+        array = host if device else np.asarray(buf)
+        if not (array.flags.c_contiguous or array.flags.f_contiguous):
+            raise ValueError("Array must be contiguous")  # kvikio/_lib/arr.pyx, parse_buffer_argument
+        target = array.reshape(-1, order="A").view(np.uint8)
         size = target.nbytes if size is None else int(size)
         if size > target.nbytes:
             raise ValueError("Size is greater than the size of the buffer")

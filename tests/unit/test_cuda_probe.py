@@ -21,7 +21,8 @@ def probe(tmp_path, driver, env=None, nvfs=False, gpus=(), init=True):
         nvfs_path.mkdir()
     for i, name in enumerate(gpus):  # /proc/driver/nvidia/gpus/<bus id>/information
         (tmp_path / "gpus" / f"0000:{i:02x}:00.0").mkdir(parents=True)
-        (tmp_path / "gpus" / f"0000:{i:02x}:00.0" / "information").write_text(f"Model: \t {name}\nIRQ: 1\n")
+        (tmp_path / "gpus" / f"0000:{i:02x}:00.0" / "information").write_text(
+            f"Model: \t {name}\nIRQ: 1\nGPU UUID: \t GPU-{i}f0e2a7c-0000-0000-0000-00000000000{i}\n")
     return probe_cuda(init=init, load=loader(driver), environ=env or {}, proc_nvfs=str(nvfs_path),
                       proc_modules=str(tmp_path / "modules"), proc_gpus=str(tmp_path / "gpus"))
 
@@ -136,6 +137,11 @@ def test_the_probe_without_init_calls_no_cuinit_and_starts_no_kvikio_pool(tmp_pa
     # The kernel driver's list, narrowed as CUDA narrows it (up to the first ordinal it cannot use).
     assert facts.devices == ["NVIDIA H100 80GB HBM3"] * 2 and "CUDA_VISIBLE_DEVICES=2,0,7,1" in facts.devices_how
     assert facts.kvikio == "26.10.00" and facts.kvikio_compat_preferred is None and device_missing(facts, 1) == ""
+    # UUIDs (a unique prefix) and MIG instances as CUDA takes them; an ambiguous or unknown one ends the list.
+    for n, (visible, count) in enumerate((("GPU-2f0e,GPU-0", 2), ("GPU-1f0e2a7c-0000-0000-0000-000000000001,-1", 1),
+                                          ("MIG-4b4d,GPU-9", 1), ("", 0), ("0,1,2", 3), ("GPU-,1", 0))):
+        facts = probe(tmp_path / f"v{n}", driver, gpus=["H100"] * 3, init=False, env={"CUDA_VISIBLE_DEVICES": visible})
+        assert len(facts.devices) == count, visible
     assert "no GPU (none in" in device_missing(probe(tmp_path / "none", driver, init=False))
 
 

@@ -75,7 +75,10 @@ def test_kvikio_large_reads_run_on_the_pool_and_fail_in_get(gpu_libraries, data_
 
 def test_kvikio_gds_files_return_a_short_count_at_the_end(gpu_libraries, data_file):
     kvikio, cp = gpu_libraries.kvikio, gpu_libraries.cupy
-    kvikio.CUFILE_AVAILABLE = True
+    gpu_libraries.use_gds()
+    from dlstore.io import cuda
+
+    assert cuda.gds_verdict(cuda.cuda_facts()).mode == "gds" and not kvikio.defaults.is_compat_mode_preferred()
     with kvikio.CuFile(data_file, "r") as f:
         if not f.is_direct_io_supported():
             pytest.skip("this filesystem refuses O_DIRECT: kvikio reads the file in compat mode")
@@ -149,6 +152,10 @@ def test_cupy_pool_hands_a_dropped_arrays_memory_out_again_on_its_stream(gpu_lib
     with cp.cuda.Stream():
         assert cp.empty(1000, dtype=cp.uint8).data.ptr != ptr  # another stream's allocation: not this block
     assert cp.empty(600, dtype=cp.uint8).data.ptr == ptr  # the same stream: handed out again
+    big, small = cp.empty(70_000, dtype=cp.uint8), cp.empty(2000, dtype=cp.uint8)
+    ptrs = big.data.ptr, small.data.ptr
+    del big, small
+    assert cp.empty(1500, dtype=cp.uint8).data.ptr == ptrs[1]  # the best fit of several free blocks
 
 
 def test_cupy_raw_module_gives_the_host_kernel(gpu_libraries, monkeypatch):
@@ -162,3 +169,12 @@ def test_cupy_raw_module_gives_the_host_kernel(gpu_libraries, monkeypatch):
     module = cp.RawModule(code="__global__ void k() {}")
     module.get_function("dlstore_gather")((1,), (256,), (3,))
     assert calls == [("dlstore_gather", (1,), (3,))]
+
+
+def test_kvikio_refuses_a_non_contiguous_buffer(gpu_libraries, data_file):
+    cp = gpu_libraries.cupy
+    with gpu_libraries.kvikio.CuFile(data_file, "r") as f:
+        with pytest.raises(ValueError, match="^Array must be contiguous$"):
+            f.pread(cp.empty((4, 4096), dtype=cp.uint8)[:, :100], 400, 0)
+        with pytest.raises(ValueError, match="^Size is greater than the size of the buffer$"):
+            f.pread(cp.empty(10, dtype=cp.uint8), 11, 0)
