@@ -225,8 +225,6 @@ class ndarray:  # noqa: N801 - CuPy's name
         if _view is not None:
             self._host, self._mem = _view
             return
-        if memptr is not None:
-            raise NotImplementedError("stand-in: an ndarray over given memory (memptr) is not modelled")
         dtype = np.dtype(dtype)
         count = int(np.prod(shape, dtype=np.int64))
         if memptr is not None:  # over memory given (an UnownedMemory keeps its owner alive)
