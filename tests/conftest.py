@@ -49,14 +49,21 @@ def direct_dir(tmp_path):
 
 @pytest.fixture(params=ENGINES)
 def engine(request) -> str:
-    """Each engine in turn (a test's own ``parametrize("engine", ...)`` overrides this)."""
+    """Each engine in turn (a test's own ``parametrize("engine", ...)`` overrides this); io_uring is
+    skipped, saying why, where the kernel refuses it (its fallback is tested apart)."""
+    if request.param == "io_uring":
+        from dlstore.io.select import probe_io_uring
+
+        if probe_io_uring():
+            pytest.skip(f"io_uring cannot run here: {probe_io_uring()}")
     return request.param
 
 
 @pytest.fixture
 def engine_dir(engine, request, tmp_path):
-    """Where to write the files a test reads with ``engine``: :func:`direct_dir` for ``direct``."""
-    if engine == "direct":
+    """Where to write the files a test reads with ``engine``: :func:`direct_dir` for the O_DIRECT
+    engines (``direct``, ``io_uring``)."""
+    if engine in ("direct", "io_uring"):
         return request.getfixturevalue("direct_dir")
     return tmp_path
 

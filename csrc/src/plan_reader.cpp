@@ -16,9 +16,6 @@ namespace {
 // Chunk and batch buffers are aligned to 64 KiB, the largest direct-I/O alignment accepted
 // (open_for_engine), so any piece slot aligned within them is aligned in memory too.
 constexpr size_t kBufferAlign = 64u << 10;
-// A single-piece mmap chunk at least this large is prefaulted in one call on the I/O thread; smaller
-// pieces fault in as their frames are checked or copied.
-constexpr uint64_t kPopulateMin = 64u << 10;
 
 }  // namespace
 
@@ -29,10 +26,16 @@ constexpr uint64_t kPopulateMin = 64u << 10;
 // happens outside the lock, so a file on a hung mount delays only the task that opens it.
 class FileCache {
  public:
-  FileCache(std::shared_ptr<const std::vector<std::string>> paths, EngineKind kind, size_t chunk_size,
-            bool sequential, size_t max_open)
-      : paths_(std::move(paths)), kind_(kind), chunk_size_(chunk_size), sequential_(sequential),
-        max_open_(std::max<size_t>(max_open, 1)), open_(paths_->size()), where_(paths_->size()) {}
+  FileCache(std::shared_ptr<const std::vector<std::string>> paths, const EngineOptions& engine, bool sequential,
+            size_t max_open)
+      : paths_(std::move(paths)), max_open_(std::max<size_t>(max_open, 1)), open_(paths_->size()),
+        where_(paths_->size()) {
+    std::string note;
+    engine_ = make_engine(engine, &note);
+    if (!note.empty()) notes_.push_back(note);
+    hints_.chunk_size = engine.chunk_size;
+    hints_.sequential = sequential;
+  }
 
   std::shared_ptr<OpenedFile> get(uint32_t index) {
     {
@@ -43,7 +46,7 @@ class FileCache {
       }
     }
     std::string note;
-    std::shared_ptr<OpenedFile> f = open_for_engine((*paths_)[index], kind_, chunk_size_, &note, sequential_);
+    std::shared_ptr<OpenedFile> f = engine_->open((*paths_)[index], hints_, &note);
     std::lock_guard<std::mutex> lock(mu_);
     if (!note.empty()) notes_.push_back(note);
     if (open_[index]) return open_[index];  // another task opened it meanwhile
@@ -58,16 +61,18 @@ class FileCache {
     return f;
   }
 
+  // Per-file notes (direct -> buffered) and the engine's own.
   std::vector<std::string> notes() const {
     std::lock_guard<std::mutex> lock(mu_);
-    return notes_;
+    std::vector<std::string> out = notes_;
+    for (std::string& n : engine_->notes()) out.push_back(std::move(n));
+    return out;
   }
 
  private:
   std::shared_ptr<const std::vector<std::string>> paths_;
-  EngineKind kind_;
-  size_t chunk_size_;
-  bool sequential_;
+  std::shared_ptr<const Engine> engine_;
+  OpenHints hints_;
   size_t max_open_;
   mutable std::mutex mu_;
   std::vector<std::shared_ptr<OpenedFile>> open_;
@@ -140,85 +145,53 @@ std::unique_ptr<PlanReader::Loaded> load_chunk(const ReadPlan& plan, std::vector
   progress.stage.store(2);
   if (pieces.empty()) return out;
 
-  std::vector<const uint8_t*> piece_data(pieces.size());
-  if (pieces.size() == 1 && opened[0]->kind == EngineKind::Mmap) {
-    // One piece of a mapping: the records are used where they lie, no copy.
-    const Piece& p = pieces[0];
-    const OpenedFile& f = *opened[0];
-    progress.pos.store(static_cast<int64_t>(p.first));
-    try {
-      // Small pieces fault in as their frames are checked; a large one is prefaulted in one call.
-      if (p.end - p.start >= kPopulateMin) f.map->populate(p.start, static_cast<size_t>(p.end - p.start));
-    } catch (const Error&) {
-      fail(0);
-      return out;
-    }
-    out->owner = f.map;
-    out->owns_memory = false;
-    out->base = f.map->data() + p.start;
-    out->len = static_cast<size_t>(p.end - p.start);
-    out->bytes_read = p.end - p.start;
-    piece_data[0] = out->base;
-  } else {
-    // Pieces land one after the other in one buffer; a direct piece reads whole aligned blocks into
-    // an aligned slot, so its records start `lead` bytes into the slot.
+  // One read per piece, all handed to the engine at once (io_uring keeps them in flight together).
+  // A single piece of an engine with views (mmap) is used where it lies, no copy; else the pieces land
+  // one after the other in one buffer, each slot as large and as aligned as its file's engine needs
+  // (an O_DIRECT piece reads whole blocks, so its records start a little into its slot).
+  std::vector<ReadRequest> reads(pieces.size());
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    reads[i].file = opened[i].get();
+    reads[i].offset = pieces[i].start;
+    reads[i].len = static_cast<size_t>(pieces[i].end - pieces[i].start);
+  }
+  const bool view = pieces.size() == 1 && opened[0]->engine->views();
+  std::shared_ptr<AlignedBuffer> buf;
+  if (!view) {
     std::vector<uint64_t> slot(pieces.size());
     uint64_t cursor = 0;
     for (size_t i = 0; i < pieces.size(); ++i) {
       const OpenedFile& f = *opened[i];
-      const Piece& p = pieces[i];
-      if (f.kind == EngineKind::Direct) {
-        cursor = align_up(cursor, std::max<uint32_t>(f.memory_align, 8));
-        slot[i] = cursor;
-        cursor += align_up(p.end, f.offset_align) - align_down(p.start, f.offset_align);
-      } else {
-        cursor = align_up(cursor, 8);
-        slot[i] = cursor;
-        cursor += p.end - p.start;
-      }
+      cursor = align_up(cursor, std::max<uint32_t>(f.memory_align, 8));
+      slot[i] = cursor;
+      cursor += f.slot_bytes(reads[i].offset, reads[i].len);
     }
-    std::shared_ptr<AlignedBuffer> buf = pool.acquire(static_cast<size_t>(cursor));
-    for (size_t i = 0; i < pieces.size(); ++i) {
-      const OpenedFile& f = *opened[i];
-      const Piece& p = pieces[i];
-      progress.pos.store(static_cast<int64_t>(p.first));
-      uint8_t* dst = buf->data() + slot[i];
-      const size_t len = static_cast<size_t>(p.end - p.start);
-      if (f.kind == EngineKind::Mmap) {
-        // Prefaulting reports a device error as an error (touching a bad page is a SIGBUS). Under
-        // kPopulateMin the system call costs more than the copy that faults the pages in.
-        try {
-          if (len >= kPopulateMin) f.map->populate(p.start, len);
-        } catch (const Error&) {
-          fail(i);
-          break;
-        }
-        std::memcpy(dst, f.map->data() + p.start, len);
-        piece_data[i] = dst;
-        out->bytes_read += len;
-        continue;
-      }
-      const bool direct = f.kind == EngineKind::Direct;
-      const uint64_t read_at = direct ? align_down(p.start, f.offset_align) : p.start;
-      const size_t lead = static_cast<size_t>(p.start - read_at);
-      const size_t want = direct ? static_cast<size_t>(align_up(p.end, f.offset_align) - read_at) : len;
-      try {
-        // The file's unaligned tail comes back as a short direct read.
-        const size_t got = f.fh->pread_full(dst, want, read_at);
-        DLSTORE_EXPECT(got >= lead + len, Io, f.path, static_cast<int64_t>(read_at + got),
-                       "short read: expected " << len << " bytes at offset " << p.start << ", got "
-                                               << (got > lead ? got - lead : 0)
-                                               << " (was the file truncated while being read?)");
-        out->bytes_read += got;
-      } catch (const Error&) {
-        fail(i);
-        break;
-      }
-      piece_data[i] = dst + lead;
-    }
+    buf = pool.acquire(static_cast<size_t>(cursor));
+    for (size_t i = 0; i < pieces.size(); ++i) reads[i].slot = buf->data() + slot[i];
     out->owner = buf;
     out->base = buf->data();
     out->len = static_cast<size_t>(cursor);
+  }
+  progress.pos.store(static_cast<int64_t>(pieces[0].first));
+  read_all(reads.data(), reads.size());
+  std::vector<const uint8_t*> piece_data(pieces.size());
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    if (reads[i].error) {
+      // The records of the pieces before it go out; this one's error comes where it belongs.
+      progress.pos.store(static_cast<int64_t>(pieces[i].first));
+      out->failure = reads[i].error;
+      out->failed_from = pieces[i].first;
+      pieces.resize(i);
+      break;
+    }
+    piece_data[i] = reads[i].data;
+    out->bytes_read += reads[i].bytes_read;
+  }
+  if (view && !pieces.empty()) {
+    out->owner = opened[0]->map;
+    out->owns_memory = false;
+    out->base = reads[0].data;
+    out->len = reads[0].len;
   }
 
   // Check each frame where it landed and find its payload.
@@ -266,8 +239,7 @@ ScheduleOptions schedule_options(const PlanOptions& o) {
 }  // namespace
 
 PlanReader::PlanReader(ReadPlan plan, PlanOptions opts) : schedule_(std::move(plan), schedule_options(opts)), opts_(opts) {
-  files_ = std::make_shared<FileCache>(schedule_.shared_paths(), opts_.engine.kind, opts_.engine.chunk_size,
-                                       opts_.sequential, opts_.max_open_files);
+  files_ = std::make_shared<FileCache>(schedule_.shared_paths(), opts_.engine, opts_.sequential, opts_.max_open_files);
   chunk_pool_ = BufferPool::shared(opts_.engine.chunk_size, kBufferAlign);
   batch_pool_ = BufferPool::shared(1u << 20, kBufferAlign);
   loaded_.resize(schedule_.num_chunks());

@@ -237,7 +237,7 @@ class Dataset(ReadsWithOptions):
     def _read_batch_size(self) -> int:
         if self.batch_size is not None:
             return self.batch_size
-        chunk = self._core_options["chunk_size"]
+        chunk = self._core_options.chunk_size
         return max(1, int(chunk // self.mean_record_bytes)) if self.mean_record_bytes else 1
 
     def read_order(self, epoch: int, emitted: int = 0) -> ReadOrder:
@@ -310,7 +310,7 @@ class Dataset(ReadsWithOptions):
         # bytes (then the oldest chunks' remaining records are copied out and the chunks let go).
         hold = 0
         if plan.emit is not None:
-            hold = max(int(2 * self.buffer_size * self.mean_record_bytes), 2 * self._core_options["chunk_size"])
+            hold = max(int(2 * self.buffer_size * self.mean_record_bytes), 2 * self._core_options.chunk_size)
         # Restarted mid-batch (a resume, a failover), the first batch completes the one under way, so
         # that batches keep the epoch's boundaries.
         batch = self._read_batch_size()
@@ -328,8 +328,8 @@ class Dataset(ReadsWithOptions):
 
         o = self._core_options
         return GdsPlanReader(plan.paths, plan.file, plan.offset, plan.size, plan.emit, device=self.device_index,
-                             mounts=plan.device, batch_size=batch, first_batch=first_batch, chunk_size=o["chunk_size"],
-                             depth=o["depth"], hold_bytes=hold, verify=self.verify, on_error=o["on_error"],
+                             mounts=plan.device, batch_size=batch, first_batch=first_batch, chunk_size=o.chunk_size,
+                             depth=o.depth, hold_bytes=hold, verify=self.verify, on_error=o.on_error,
                              mode=self.choice.gds_mode)
 
     def batches(self) -> Iterator:

@@ -5,7 +5,7 @@ hold budget, and raise or skip what the host reader does."""
 import numpy as np
 import pytest
 
-from dlstore import _C
+from dlstore import _C, ReadOptions
 from dlstore.errors import CorruptRecordError, DlstoreIOError
 from tests.helpers import flip_data_byte, write_tfrecord
 
@@ -98,9 +98,8 @@ def plan_of(tmp_path, counts=(40, 0, 25, 31), seed=2):
 
 
 def host_batches(paths, file, offset, size, emit, batch, **kw):
-    options = {"engine": "buffered", "chunk_size": kw.get("chunk_size", 64 << 10), "headroom": 1 << 20,
-               "depth": kw.get("depth", 2), "io_threads": 2, "verify": True, "on_error": kw.get("on_error", "raise"),
-               "read_timeout": 0.0, "verify_threads": 0}
+    options = ReadOptions(chunk_size=kw.get("chunk_size", 64 << 10), depth=kw.get("depth", 2),
+                          on_error=kw.get("on_error", "raise")).core("buffered", in_order=False)
     reader = _C.PlanReader(paths, file, offset, size, emit, "tfrecord", batch, options,
                            hold_bytes=kw.get("hold_bytes", 0), first_batch=kw.get("first_batch", 0))
     out = []

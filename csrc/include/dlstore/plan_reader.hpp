@@ -23,7 +23,7 @@
 namespace dlstore {
 
 struct PlanOptions {
-  EngineOptions engine;          // kind, chunk_size, depth, threads (per device), timeout_s (headroom unused)
+  EngineOptions engine;          // engine, chunk_size, depth, threads (per device), timeout_s, queue_depth
   Format format = Format::TFRecord;
   bool verify = true;
   OnError on_error = OnError::Raise;
