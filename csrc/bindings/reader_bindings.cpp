@@ -7,6 +7,7 @@
 #include "dlstore/crc32c.hpp"
 #include "dlstore/plan_reader.hpp"
 #include "dlstore/reader.hpp"
+#include "plan_stats.hpp"
 #include "registry.hpp"
 
 namespace py = pybind11;
@@ -224,23 +225,7 @@ void register_reader(py::module_& m) {
       .def("next_batch", &next_batch_of<dlstore::PlanReader>)
       .def_property_readonly("position", &dlstore::PlanReader::position)
       .def("__len__", &dlstore::PlanReader::size)
-      .def("stats",
-           [](const dlstore::PlanReader& r) {
-             dlstore::PlanStats s = r.stats();
-             py::dict d;
-             d["records"] = s.records;
-             d["payload_bytes"] = s.payload_bytes;
-             d["file_bytes_read"] = s.file_bytes_read;
-             d["skipped"] = s.skipped;
-             d["chunks"] = s.chunks;
-             d["gathered_batches"] = s.gathered_batches;
-             d["gathered_bytes"] = s.gathered_bytes;
-             d["spilled_records"] = s.spilled_records;
-             d["spilled_bytes"] = s.spilled_bytes;
-             d["peak_held_bytes"] = s.peak_held_bytes;
-             d["buffers_allocated"] = s.buffers_allocated;
-             return d;
-           })
+      .def("stats", [](const dlstore::PlanReader& r) { return plan_stats_dict(r.stats()); })
       .def("notes", &dlstore::PlanReader::notes)
       .def("corruptions", &corruptions_of<dlstore::PlanReader>);
 

@@ -175,21 +175,6 @@ def test_shuffles_quick(tmp_path):
         assert sum("fio" in t["target"] for t in doc["targets"]) == 6  # direct, io_uring x none, block, global
 
 
-@pytest.mark.slow  # a subprocess
-def test_gds_reads_quick(tmp_path):
-    """The gds read counts through the host stand-in: block and buffer read in chunks, not per record."""
-    out = tmp_path / "gds.json"
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "gds_reads.py"), "--records", "200",
-                        "--json", str(out)], capture_output=True, text=True, cwd=ROOT, timeout=300)
-    assert r.returncode == 0, r.stderr
-    rows = {row["shuffle"]: row for row in json.loads(out.read_text())["rows"]}
-    assert set(rows) == {"none", "block", "buffer", "global"}
-    for shuffle, row in rows.items():
-        assert row["gds"]["records"] == row["buffered"]["records"] == 800, shuffle
-    for shuffle in ("block", "buffer"):
-        assert rows[shuffle]["gds"]["chunks"] <= 2 * rows[shuffle]["buffered"]["chunks"] < 800 // 4
-
-
 def test_a_run_never_overwrites_the_committed_results_unless_saved():
     from benchmarks import _harness
 
@@ -212,7 +197,7 @@ def test_a_run_never_overwrites_the_committed_results_unless_saved():
 
 
 def test_every_script_takes_save(tmp_path):
-    for script in ("pipelines", "read_throughput", "shuffles", "direct_sweep", "warm_budget", "mounts", "gds_reads"):
+    for script in ("pipelines", "read_throughput", "shuffles", "direct_sweep", "warm_budget", "mounts"):
         r = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", f"{script}.py"), "--help"],
                            capture_output=True, text=True, cwd=ROOT, timeout=120)
         text = "".join(r.stdout.split())  # argparse wraps long names
