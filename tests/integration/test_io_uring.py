@@ -143,3 +143,22 @@ def test_the_registry_is_the_list_of_engines():
         _C.Reader([__file__], "tfrecord", ["none"], options)
     with pytest.raises(ValueError, match="expected one of auto, buffered, mmap, direct, io_uring, gds"):
         ReadOptions(io="floppy")
+
+
+@needs_io_uring
+def test_a_forked_child_reads_through_rings_of_its_own(direct_dir):
+    # A DataLoader worker is a fork of a parent that has read: its I/O threads are new, and so are
+    # their rings (the parent's belong to threads the child does not have).
+    import multiprocessing
+
+    recs = _records(9, 40, (0, 200_000))
+    path = write_tfrecord(direct_dir / "f.tfrecord", recs)
+    assert [bytes(r) for r in dlstore.open_records(path, io="io_uring")] == recs
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(1) as pool:
+        got = pool.apply(_read_all, (path,))
+    assert got == recs
+
+
+def _read_all(path):
+    return [bytes(r) for r in dlstore.open_records(path, io="io_uring")]
