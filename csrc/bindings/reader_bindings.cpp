@@ -5,6 +5,7 @@
 
 #include "buffer_view.hpp"
 #include "dlstore/crc32c.hpp"
+#include "dlstore/engine_io_uring.hpp"
 #include "dlstore/plan_reader.hpp"
 #include "dlstore/reader.hpp"
 #include "plan_stats.hpp"

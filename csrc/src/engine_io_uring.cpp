@@ -21,6 +21,7 @@
 #include <mutex>
 
 #include "dlstore/engine.hpp"
+#include "dlstore/engine_io_uring.hpp"
 #include "dlstore/error.hpp"
 
 namespace dlstore {

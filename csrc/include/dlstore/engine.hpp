@@ -119,8 +119,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // no shared state, so it may run on a thread that a hung mount never gives back.
   virtual std::shared_ptr<OpenedFile> open(const std::string& path, const OpenHints& hints,
                                            std::string* note) const = 0;
-  // Reads requests [0, n) of one file engine each (see read_all), as this engine can: one after the
-  // other, or all in flight at once. A failed or short read sets its request's error and leaves the
+  // Reads requests [0, n), all of files this engine reads (read_all groups them so), as this engine
+  // can: one after the other, or all in flight at once. A failed or short read sets its request's error and leaves the
   // others be. Returns when every request is done: no read still writes into a slot.
   virtual void read(ReadRequest* reqs, size_t n) const;
   // Whether a request without a slot gets a view of the file's bytes (a mapping) instead of a copy.
@@ -144,15 +144,6 @@ void read_all(ReadRequest* reqs, size_t n);
 // (io_uring under a seccomp filter) gives the one that replaces it, saying why in `note`. Unknown
 // names are an error listing the registered ones.
 std::shared_ptr<const Engine> make_engine(const EngineOptions& opts, std::string* note);
-// Why io_uring cannot run here ("" when it can): io_uring_setup refused (seccomp, sysctl), or a kernel
-// without IORING_OP_READ. Probed at each call (one setup and close), so it is never stale.
-std::string io_uring_refusal();
-// Reads io_uring keeps in flight per I/O thread on `path`'s device for the queue_depth setting (0: the
-// device's nr_requests, at most kMaxQueueDepth), and why that many.
-size_t io_uring_queue_depth(const std::string& path, size_t setting, std::string* why);
-// For tests: makes io_uring_refusal() give `why` (empty: probe the kernel again), as a kernel that
-// refuses io_uring would.
-void simulate_io_uring_refusal(const std::string& why);
 // The buffered engine, which others fall back to for a file they cannot read their way.
 std::shared_ptr<const Engine> buffered_engine();
 // The registered names, in registry order.
