@@ -22,7 +22,7 @@ from __future__ import annotations
 import copy
 import os
 import time
-from typing import Any, Dict, Iterator, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -32,30 +32,19 @@ from dlstore.sources.indexing import index_dataset
 from dlstore.io.cuda import parse_device
 from dlstore.io.failover import MountHealth
 from dlstore.io.select import EngineChoice, resolve_engine
-from dlstore.placement.mounts import assign_mounts, mount_for, mounts_for, read_in_turns
-from dlstore.placement.sharding import SHUFFLES, EpochPlan, ReadOrder, SamplerState, shuffle_sizes
+from dlstore.placement.mounts import assign_mounts, mount_for
+from dlstore.placement.rank import plan_rank
+from dlstore.placement.sharding import SHUFFLES, EpochPlan, SamplerState, shuffle_sizes
 from dlstore.placement.world import World, detect_world
 from dlstore.sources.reader import CorruptionWarnings, expand_paths
 from dlstore.sources.layout import scan_layout
+from dlstore.sources.reads import ReaderPlan as _ReaderPlan
+from dlstore.sources.reads import reader_plan
 from dlstore.sources.source import ReadOptions, ReadsWithOptions
 
 __all__ = ["Dataset"]
 
 PathSpec = Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]]
-
-
-class _ReaderPlan(NamedTuple):
-    """One C++ reader's plan: its files and, per record to read, the file, frame offset and size."""
-
-    paths: List[str]
-    device: Optional[np.ndarray]  # per file: its mount among this plan's (threads of its own), or None
-    file: np.ndarray        # index into paths, per record
-    offset: np.ndarray
-    size: np.ndarray
-    emit: Optional[np.ndarray]
-    shards: np.ndarray      # per record, for messages
-    records: np.ndarray
-    places: List[Tuple[int, int]]  # per file: (shard, mount)
 
 
 class Dataset(ReadsWithOptions):
@@ -66,8 +55,8 @@ class Dataset(ReadsWithOptions):
     ----------
     shards : str, path-like or sequence of them
         Without ``mounts``: files, globs or directories. With ``mounts``: shard paths relative to
-        the mount points (globs allowed); each mount may hold all of them (replicated), one each
-        (striped) or any mix; the layout is found by looking.
+        the mount points (globs allowed; None: every record file under them); each mount may hold
+        all of them (replicated), one each (striped) or any mix; the layout is found by looking.
     mounts : sequence of str, optional
         Mount points (directories) the shards are read from.
     world : World, optional
@@ -172,7 +161,8 @@ class Dataset(ReadsWithOptions):
                                f"use a host engine", path=first[0])
         #: The CUDA device ``io="gds"`` reads into, else None.
         self.device_index: Optional[int] = gpu if gpu is not None else (0 if self.engine == "gds" else None)
-        self._rank_mounts = self._assign(mount_policy, mounts_per_rank, throughput)
+        self._mount_policy = (mount_policy, mounts_per_rank, throughput)
+        self._rank_mounts = self._assign(self.world)
         self._core_options = self.options.core(self.engine, in_order=False, mounts=len(self._rank_mounts),
                                                reorders=SHUFFLES[shuffle].buffered)
         self.plan(0)  # checks the placement options now rather than at the first read
@@ -190,13 +180,14 @@ class Dataset(ReadsWithOptions):
 
         if isinstance(shards, (str, os.PathLike)):
             shards = [shards]
-        layout = scan_layout([os.fspath(m) for m in mounts], [os.fspath(s) for s in shards])
+        layout = scan_layout([os.fspath(m) for m in mounts], None if shards is None else [os.fspath(s) for s in shards])
         return layout, list(layout.shards)
 
-    def _assign(self, policy: str, mounts_per_rank: int, throughput) -> Tuple[int, ...]:
+    def _assign(self, world: World) -> Tuple[int, ...]:
         if self._layout is None:
             return ()
-        return tuple(assign_mounts(self._layout, self.world, policy=policy, mounts_per_rank=mounts_per_rank,
+        policy, per_rank, throughput = self._mount_policy
+        return tuple(assign_mounts(self._layout, world, policy=policy, mounts_per_rank=per_rank,
                                    throughput=throughput))
 
     @property
@@ -239,64 +230,47 @@ class Dataset(ReadsWithOptions):
         chunk = self._core_options["chunk_size"]
         return max(1, int(chunk // self.mean_record_bytes)) if self.mean_record_bytes else 1
 
-    def read_order(self, epoch: int, emitted: int = 0) -> ReadOrder:
-        """This consumer's records of ``epoch`` after ``emitted`` samples: ``(shards, records, emit)``
-        in the order they are read, and the order they are handed out (None: as read)."""
-        plan = self.plan(epoch)
-        c = self.world.consumer
-        if self._layout is None or len(self._rank_mounts) < 2:
-            return plan.read_plan(c, emitted)
-        # Several mounts: the plan's blocks are read with the mounts taking turns, so that every mount
-        # has reads in flight (in the plan's order a run of blocks on one mount would leave the others
-        # idle). The turns follow each block's mount without failures, so every resume and failover of
-        # the epoch sees the same sequence.
-        shards, records = plan.read_sequence(c)
-        blocks = records // self.block_records
-        turns = read_in_turns(shards, records, blocks, mounts_for(self._layout, shards, self._rank_mounts, blocks))
-        return plan.read_plan(c, emitted, reorder=turns)
+    def read_plan(self, epoch: Optional[int] = None, emitted: int = 0, world: Optional[World] = None,
+                  health: Optional[MountHealth] = None) -> _ReaderPlan:
+        """What this consumer (or ``world``'s, a rank of the same world) reads of ``epoch`` after handing out
+        ``emitted`` samples: every record's file, frame and mount in reading order, and the order they are
+        handed out in, as the reader is given them (:func:`dlstore.placement.rank.plan_rank`).
 
-    def _places(self, shard: int, block: int) -> Tuple[int, ...]:
-        """The mounts block ``block`` of ``shard`` can be read through, best first (``mount_for``: this
+        ``health``: the mounts that failed in this pass, whose blocks are read from their next place.
+        """
+        w = self.world if world is None else world
+        rank_mounts = self._rank_mounts if world is None else self._assign(w)
+        failed = health.failed if health is not None else []
+
+        def remap(shards: np.ndarray, blocks: np.ndarray) -> np.ndarray:
+            assert health is not None
+            keys, back = np.unique(np.stack([shards, blocks], axis=1), axis=0, return_inverse=True)
+            chosen = []
+            for shard, block in keys.tolist():
+                place = health.choose(shard, self._places(shard, block, rank_mounts))
+                if place is None:
+                    raise _NoPlace(shard, block)
+                chosen.append(place)
+            return np.asarray(chosen, dtype=np.int64)[back.reshape(-1)]
+
+        rank = plan_rank(self.plan(epoch), w.consumer, rank_mounts, layout=self._layout, emitted=emitted,
+                         failed=failed, remap=remap)
+        return reader_plan(rank, self.index.frames, self._path_of, mounts=self._layout is not None)
+
+    def _path_of(self, shard: int, mount: int) -> str:
+        return self.shards[shard] if self._layout is None else self._layout.path(shard, mount)
+
+    def _places(self, shard: int, block: int, rank_mounts: Optional[Sequence[int]] = None) -> Tuple[int, ...]:
+        """The mounts block ``block`` of ``shard`` can be read through, best first (``mount_for``: the
         rank's choice, then its failover order); ``(0,)``, the one place, without mounts."""
         if self._layout is None:
             return (0,)
-        first, fallbacks = mount_for(self._layout, shard, self._rank_mounts, block=block)
+        first, fallbacks = mount_for(self._layout, shard, self._rank_mounts if rank_mounts is None else rank_mounts,
+                                     block=block)
         return (first, *fallbacks)
 
-    def _mounts(self, shards: np.ndarray, records: np.ndarray, health: MountHealth) -> np.ndarray:
-        """The mount each record is read through: its block's, unless that mount failed this pass."""
-        blocks = records // self.block_records
-        chosen = mounts_for(self._layout, shards, self._rank_mounts, blocks)
-        if not health.failed:
-            return chosen
-        moved = np.isin(chosen, np.array(health.failed, dtype=np.int64))
-        if moved.any():
-            keys = np.unique(np.stack([shards[moved], blocks[moved]], axis=1), axis=0)
-            table = {}
-            for shard, block in keys.tolist():
-                place = health.choose(shard, self._places(shard, block))
-                if place is None:
-                    raise _NoPlace(shard, block)
-                table[(shard, block)] = place
-            chosen = chosen.copy()
-            idx = np.flatnonzero(moved)
-            chosen[idx] = [table[(s, b)] for s, b in zip(shards[idx].tolist(), blocks[idx].tolist())]
-        return chosen
-
     def _reader_plan(self, epoch: int, emitted: int, health: MountHealth) -> _ReaderPlan:
-        shards, records, emit = self.read_order(epoch, emitted)
-        offset, size = self.index.frames(shards, records)
-        if self._layout is None:  # one place per shard: a failed read is retried there (_fail_over)
-            return _ReaderPlan(self.shards, None, shards, offset, size, emit, shards, records,
-                               [(s, 0) for s in range(len(self.shards))])
-        mounts = self._mounts(shards, records, health)
-        per = len(self.mounts)
-        keys, file = np.unique(shards * per + mounts, return_inverse=True)
-        places = [(int(k) // per, int(k) % per) for k in keys.tolist()]
-        paths = [self._layout.path(s, m) for s, m in places]
-        _, device = np.unique(keys % per, return_inverse=True)
-        return _ReaderPlan(paths, device.reshape(-1).astype(np.uint32), file.reshape(-1), offset, size, emit,
-                           shards, records, places)
+        return self.read_plan(epoch, emitted, health=health)
 
     def set_epoch(self, epoch: int) -> None:
         """Starts ``epoch`` from its first sample."""

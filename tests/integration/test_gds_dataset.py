@@ -259,10 +259,9 @@ def test_shuffled_gds_reads_large_chunks_not_a_read_per_record(tmp_path, stand_i
     host = Dataset(tmp_path / "d", io="buffered", shuffle=shuffle, batch_size=5, buffer_size=9,
                    block_size=64 << 10, chunk_size=64 << 10, seed=11)
     assert _epoch(ds, 0) == _epoch(host, 0)
-    shards, records, emit = ds.read_order(0)
-    assert emit is not None  # the read order differs from the emission order
-    offset, size = ds.index.frames(shards, records)
-    reads = gds.plan_reads(shards, offset, size, ds.index.sizes.tolist(), 64 << 10)
+    plan = ds.read_plan(0)
+    assert plan.emit is not None  # the read order differs from the emission order
+    reads = gds.plan_reads(plan.shards, plan.offset, plan.size, ds.index.sizes.tolist(), 64 << 10)
     stats = ds.stats()
     assert stats["chunks"] <= 2 * len(reads) and stats["chunks"] < len(ds) / 3
     assert stats["file_bytes_read"] <= int(ds.index.sizes.sum()) + 2 * gds.ALIGN * stats["chunks"]  # pages rounded out

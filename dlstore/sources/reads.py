@@ -1,0 +1,92 @@
+"""A consumer's epoch as reads: the file, byte range and mount of every record it reads, from its
+:class:`~dlstore.placement.rank.RankPlan` and the dataset's manifest. What the reader is given (as
+arrays, once per pass), and what ``dlstore plan --json`` lists.
+"""
+from __future__ import annotations
+
+from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
+
+import numpy as np
+
+from dlstore.placement.rank import RankPlan
+
+__all__ = ["ReaderPlan", "reader_plan", "merged_reads"]
+
+#: ``(shards, records) -> (offsets, sizes)``: where each record's frame lies (a manifest's ``frames``).
+Frames = Callable[[np.ndarray, np.ndarray], Tuple[np.ndarray, np.ndarray]]
+
+
+class ReaderPlan(NamedTuple):
+    """One reader's plan: its files and, per record to read, the file, frame offset and size.
+
+    Attributes
+    ----------
+    paths : list of str
+        The files read, each a shard on one mount.
+    device : numpy.ndarray or None
+        Per file, its mount among this plan's (each read by threads of its own); None without mounts.
+    file, offset, size : numpy.ndarray
+        Per record, in reading order: index into ``paths``, frame offset and frame size.
+    emit : numpy.ndarray or None
+        The order records are handed out in (indices into the per-record arrays); None: as read.
+    shards, records : numpy.ndarray
+        Per record: its shard and its index there (for messages and failover).
+    places : list of (int, int)
+        Per file: ``(shard, mount)``.
+    """
+
+    paths: List[str]
+    device: Optional[np.ndarray]
+    file: np.ndarray
+    offset: np.ndarray
+    size: np.ndarray
+    emit: Optional[np.ndarray]
+    shards: np.ndarray
+    records: np.ndarray
+    places: List[Tuple[int, int]]
+
+
+def reader_plan(rank: RankPlan, frames: Frames, path_of: Callable[[int, int], str], *,
+                mounts: bool) -> ReaderPlan:
+    """The reads of ``rank``'s plan: one file per (shard, mount) it reads through, in first-key order.
+
+    Parameters
+    ----------
+    rank : RankPlan
+    frames : callable
+        ``(shards, records) -> (offsets, sizes)`` of their frames; called once, for these records only.
+    path_of : callable
+        ``(shard, mount) -> path``.
+    mounts : bool
+        Whether the shards are on mount points (the reader then keeps each mount's reads apart).
+    """
+    offset, size = frames(rank.shards, rank.records)
+    per = int(rank.mounts.max()) + 1 if len(rank.mounts) else 1
+    keys, file = np.unique(rank.shards * per + rank.mounts, return_inverse=True)
+    places = [(int(k) // per, int(k) % per) for k in keys.tolist()]
+    device = None
+    if mounts:
+        _, device = np.unique(keys % per, return_inverse=True)
+        device = device.reshape(-1).astype(np.uint32)
+    return ReaderPlan([path_of(s, m) for s, m in places], device, file.reshape(-1).astype(np.int64),
+                      np.asarray(offset, dtype=np.int64), np.asarray(size, dtype=np.int64), rank.emit,
+                      rank.shards, rank.records, places)
+
+
+def merged_reads(plan: ReaderPlan, mount_names: Sequence[str] = ()) -> List[Dict[str, object]]:
+    """The plan's reads in reading order, neighbouring frames of one file merged: per read its
+    ``path``, byte range ``[start, stop)``, ``records`` and ``mount`` (its name, or None without mounts)."""
+    n = len(plan.file)
+    if n == 0:
+        return []
+    new = np.ones(n, dtype=bool)
+    new[1:] = (plan.file[1:] != plan.file[:-1]) | (plan.offset[1:] != plan.offset[:-1] + plan.size[:-1])
+    first = np.flatnonzero(new)
+    last = np.append(first[1:], n) - 1
+    stops = plan.offset[last] + plan.size[last]
+    out = []
+    for a, b, stop, f in zip(first.tolist(), last.tolist(), stops.tolist(), plan.file[first].tolist()):
+        mount = plan.places[f][1]
+        out.append({"path": plan.paths[f], "start": int(plan.offset[a]), "stop": stop, "records": b - a + 1,
+                    "mount": mount_names[mount] if mount_names else None})
+    return out
