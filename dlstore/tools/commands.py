@@ -244,7 +244,8 @@ def plan_document(args: argparse.Namespace) -> Dict[str, Any]:
                        "holders": [list(h) for h in layout.holders]},
             "world_size": args.world_size, "num_workers": args.workers, "policy": args.policy,
             "mounts_per_rank": args.mounts_per_rank, "options": plan.options(), "total_records": plan.total,
-            "num_batches": plan.num_batches, "shuffle": ds.describe_shuffle(), "consumers": consumers}
+            "num_batches": plan.num_batches, "shuffle": ds.describe_shuffle(), "manifests": list(ds.index.manifests),
+            "index_notes": list(ds.index.notes), "consumers": consumers}
 
 
 def run_plan(args: argparse.Namespace, max_reads: int = 6, max_consumers: int = 64) -> int:
@@ -261,6 +262,8 @@ def run_plan(args: argparse.Namespace, max_reads: int = 6, max_consumers: int = 
     workers = f" x {args.workers} workers" if args.workers > 1 else ""
     print(f"layout: {doc['layout']['kind']}: {len(doc['layout']['shards'])} shards on {len(args.mounts)} mounts, "
           f"{doc['total_records']:,} records")
+    print(f"record counts from {', '.join(doc['manifests'])}: {doc['total_records']:,} records"
+          + "".join(f"; {note}" for note in doc["index_notes"]))
     print(f"world: {args.world_size} ranks{workers}; policy {args.policy}, {args.mounts_per_rank} mount(s) per rank; "
           f"seed {options['seed']}, epoch {options['epoch']}, shard shuffle "
           f"{'on' if options['shuffle_shards'] else 'off'}, remainder {options['remainder']}, batch "
