@@ -28,7 +28,7 @@ import numpy as np
 
 from dlstore import settings
 from dlstore.errors import DlstoreError, DlstoreIOError, PlacementError
-from dlstore.sources.indexing import index_dataset
+from dlstore.sources.indexing import index_dataset, open_shards
 from dlstore.io.cuda import parse_device
 from dlstore.io.failover import MountHealth
 from dlstore.io.select import EngineChoice, resolve_engine
@@ -36,7 +36,7 @@ from dlstore.placement.mounts import assign_mounts, mount_for
 from dlstore.placement.rank import plan_rank
 from dlstore.placement.sharding import SHUFFLES, EpochPlan, SamplerState, shuffle_sizes
 from dlstore.placement.world import World, detect_world
-from dlstore.sources.reader import CorruptionWarnings, expand_paths
+from dlstore.sources.reader import CorruptionWarnings
 from dlstore.sources.layout import scan_layout
 from dlstore.sources.reads import ReaderPlan as _ReaderPlan
 from dlstore.sources.reads import reader_plan
@@ -127,30 +127,21 @@ class Dataset(ReadsWithOptions):
             raise ValueError(f"batch_size must be at least 1 (or None: the loader's), not {batch_size!r}")
         self.world = world if world is not None else detect_world()
         gpu = parse_device(device, self.world.local_rank)  # a bad device string fails here, before any indexing
-        self._layout, self.shards = self._find_layout(shards, mounts)
+        self._layout, self.shards, self.index = self._find_shards(shards, mounts, format, progress)
         self.mounts = list(self._layout.mounts) if self._layout is not None else []
         self.seed, self.shuffle_shards, self.shuffle, self.remainder = seed, shuffle_shards, shuffle, remainder
         self.batch_size = None if batch_size is None else int(batch_size)
         self.block_size = settings.get("block_size", block_size)
-        # Indexes and the format come from each shard's first copy (replicas are the same bytes): one
-        # manifest per directory, built (once, under a lock) where there is none.
-        first = (self.shards if self._layout is None else
-                 [self._layout.path(i, self._layout.holders[i][0]) for i in range(len(self.shards))])
-        self.index = index_dataset(first, format, progress)
-        self.format = self.index.format
-        self.counts = self.index.counts
-        total_bytes = int(self.index.sizes.sum())
-        total = int(self.counts.sum())
-        #: Mean bytes of a record's frame: blocks and the shuffle buffer are sized in records from it.
-        self.mean_record_bytes = total_bytes / total if total else 0.0
-        self.block_records, self.block_window, default_buffer = shuffle_sizes(
-            self.mean_record_bytes, self.block_size, settings.get("shuffle_window", shuffle_window),
-            settings.get("shuffle_buffer"))
-        if buffer_size is None:
-            buffer_size = default_buffer
-        elif isinstance(buffer_size, bool) or int(buffer_size) < 1:
+        if buffer_size is not None and (isinstance(buffer_size, bool) or int(buffer_size) < 1):
             raise ValueError(f"buffer_size must be at least 1 record, not {buffer_size!r}")
-        self.buffer_size = int(buffer_size)
+        self._sizes_asked = (buffer_size, shuffle_window)
+        self._take_index()
+        # A rank checks its own shards against the manifest (a stat each), not every shard. Alone, it brings
+        # the manifest up to date; one of several stops, since the others would plan with other counts.
+        if self.index.check(self.plan(0).piece_arrays(self.world.consumer)[0], rebuild=self.world.num_consumers == 1):
+            self._take_index()
+        first = [self._path_of(0, self._layout.holders[0][0] if self._layout is not None else 0)] if self.shards else []
+        total_bytes = int(self.index.sizes.sum())
         self.choice: EngineChoice = resolve_engine(self.options.get("io"), first, total_bytes,
                                                    random_reads=shuffle == "global",
                                                    # gds reads TFRecord only: no GPU target for auto otherwise
@@ -173,15 +164,31 @@ class Dataset(ReadsWithOptions):
 
     # ---- layout -----------------------------------------------------------------------------------
 
-    def _find_layout(self, shards: PathSpec, mounts: Optional[Sequence[str]]):
+    def _find_shards(self, shards: PathSpec, mounts: Optional[Sequence[str]], fmt: str, progress: bool):
+        """``(layout or None, shard paths, index)``: the indexes and the format come from each shard's first
+        copy (replicas are the same bytes), one manifest per directory, built (once, under a lock) where
+        there is none."""
         if not mounts:
-            files = [p if p.startswith(os.sep) else os.path.abspath(p) for p in expand_paths(shards)]
-            return None, files
-
+            index = open_shards(shards, fmt, progress)
+            return None, index.paths, index
         if isinstance(shards, (str, os.PathLike)):
             shards = [shards]
         layout = scan_layout([os.fspath(m) for m in mounts], None if shards is None else [os.fspath(s) for s in shards])
-        return layout, list(layout.shards)
+        first = [layout.path(i, layout.holders[i][0]) for i in range(len(layout.shards))]
+        return layout, list(layout.shards), index_dataset(first, fmt, progress, check_all=False)
+
+    def _take_index(self) -> None:
+        """The format, record counts, and blocks and the shuffle buffer sized in records, from the index."""
+        self.format = self.index.format
+        self.counts = self.index.counts
+        total = int(self.counts.sum())
+        #: Mean bytes of a record's frame: blocks and the shuffle buffer are sized in records from it.
+        self.mean_record_bytes = int(self.index.sizes.sum()) / total if total else 0.0
+        buffer_size, shuffle_window = self._sizes_asked
+        self.block_records, self.block_window, default_buffer = shuffle_sizes(
+            self.mean_record_bytes, self.block_size, settings.get("shuffle_window", shuffle_window),
+            settings.get("shuffle_buffer"))
+        self.buffer_size = default_buffer if buffer_size is None else int(buffer_size)
 
     def _assign(self, world: World) -> Tuple[int, ...]:
         if self._layout is None:
@@ -255,6 +262,8 @@ class Dataset(ReadsWithOptions):
 
         rank = plan_rank(self.plan(epoch), w.consumer, rank_mounts, layout=self._layout, emitted=emitted,
                          failed=failed, remap=remap)
+        if world is None:
+            self.index.check(rank.shards)  # the shards this rank opens first, not checked yet
         return reader_plan(rank, self.index.frames, self._path_of, mounts=self._layout is not None)
 
     def _path_of(self, shard: int, mount: int) -> str:
