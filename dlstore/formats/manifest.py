@@ -162,8 +162,10 @@ def decode_manifest(buffer, source: str = "manifest") -> Manifest:
     magic = bytes(view[:8])
     if magic == MAGIC_V1:
         return _decode_v1(view, source)
-    if len(view) < 24 or magic != MAGIC:
+    if magic != MAGIC:
         raise ValueError(f"{source} is not a dlstore manifest (bad magic)")
+    if len(view) < 24:
+        raise ValueError(f"{source} is cut short: {len(view)} bytes")
     stamp = int(np.frombuffer(view, "<i8", 1, 8)[0])
     length = int(np.frombuffer(view, "<u8", 1, 16)[0])
     if 24 + length > len(view):

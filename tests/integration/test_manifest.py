@@ -180,3 +180,53 @@ def test_plan_counts_records_from_the_manifest(tmp_path):
                           "--world-size", "2"], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert ".dlstore-manifest: 36 records" in out.stdout and "indexed" not in out.stdout  # read, not rebuilt
+
+
+def test_an_unchanged_directory_is_not_listed_again(tmp_path, monkeypatch):
+    from dlstore.sources import reader
+
+    _write(tmp_path / "d", shards=6)
+    Dataset(str(tmp_path / "d" / "train-*"))
+    listed = []
+    real = reader.os.scandir
+    monkeypatch.setattr(reader.os, "scandir", lambda p=".": listed.append(p) or real(p))
+    ds = Dataset(str(tmp_path / "d" / "train-00[0-3]"), batch_size=2)
+    assert listed == [] and len(ds.shards) == 4 and ds.index.notes == []  # the manifest's listing answered
+    (tmp_path / "d" / "notes.txt").write_text("not a shard")  # the directory changed: listed once, restamped
+    assert len(Dataset(str(tmp_path / "d")).shards) == 6 and len(listed) == 1
+    assert len(Dataset(str(tmp_path / "d")).shards) == 6 and len(listed) == 1
+
+
+def test_a_rank_checks_its_own_shards_only(tmp_path, monkeypatch):
+    _write(tmp_path / "d", shards=24, records=10)
+    Dataset(str(tmp_path / "d"))
+    stat_calls = []
+    real = os.stat
+    monkeypatch.setattr(os, "stat", lambda p, *a, **k: stat_calls.append(os.fspath(p)) or real(p, *a, **k))
+    ds = Dataset(str(tmp_path / "d"), world=World(rank=1, size=4), shuffle="block", batch_size=5)
+    sum(len(b) for b in ds.batches())
+    shards = {p for p in stat_calls if os.path.basename(p).startswith("train-")}
+    mine = {ds.shards[s] for s in np.unique(ds.read_plan(0).shards)}
+    assert shards == mine and len(mine) < 24
+
+
+def test_a_shard_rewritten_in_place_is_found_by_the_rank_that_reads_it(tmp_path):
+    _write(tmp_path / "d", shards=4, records=8)
+    Dataset(str(tmp_path / "d"))
+    path = tmp_path / "d" / "train-002"
+    new = _write(tmp_path / "new", shards=3, records=3, tag="Z")["train-002"]
+    time.sleep(0.01)
+    path.write_bytes((tmp_path / "new" / "train-002").read_bytes())  # in place: the directory is unchanged
+    readers = []
+    for rank in range(4):
+        try:
+            ds = Dataset(str(tmp_path / "d"), world=World(rank=rank, size=4), shuffle="none", shuffle_shards=False)
+        except indexing.ShardChanged as e:
+            assert "train-002" in str(e) and "dlstore index" in str(e)
+            readers.append(rank)
+            continue
+        assert 2 not in set(ds.plan(0).piece_arrays(rank)[0].tolist())
+    assert readers == [2]
+    with pytest.warns(UserWarning, match="shard train-002 was rewritten"):
+        alone = Dataset(str(tmp_path / "d"), batch_size=4)  # one rank alone brings the manifest up to date
+    assert all(r in _read_all(alone) for r in new)
