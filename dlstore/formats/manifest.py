@@ -33,7 +33,7 @@ from __future__ import annotations
 import functools
 import json
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -97,15 +97,18 @@ class Manifest:
         blob = bytes(self.names_blob)
         return blob.decode().split("\n") if blob else []
 
-    def frames(self, shards: np.ndarray, records: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    def frames(self, shards: np.ndarray, records: np.ndarray,
+               take: Optional[Callable[[np.ndarray], np.ndarray]] = None) -> Tuple[np.ndarray, np.ndarray]:
         """``(offset, size)`` of the frames of ``records[i]`` of shard ``shards[i]`` (indices into
-        :attr:`names`), as int64; touches only those records' entries."""
+        :attr:`names`), as int64; touches only those records' entries. ``take``: how entries of
+        :attr:`offsets` are fetched (positions -> values; default: indexing the array)."""
         shards = np.asarray(shards, dtype=np.int64)
         records = np.asarray(records, dtype=np.int64)
         at = self.first[shards] + records
-        offset = self.offsets[at].astype(np.int64)
         last = records + 1 >= self.counts[shards]
-        following = self.offsets[np.where(last, at, at + 1)].astype(np.int64)
+        both = np.concatenate([at, np.where(last, at, at + 1)])
+        values = (self.offsets[both] if take is None else take(both)).astype(np.int64)
+        offset, following = values[:len(at)], values[len(at):]
         return offset, np.where(last, self.sizes[shards], following) - offset
 
     def shard_offsets(self, shard: int) -> np.ndarray:

@@ -210,12 +210,17 @@ class Dataset(ReadsWithOptions):
     # ---- the epoch --------------------------------------------------------------------------------
 
     def plan(self, epoch: Optional[int] = None) -> EpochPlan:
-        """The epoch's plan for every consumer (pure: the same on every rank)."""
-        return EpochPlan(self.counts, self.world.num_consumers, epoch=self.epoch if epoch is None else epoch,
-                         seed=self.seed, shuffle_shards=self.shuffle_shards, shuffle=self.shuffle,
-                         buffer_size=self.buffer_size, block_records=self.block_records,
-                         block_window=self.block_window,
-                         remainder=self.remainder, batch_size=self.batch_size or 1)
+        """The epoch's plan for every consumer (pure: the same on every rank). The last one is kept: the
+        shard order and a consumer's pieces are computed once per epoch."""
+        options = dict(epoch=self.epoch if epoch is None else epoch, seed=self.seed, shuffle_shards=self.shuffle_shards,
+                       shuffle=self.shuffle, buffer_size=self.buffer_size, block_records=self.block_records,
+                       block_window=self.block_window, remainder=self.remainder, batch_size=self.batch_size or 1)
+        key = (self.world.num_consumers, tuple(options.values()))
+        kept = getattr(self, "_kept_plan", None)
+        if kept is None or kept[0] is not self.counts or kept[1] != key:
+            kept = (self.counts, key, EpochPlan(self.counts, self.world.num_consumers, **options))
+            self._kept_plan = kept
+        return kept[2]
 
     def __len__(self) -> int:
         """Samples this consumer emits per epoch."""

@@ -11,8 +11,10 @@ manifest up to date under a lock; a shard rewritten in place is found by the ran
 the rest), or by ``dlstore index``, which checks every shard."""
 from __future__ import annotations
 
+import bisect
 import contextlib
 import fcntl
+import functools
 import hashlib
 import mmap
 import os
@@ -191,7 +193,7 @@ def ensure_index(path: str, fmt: str = "tfrecord") -> Tuple[str, np.ndarray]:
 
 _MAP_MANIFESTS_OVER = 64 << 20  # bytes
 #: Shards a rank checks (a stat each) per plan, in reading order; a frame check at read time covers the rest.
-CHECK_SHARDS_PER_PLAN = 1024
+CHECK_SHARDS_PER_PLAN = 256
 
 
 def manifest_path_for(directory: str, writable: Optional[bool] = None) -> str:
@@ -233,6 +235,37 @@ def read_manifest(directory: str) -> Tuple[Optional[str], Optional[Manifest], Op
         except (OSError, ValueError) as e:
             refused = (candidate, None, str(e))
     return refused
+
+
+def _gather_offsets(path: str, manifest: Manifest, positions: np.ndarray) -> np.ndarray:
+    """Entries ``positions`` of a large manifest's frame offsets, read from the file: the kernel is asked
+    for all their pages at once (so that the reads are in flight together), then each run of nearby
+    entries is read alone. Nothing of the table is mapped, so a rank's memory holds its entries only."""
+    width = manifest.offsets.dtype.itemsize
+    wanted, back = np.unique(np.asarray(positions, dtype=np.int64), return_inverse=True)
+    if len(wanted) == 0:
+        return np.zeros(0, dtype=manifest.offsets.dtype)
+    new = np.ones(len(wanted), dtype=bool)
+    new[1:] = np.diff(wanted) > 512 // width  # entries within 512 bytes are read together
+    first = wanted[new]
+    last = np.append(wanted[np.flatnonzero(new)[1:] - 1], wanted[-1])  # each run's last entry
+    starts = manifest.offsets_at + first * width
+    lengths = (last - first + 1) * width
+    with open(path, "rb", buffering=0) as f:
+        fd = f.fileno()
+        for start, length in zip(starts.tolist(), lengths.tolist()):
+            os.posix_fadvise(fd, start, length, os.POSIX_FADV_WILLNEED)
+        pieces = []
+        for start, length in zip(starts.tolist(), lengths.tolist()):
+            piece = os.pread(fd, length, start)
+            if len(piece) != length:
+                raise DlstoreError(f"{path}: at byte {start}: read {len(piece)} of {length} bytes of frame offsets "
+                                   f"(the manifest was cut short)", path=path, offset=start)
+            pieces.append(piece)
+    table = np.frombuffer(b"".join(pieces), dtype=manifest.offsets.dtype)
+    run = np.cumsum(new) - 1
+    run_at = np.cumsum(last - first + 1) - (last - first + 1)
+    return table[run_at[run] + wanted - first[run]][back.reshape(-1)]
 
 
 def write_manifest(dest: str, fmt: str, names: Sequence[str], sizes, mtimes, counts, offsets,
@@ -362,6 +395,19 @@ def _listing(manifest: Manifest) -> List[str]:
     return blob.decode().split("\n") if blob else []
 
 
+def _matching(listing: List[str], pattern: Optional[str]) -> List[str]:
+    """The names of a sorted listing of record files that match the glob ``pattern``: a range found by
+    bisection for a pattern that is a prefix and one ``*``, else :func:`record_file_names`."""
+    if pattern is None:
+        return listing
+    prefix = pattern[:-1]
+    if pattern.endswith("*") and not any(ch in prefix for ch in "*?[") and prefix:
+        start = bisect.bisect_left(listing, prefix)
+        stop = bisect.bisect_left(listing, prefix[:-1] + chr(ord(prefix[-1]) + 1), lo=start)
+        return listing[start:stop]
+    return record_file_names(listing, pattern)
+
+
 def _entries(manifest: Manifest, names: List[str], same: bool = False) -> np.ndarray:
     """The entry of each of ``names`` in the manifest; -1 where it has none. ``same``: the names come
     from the manifest's own listing, sorted."""
@@ -407,7 +453,7 @@ def _directory_group(directory: str, pattern: Optional[str], names: Optional[Lis
     before = 0
     if usable and _current(manifest, directory):
         if names is None:
-            names, same = record_file_names(_listing(manifest), pattern), True
+            names, same = _matching(_listing(manifest), pattern), True
     else:
         before, listing = _listed(directory)
         if names is None:
@@ -534,12 +580,18 @@ class DatasetIndex:
             self.counts[mine] = group.manifest.counts[self._entry[mine]]
             self.sizes[mine] = group.manifest.sizes[self._entry[mine]]
         self._checked = np.zeros(len(self._entry), dtype=bool)
+        # A large manifest's offsets are read entry by entry rather than through its mapping.
+        self._takes = [functools.partial(_gather_offsets, g.manifest_path, g.manifest)
+                       if g.manifest.offsets_at + g.manifest.offsets.nbytes > _MAP_MANIFESTS_OVER else None
+                       for g in self._groups]
 
     @property
     def paths(self) -> List[str]:
         if len(self._groups) == 1:
             prefix = self._groups[0].directory.rstrip(os.sep) + os.sep
             names = self._groups[0].names
+            if len(self._pos) == len(names):  # each name once, in order
+                return [prefix + n for n in names]
             return [prefix + names[i] for i in self._pos.tolist()]
         return [os.path.join(self._groups[g].directory, self._groups[g].names[i])
                 for g, i in zip(self._group.tolist(), self._pos.tolist())]
@@ -548,15 +600,14 @@ class DatasetIndex:
         """``(offset, size)`` of record ``records[i]`` of shard ``shards[i]`` (int64 arrays)."""
         shards = np.asarray(shards, dtype=np.int64)
         records = np.asarray(records, dtype=np.int64)
-        if len(self._groups) == 1:
-            return self._groups[0].manifest.frames(self._entry[shards], records)
         offset = np.empty(len(shards), dtype=np.int64)
         size = np.empty(len(shards), dtype=np.int64)
         group = self._group[shards]
         for g, grp in enumerate(self._groups):
-            mine = np.flatnonzero(group == g)
+            mine = np.flatnonzero(group == g) if len(self._groups) > 1 else np.arange(len(shards))
             if len(mine):
-                offset[mine], size[mine] = grp.manifest.frames(self._entry[shards[mine]], records[mine])
+                offset[mine], size[mine] = grp.manifest.frames(self._entry[shards[mine]], records[mine],
+                                                               self._takes[g])
         return offset, size
 
     def shard_offsets(self, shard: int) -> np.ndarray:

@@ -230,3 +230,15 @@ def test_a_shard_rewritten_in_place_is_found_by_the_rank_that_reads_it(tmp_path)
     with pytest.warns(UserWarning, match="shard train-002 was rewritten"):
         alone = Dataset(str(tmp_path / "d"), batch_size=4)  # one rank alone brings the manifest up to date
     assert all(r in _read_all(alone) for r in new)
+
+
+def test_a_large_manifest_is_read_entry_by_entry(tmp_path, monkeypatch):
+    _write(tmp_path / "d", shards=7, records=30)
+    mapped = Dataset(str(tmp_path / "d"), shuffle="global", batch_size=8, remainder="uneven")
+    expected = _read_all(mapped)
+    monkeypatch.setattr(indexing, "_MAP_MANIFESTS_OVER", 0)  # every manifest is "large" now
+    ds = Dataset(str(tmp_path / "d"), shuffle="global", batch_size=8, remainder="uneven")
+    assert all(t is not None for t in ds.index._takes)
+    plan = ds.read_plan(0)
+    assert np.array_equal(plan.offset, mapped.read_plan(0).offset)
+    assert _read_all(ds) == expected
