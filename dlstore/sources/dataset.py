@@ -34,7 +34,7 @@ from dlstore.io.failover import MountHealth
 from dlstore.io.select import EngineChoice, resolve_engine
 from dlstore.placement.mounts import assign_mounts, mount_for
 from dlstore.placement.rank import plan_rank
-from dlstore.placement.sharding import SHUFFLES, EpochPlan, SamplerState, shuffle_sizes
+from dlstore.placement.sharding import EpochPlan, SamplerState, shuffle_named, shuffle_sizes
 from dlstore.placement.world import World, detect_world
 from dlstore.sources.reader import CorruptionWarnings
 from dlstore.sources.layout import scan_layout
@@ -121,8 +121,8 @@ class Dataset(ReadsWithOptions):
         self.options = ReadOptions.take(options, read_options)
         if read_options:
             raise TypeError(f"Dataset() got unexpected keyword arguments {', '.join(sorted(read_options))}")
-        if shuffle not in SHUFFLES:
-            raise PlacementError(f"unknown shuffle {shuffle!r}; choose one of {sorted(SHUFFLES)}")
+        #: What the shuffle means: how it orders, reads and is described (:class:`~dlstore.placement.Shuffle`).
+        self.shuffle_kind = shuffle_named(shuffle)
         if batch_size is not None and (isinstance(batch_size, bool) or int(batch_size) < 1):
             raise ValueError(f"batch_size must be at least 1 (or None: the loader's), not {batch_size!r}")
         self.world = world if world is not None else detect_world()
@@ -143,7 +143,7 @@ class Dataset(ReadsWithOptions):
         first = [self._path_of(0, self._layout.holders[0][0] if self._layout is not None else 0)] if self.shards else []
         total_bytes = int(self.index.sizes.sum())
         self.choice: EngineChoice = resolve_engine(self.options.get("io"), first, total_bytes,
-                                                   random_reads=shuffle == "global",
+                                                   random_reads=self.shuffle_kind.random_reads,
                                                    # gds reads TFRecord only: no GPU target for auto otherwise
                                                    device=None if gpu is None or self.format != "tfrecord"
                                                    else f"cuda:{gpu}")
@@ -155,7 +155,7 @@ class Dataset(ReadsWithOptions):
         self._mount_policy = (mount_policy, mounts_per_rank, throughput)
         self._rank_mounts = self._assign(self.world)
         self._core_options = self.options.core(self.engine, in_order=False, mounts=len(self._rank_mounts),
-                                               reorders=SHUFFLES[shuffle].buffered)
+                                               reorders=self.shuffle_kind.buffered)
         self.plan(0)  # checks the placement options now rather than at the first read
         self.epoch = 0
         self.sample_in_epoch = 0
@@ -464,22 +464,10 @@ class Dataset(ReadsWithOptions):
                 f"shuffle {self.describe_shuffle()}")
 
     def describe_shuffle(self) -> str:
-        """The shuffle in words, with its block and buffer sizes in records and bytes."""
-        mean, share = self.mean_record_bytes, len(self)
-        if self.shuffle in ("block", "buffer"):
-            # What is in effect for this consumer's share (a buffer larger than it holds all of it).
-            buffer, block = min(self.buffer_size, share), min(self.block_records, share)
-            held = f"a shuffle buffer of {buffer:,} records (~{_mib(buffer * mean)})"
-            if self.shuffle == "block":
-                blocks, window = -(-share // max(1, self.block_records)), self.block_window
-                within = (f"within windows of {window} blocks (~{_mib(window * self.block_records * mean)})"
-                          if window and window < blocks else "over the whole share")
-                return (f"block: blocks of {block:,} records (~{_mib(block * mean)}) in a seeded order {within}, "
-                        f"{held}")
-            return f"buffer: read in order, {held}"
-        return {"none": "none: records in order, shards in the epoch's order" if self.shuffle_shards
-                else "none: records and shards in order",
-                "global": "global: a seeded permutation of all records, read through the index"}[self.shuffle]
+        """The shuffle in words, with its block and buffer sizes in records and bytes (:meth:`Shuffle.describe`)."""
+        return self.shuffle_kind.describe(len(self), block_records=self.block_records, block_window=self.block_window,
+                                          buffer_size=self.buffer_size, mean_record_bytes=self.mean_record_bytes,
+                                          shuffle_shards=self.shuffle_shards)
 
     def for_worker(self, worker: int, num_workers: int) -> "Dataset":
         """A copy of this dataset for DataLoader worker ``worker`` of ``num_workers`` (same rank)."""
@@ -511,7 +499,3 @@ def _add_counts(totals: Dict[str, int], stats: Mapping[str, int]) -> None:
             totals[key] = max(totals.get(key, 0), int(value))
         else:
             totals[key] = totals.get(key, 0) + int(value)
-
-
-def _mib(n: float) -> str:
-    return f"{n / (1 << 20):,.0f} MiB" if n >= 1 << 20 else f"{n / 1024:,.0f} KiB"
