@@ -20,6 +20,8 @@ Its state (``epoch``, ``sample_in_epoch``) resumes a run exactly, mid-epoch.
 from __future__ import annotations
 
 import copy
+import functools
+import inspect
 import os
 import time
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
@@ -40,9 +42,9 @@ from dlstore.sources.reader import CorruptionWarnings
 from dlstore.sources.layout import scan_layout
 from dlstore.sources.reads import ReaderPlan as _ReaderPlan
 from dlstore.sources.reads import reader_plan
-from dlstore.sources.source import ReadOptions, ReadsWithOptions
+from dlstore.sources.source import ReadOptions, ReadsWithOptions, Source
 
-__all__ = ["Dataset"]
+__all__ = ["Dataset", "dataset_for"]
 
 PathSpec = Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]]
 
@@ -481,6 +483,62 @@ class Dataset(ReadsWithOptions):
         where = f"{len(self.mounts)} mounts ({self._layout.kind})" if self._layout is not None else "local files"
         return (f"Dataset({len(self.shards)} {self.format} shards, {int(self.counts.sum())} records on {where}, "
                 f"{self.world}, shuffle={self.shuffle!r}, io={self.choice.engine!r}: {self.choice.reason})")
+
+
+@functools.lru_cache(maxsize=None)
+def _dataset_arguments() -> Tuple[str, ...]:
+    """The keyword arguments Dataset takes: its signature's and the reader options' names."""
+    own = [n for n, p in inspect.signature(Dataset.__init__).parameters.items()
+           if p.kind == p.KEYWORD_ONLY and n != "options"]
+    return tuple(own) + tuple(ReadOptions.names())
+
+
+def dataset_for(source: Any, kwargs: Optional[Dict[str, Any]] = None, *, shared: Sequence[str] = (),
+                rest: bool = False, **defaults: Any) -> Source:
+    """This consumer's records: ``source`` when it is a :class:`~dlstore.sources.source.Source` already,
+    else a :class:`Dataset` over those paths. The one way paths become a Dataset (the adapters' and the
+    loader helpers').
+
+    Parameters
+    ----------
+    source : paths or Source
+    kwargs : dict, optional
+        Arguments given by the user: those :class:`Dataset` takes (its keyword arguments and the reader
+        options) are taken out of it, and win over ``defaults``.
+    shared : sequence of str
+        Arguments that also stay in ``kwargs`` (``seed``, ``on_error``: the loader's too).
+    rest : bool
+        Whether ``kwargs`` may keep arguments that are not the Dataset's (a loader helper's own);
+        otherwise they are refused.
+    **defaults
+        The caller's defaults (``shuffle``, ``seed``, ``batch_size``...). ``world``: detected from the
+        launcher when None or absent; ``remainder``: ``uneven`` for a single consumer (every record once),
+        ``pad`` for several (equal full batches on every rank, so none waits for another in a collective).
+
+    Raises
+    ------
+    ValueError
+        When Dataset arguments come with a ready source (they belong on it).
+    TypeError
+        When ``kwargs`` holds other arguments and ``rest`` is False.
+    """
+    kwargs = {} if kwargs is None else kwargs
+    mine = [k for k in _dataset_arguments() if k in kwargs]
+    if isinstance(source, Source):
+        given = [k for k in mine if k not in shared]
+        if given or (kwargs and not rest):
+            raise ValueError(f"{', '.join(sorted(given or kwargs))} belong to the source: set them on "
+                             f"{type(source).__name__} when making it, not here")
+        return source
+    args = {k: (kwargs[k] if k in shared else kwargs.pop(k)) for k in mine}
+    if kwargs and not rest:
+        raise TypeError(f"Dataset() got unexpected keyword arguments {', '.join(sorted(kwargs))}")
+    for key, value in defaults.items():
+        if key != "world" or value is not None:
+            args.setdefault(key, value)
+    world = args["world"] = args.get("world") or detect_world()
+    args.setdefault("remainder", "uneven" if world.num_consumers == 1 else "pad")
+    return Dataset(source, **args)
 
 
 class _NoPlace(Exception):
