@@ -272,6 +272,8 @@ def _add_plan_parser(sub) -> None:
                     help="plan one rank (--rank) of a dataset that exists only as counts, on --mounts-count "
                          "mounts that each hold all of it, and say what it costs")
     pl.add_argument("--mounts-count", type=int, default=1, help="with --simulate: the number of mounts")
+    pl.add_argument("--list-reads", action="store_true",
+                    help="with --simulate --json: list every read (path, byte range, records, mount), not only counts")
     pl.add_argument("--rank", type=int, help="the one rank to plan (default: every rank; with --simulate: 0)")
     pl.add_argument("--record-bytes", type=int, default=110_000,
                     help="with --simulate: the mean record size, which sizes blocks and the shuffle buffer "

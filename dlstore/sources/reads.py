@@ -10,7 +10,7 @@ import numpy as np
 
 from dlstore.placement.rank import RankPlan
 
-__all__ = ["ReaderPlan", "reader_plan", "merged_reads"]
+__all__ = ["ReaderPlan", "reader_plan", "read_runs", "merged_reads"]
 
 #: ``(shards, records) -> (offsets, sizes)``: where each record's frame lies (a manifest's ``frames``).
 Frames = Callable[[np.ndarray, np.ndarray], Tuple[np.ndarray, np.ndarray]]
@@ -73,16 +73,20 @@ def reader_plan(rank: RankPlan, frames: Frames, path_of: Callable[[int, int], st
                       rank.shards, rank.records, places)
 
 
-def merged_reads(plan: ReaderPlan, mount_names: Sequence[str] = ()) -> List[Dict[str, object]]:
-    """The plan's reads in reading order, neighbouring frames of one file merged: per read its
-    ``path``, byte range ``[start, stop)``, ``records`` and ``mount`` (its name, or None without mounts)."""
+def read_runs(plan: ReaderPlan) -> Tuple[np.ndarray, np.ndarray]:
+    """The plan's reads as runs of neighbouring frames of one file, in reading order: the first and last
+    record of each (indices into the plan's per-record arrays)."""
     n = len(plan.file)
-    if n == 0:
-        return []
     new = np.ones(n, dtype=bool)
     new[1:] = (plan.file[1:] != plan.file[:-1]) | (plan.offset[1:] != plan.offset[:-1] + plan.size[:-1])
     first = np.flatnonzero(new)
-    last = np.append(first[1:], n) - 1
+    return first, np.append(first[1:], n) - 1
+
+
+def merged_reads(plan: ReaderPlan, mount_names: Sequence[str] = ()) -> List[Dict[str, object]]:
+    """The plan's reads in reading order (:func:`read_runs`): per read its ``path``, byte range
+    ``[start, stop)``, ``records`` and ``mount`` (its name, or None without mounts)."""
+    first, last = read_runs(plan)
     stops = plan.offset[last] + plan.size[last]
     out = []
     for a, b, stop, f in zip(first.tolist(), last.tolist(), stops.tolist(), plan.file[first].tolist()):

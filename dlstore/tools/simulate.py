@@ -21,7 +21,7 @@ from dlstore import settings
 from dlstore.placement.mounts import assign_rank_mounts
 from dlstore.placement.rank import plan_rank
 from dlstore.placement.sharding import EpochPlan, shuffle_sizes
-from dlstore.sources.reads import merged_reads, reader_plan
+from dlstore.sources.reads import merged_reads, read_runs, reader_plan
 
 __all__ = ["parse_simulate", "SimulatedManifest", "simulate", "run_simulate"]
 
@@ -58,9 +58,10 @@ class SimulatedManifest:
 def simulate(shards: int, records_per_shard: int, world_size: int, rank: int, *, mounts: int = 1,
              record_bytes: int = 110_000, mounts_per_rank: int = 1, policy: str = "rank",
              throughput: Optional[Sequence[float]] = None, local_rank: Optional[int] = None, num_workers: int = 1,
-             **order: Any) -> Dict[str, Any]:
+             list_reads: bool = False, **order: Any) -> Dict[str, Any]:
     """Plans rank ``rank`` (each of its workers) and returns what it reads and what planning cost
-    (``records``, ``pieces`` (reads), ``mounts``, ``records_per_mount``, ``reads``, ``seconds``, ``max_rss_mb``)."""
+    (``records``, ``pieces`` (reads), ``mounts``, ``records_per_mount``, ``seconds``, ``max_rss_mb``; with
+    ``list_reads``, ``reads``: per worker every read's path, byte range, records and mount)."""
     start = time.perf_counter()
     block_records, block_window, buffer_size = shuffle_sizes(
         record_bytes, settings.get("block_size"), settings.get("shuffle_window"), settings.get("shuffle_buffer"))
@@ -70,21 +71,23 @@ def simulate(shards: int, records_per_shard: int, world_size: int, rank: int, *,
                                      mounts_per_rank, throughput)
     epoch = EpochPlan(manifest.counts, world_size * num_workers, block_records=block_records,
                       block_window=block_window, **order)
-    reads, per_mount = [], np.zeros(mounts, dtype=np.int64)
+    reads, pieces, per_mount = [], 0, np.zeros(mounts, dtype=np.int64)
     for worker in range(num_workers):
         planned = plan_rank(epoch, rank * num_workers + worker, rank_mounts)
         per_mount += np.bincount(planned.mounts, minlength=mounts)
-        reads.append(merged_reads(reader_plan(planned, manifest.frames, manifest.path, mounts=True),
-                                  [f"mount{m}" for m in range(mounts)]))
+        plan = reader_plan(planned, manifest.frames, manifest.path, mounts=True)
+        pieces += len(read_runs(plan)[0])
+        if list_reads:
+            reads.append(merged_reads(plan, [f"mount{m}" for m in range(mounts)]))
     seconds = time.perf_counter() - start
     return {"shards": shards, "records_per_shard": records_per_shard, "total_records": shards * records_per_shard,
             "world_size": world_size, "rank": rank, "mounts_count": mounts, "mounts": rank_mounts,
-            "records": int(per_mount.sum()), "pieces": sum(len(r) for r in reads),
+            "records": int(per_mount.sum()), "pieces": pieces,
             "records_per_mount": {str(m): int(n) for m, n in enumerate(per_mount.tolist()) if n},
             "block_records": block_records, "buffer_size": order["buffer_size"],
             "options": {k: v for k, v in order.items() if k != "buffer_size"},
             "seconds": seconds, "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-            "reads": reads}
+            **({"reads": reads} if list_reads else {})}
 
 
 def run_simulate(args: argparse.Namespace) -> int:
@@ -99,7 +102,7 @@ def run_simulate(args: argparse.Namespace) -> int:
                    record_bytes=args.record_bytes, mounts_per_rank=args.mounts_per_rank, policy=args.policy,
                    throughput=throughput, num_workers=args.workers, seed=args.seed, epoch=args.epoch,
                    shuffle_shards=not args.no_shard_shuffle, shuffle=args.shuffle,
-                   remainder=args.remainder or "pad", batch_size=args.batch_size)
+                   remainder=args.remainder or "pad", batch_size=args.batch_size, list_reads=args.list_reads)
     if args.json == "-":
         print(json.dumps(out, indent=1))
         return 0
