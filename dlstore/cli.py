@@ -13,6 +13,7 @@ from dlstore import __version__, _console, settings, synthetic
 from dlstore._console import Parser, positive_int
 from dlstore._progress import Progress
 from dlstore.errors import DlstoreError
+from dlstore.formats.registry import FORMATS
 from dlstore.io.system import format_bytes
 from dlstore.placement import ASSIGNMENTS, REMAINDERS, SHUFFLES
 from dlstore.sources.indexing import build_index, index_dataset
@@ -244,12 +245,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     i = sub.add_parser("index", help=cmd_index.__doc__, description=cmd_index.__doc__)
     i.add_argument("paths", nargs="+", help="files, globs or directories")
-    i.add_argument("--format", default="auto", choices=["auto", "tfrecord", "recordio"])
+    i.add_argument("--format", default="auto", choices=["auto", *FORMATS])
     i.add_argument("--out-dir", help="write indexes here instead of beside the data")
 
     v = sub.add_parser("verify", help=cmd_verify.__doc__, description=cmd_verify.__doc__)
     v.add_argument("paths", nargs="+", help="files, globs or directories")
-    v.add_argument("--format", default="auto", choices=["auto", "tfrecord", "recordio"])
+    v.add_argument("--format", default="auto", choices=["auto", *FORMATS])
     v.add_argument("--io", help=settings.SETTINGS["io"].help + f" Default: ${settings.SETTINGS['io'].env}, else auto.")
     v.add_argument("--quiet", action="store_true", help="no progress bar")
 

@@ -30,6 +30,7 @@ import numpy as np
 
 from dlstore import settings
 from dlstore.errors import DlstoreError, DlstoreIOError, PlacementError
+from dlstore.formats.registry import format_named
 from dlstore.sources.indexing import index_dataset, open_shards
 from dlstore.io.cuda import parse_device
 from dlstore.io.failover import MountHealth
@@ -147,9 +148,9 @@ class Dataset(ReadsWithOptions):
         self.choice: EngineChoice = resolve_engine(self.options.get("io"), first, total_bytes,
                                                    random_reads=self.shuffle_kind.random_reads,
                                                    # gds reads TFRecord only: no GPU target for auto otherwise
-                                                   device=None if gpu is None or self.format != "tfrecord"
+                                                   device=None if gpu is None or not self._device_reads
                                                    else f"cuda:{gpu}")
-        if self.engine == "gds" and self.format != "tfrecord":  # GdsUnavailableError was raised above
+        if self.engine == "gds" and not self._device_reads:  # GdsUnavailableError was raised above
             raise DlstoreError(f"io='gds' reads uncompressed TFRecord shards; {first[0]} is {self.format}: "
                                f"use a host engine", path=first[0])
         #: The CUDA device ``io="gds"`` reads into, else None.
@@ -182,6 +183,7 @@ class Dataset(ReadsWithOptions):
     def _take_index(self) -> None:
         """The format, record counts, and blocks and the shuffle buffer sized in records, from the index."""
         self.format = self.index.format
+        self._device_reads = format_named(self.format).device_reads  # the GPU path parses its frames
         self.counts = self.index.counts
         total = int(self.counts.sum())
         #: Mean bytes of a record's frame: blocks and the shuffle buffer are sized in records from it.

@@ -26,7 +26,7 @@ import numpy as np
 from dlstore import settings
 from dlstore._progress import Progress
 from dlstore.errors import DlstoreError
-from dlstore.formats import index as index_format
+from dlstore.formats.registry import format_named
 from dlstore.formats.manifest import MANIFEST_NAME, STAMP_AT, Manifest, decode_manifest, encode_manifest, encode_stamp
 from dlstore.sources.reader import (PathSpec, RecordReader, detect_files, expand_paths, list_record_files,
                                     open_records, record_file_names, split_glob)
@@ -39,10 +39,7 @@ __all__ = ["index_path_for", "build_index", "scan_offsets", "load_index", "find_
 def index_path_for(path: str, fmt: str = "tfrecord", writable: Optional[bool] = None) -> str:
     """Where the index of ``path`` lives: beside it (``path + .idx``, or MXNet's ``x.rec -> x.idx``),
     or under ``<cache_dir>/indexes/`` when its directory is not writable."""
-    if fmt == "recordio" and path.endswith(".rec"):
-        beside = path[:-4] + ".idx"
-    else:
-        beside = path + ".idx"
+    beside = format_named(fmt).index_beside(path)
     if writable is None:
         writable = os.access(os.path.dirname(os.path.abspath(path)) or ".", os.W_OK)
     if writable:
@@ -81,10 +78,7 @@ def build_index(path: str, fmt: str = "auto", out: Optional[str] = None, verify:
                          f"build one per file")
     path = files[0]
     fmt, offs, lens = scan_offsets(path, fmt, verify)
-    if fmt == "tfrecord":
-        text = index_format.format_tfrecord_index(offs, index_format.frame_sizes(lens))
-    else:
-        text = index_format.format_recordio_index(range(len(offs)), offs)
+    text = format_named(fmt).format_index(offs, lens)
     dest = out or index_path_for(path, fmt)
     os.makedirs(os.path.dirname(os.path.abspath(dest)), exist_ok=True)
     tmp = dest + f".tmp{os.getpid()}"
@@ -130,15 +124,13 @@ def load_index(path: str, index_path: str, fmt: str = "tfrecord") -> np.ndarray:
     try:
         with open(index_path) as f:
             text = f.read()
-        parsed = (index_format.parse_tfrecord_index(text, index_path) if fmt == "tfrecord"
-                  else index_format.parse_recordio_index(text, index_path))
+        offs, sizes = format_named(fmt).parse_index(text, index_path)
     except UnicodeDecodeError as e:
         raise ValueError(f"{index_path} is not a text index ({e.reason} at byte {e.start}): rebuild it") from e
     except OverflowError as e:  # a number beyond 64 bits
         raise ValueError(f"{index_path}: an entry does not fit in 64 bits: rebuild it") from e
     size = os.path.getsize(path)
-    if fmt == "tfrecord":
-        offs, sizes = parsed
+    if sizes is not None:  # whole frames: they must tile the file
         if len(offs):
             if int(offs[0]) != 0:
                 raise ValueError(f"{index_path}: its first record starts at byte {int(offs[0])}, not 0: rebuild it")
@@ -155,7 +147,6 @@ def load_index(path: str, index_path: str, fmt: str = "tfrecord") -> np.ndarray:
         elif size:
             raise ValueError(f"{index_path} is empty but {path} has {size} bytes")
         return offs
-    _, offs = parsed
     if len(offs) and int(offs.max()) >= size:
         raise ValueError(f"{index_path}: an offset points past the end of {path} ({size} bytes)")
     return offs

@@ -70,3 +70,21 @@ def test_version_1_is_still_read():
     m = decode_manifest(head + body + np.array([0, 14, 0], "<u4").tobytes())
     assert m.version == 1 and m.names == ["x", "y"] and m.counts.tolist() == [2, 1] and m.stamp == 0
     assert m.frames(np.array([0, 0, 1]), np.array([0, 1, 0]))[1].tolist() == [14, 16, 16]
+
+
+def test_one_registry_of_record_formats(tmp_path):
+    from dlstore.formats.detect import detect
+    from dlstore.formats.registry import FORMATS, format_named
+    from dlstore.sources.indexing import index_path_for
+
+    assert list(FORMATS) == ["tfrecord", "recordio"] and format_named("recordio").title == "RecordIO"
+    assert [f.name for f in FORMATS.values() if f.device_reads] == ["tfrecord"]
+    assert index_path_for(str(tmp_path / "a.rec"), "recordio") == str(tmp_path / "a.idx")
+    assert index_path_for(str(tmp_path / "a.rec"), "tfrecord") == str(tmp_path / "a.rec.idx")
+    assert detect("x.rec", b"") == ("recordio", "none") and detect("x", b"\x1f\x8b") == ("tfrecord", "gzip")
+    with pytest.raises(ValueError, match="recordio files do not come compressed"):
+        detect("x.rec", b"", "recordio", "gzip")
+    for f in FORMATS.values():  # an index written by a format is read back by it
+        offsets, sizes = f.parse_index(f.format_index(np.array([0, 30], np.uint64), np.array([14, 20], np.uint64)),
+                                       "idx")
+        assert offsets.tolist() == [0, 30] and (sizes is None or sizes.tolist() == [30, 36])
