@@ -267,6 +267,10 @@ class Shuffle:
         serves them from the page cache (mmap), and mapped files are not advised ``sequential``.
     summary : str
         One line, for ``--help`` and the docs.
+    chunk_bytes : int or None
+        The reader's chunk (records read together) unless one is asked for; None: the engine's default.
+        A chunk of random reads is a list of records, not a stretch of a file: a small one keeps the
+        first batch near and the files opened (or mapped) at once few.
     """
 
     name: str
@@ -274,6 +278,7 @@ class Shuffle:
     buffered: bool
     random_reads: bool
     summary: str
+    chunk_bytes: Optional[int] = None
 
     @property
     def sequential(self) -> bool:
@@ -311,7 +316,7 @@ SHUFFLES: Dict[str, Shuffle] = {s.name: s for s in (
     Shuffle("buffer", _sequential_pieces, True, False,
             "read sequentially, emitted through a shuffle buffer of buffer_size records"),
     Shuffle("global", _global_pieces, False, True,
-            "a seeded permutation of all records of the epoch, read through the index"),
+            "a seeded permutation of all records of the epoch, read through the index", chunk_bytes=64 << 10),
 )}
 
 

@@ -159,6 +159,8 @@ class Dataset(ReadsWithOptions):
         self._rank_mounts = self._assign(self.world)
         self._core_options = self.options.core(self.engine, in_order=False, mounts=len(self._rank_mounts),
                                                reorders=self.shuffle_kind.buffered)
+        if self.options.chunk_size is None and self.shuffle_kind.chunk_bytes:  # how this shuffle reads
+            self._core_options["chunk_size"] = self.shuffle_kind.chunk_bytes
         self.plan(0)  # checks the placement options now rather than at the first read
         self.epoch = 0
         self.sample_in_epoch = 0
