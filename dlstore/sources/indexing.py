@@ -12,6 +12,7 @@ the rest), or by ``dlstore index``, which checks every shard."""
 from __future__ import annotations
 
 import bisect
+import concurrent.futures
 import contextlib
 import fcntl
 import functools
@@ -228,10 +229,24 @@ def read_manifest(directory: str) -> Tuple[Optional[str], Optional[Manifest], Op
     return refused
 
 
+_GATHER_THREADS = 8  # reads of a manifest's entries in flight at once
+
+
+def _read_runs(fd: int, path: str, starts: List[int], lengths: List[int]) -> List[bytes]:
+    pieces = []
+    for start, length in zip(starts, lengths):
+        piece = os.pread(fd, length, start)
+        if len(piece) != length:
+            raise DlstoreError(f"{path}: at byte {start}: read {len(piece)} of {length} bytes of frame offsets "
+                               f"(the manifest was cut short)", path=path, offset=start)
+        pieces.append(piece)
+    return pieces
+
+
 def _gather_offsets(path: str, manifest: Manifest, positions: np.ndarray) -> np.ndarray:
-    """Entries ``positions`` of a large manifest's frame offsets, read from the file: the kernel is asked
-    for all their pages at once (so that the reads are in flight together), then each run of nearby
-    entries is read alone. Nothing of the table is mapped, so a rank's memory holds its entries only."""
+    """Entries ``positions`` of a large manifest's frame offsets, read from the file: one read per run of
+    nearby entries, a few threads reading at once (so that a cold start has its reads in flight
+    together). Nothing of the table is mapped, so a rank's memory holds its entries only."""
     width = manifest.offsets.dtype.itemsize
     wanted, back = np.unique(np.asarray(positions, dtype=np.int64), return_inverse=True)
     if len(wanted) == 0:
@@ -242,17 +257,17 @@ def _gather_offsets(path: str, manifest: Manifest, positions: np.ndarray) -> np.
     last = np.append(wanted[np.flatnonzero(new)[1:] - 1], wanted[-1])  # each run's last entry
     starts = manifest.offsets_at + first * width
     lengths = (last - first + 1) * width
+    starts_list, lengths_list = starts.tolist(), lengths.tolist()
     with open(path, "rb", buffering=0) as f:
         fd = f.fileno()
-        for start, length in zip(starts.tolist(), lengths.tolist()):
-            os.posix_fadvise(fd, start, length, os.POSIX_FADV_WILLNEED)
-        pieces = []
-        for start, length in zip(starts.tolist(), lengths.tolist()):
-            piece = os.pread(fd, length, start)
-            if len(piece) != length:
-                raise DlstoreError(f"{path}: at byte {start}: read {len(piece)} of {length} bytes of frame offsets "
-                                   f"(the manifest was cut short)", path=path, offset=start)
-            pieces.append(piece)
+        if len(starts_list) < 4 * _GATHER_THREADS:
+            pieces = _read_runs(fd, path, starts_list, lengths_list)
+        else:
+            step = -(-len(starts_list) // _GATHER_THREADS)
+            with concurrent.futures.ThreadPoolExecutor(_GATHER_THREADS) as pool:
+                parts = pool.map(lambda a: _read_runs(fd, path, starts_list[a:a + step], lengths_list[a:a + step]),
+                                 range(0, len(starts_list), step))
+                pieces = [piece for part in parts for piece in part]
     table = np.frombuffer(b"".join(pieces), dtype=manifest.offsets.dtype)
     run = np.cumsum(new) - 1
     run_at = np.cumsum(last - first + 1) - (last - first + 1)

@@ -4,16 +4,36 @@ arrays, once per pass), and what ``dlstore plan --json`` lists.
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
 from dlstore.placement.rank import RankPlan
 
-__all__ = ["ReaderPlan", "reader_plan", "read_runs", "merged_reads"]
+__all__ = ["ReaderPlan", "Places", "reader_plan", "read_runs", "merged_reads"]
 
 #: ``(shards, records) -> (offsets, sizes)``: where each record's frame lies (a manifest's ``frames``).
 Frames = Callable[[np.ndarray, np.ndarray], Tuple[np.ndarray, np.ndarray]]
+#: ``(shards, mounts) -> paths``: the file of each shard on each mount.
+Paths = Callable[[np.ndarray, np.ndarray], List[str]]
+
+
+class Places(Sequence):
+    """Per file of a plan, ``(shard, mount)``, kept as two arrays (a global plan has a file per record)."""
+
+    def __init__(self, shards: np.ndarray, mounts: np.ndarray):
+        self.shards, self.mounts = shards, mounts
+
+    def __len__(self) -> int:
+        return len(self.shards)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return list(zip(self.shards[i].tolist(), self.mounts[i].tolist()))
+        return int(self.shards[i]), int(self.mounts[i])
+
+    def __iter__(self) -> Iterator[Tuple[int, int]]:
+        return zip(self.shards.tolist(), self.mounts.tolist())
 
 
 class ReaderPlan(NamedTuple):
@@ -31,7 +51,7 @@ class ReaderPlan(NamedTuple):
         The order records are handed out in (indices into the per-record arrays); None: as read.
     shards, records : numpy.ndarray
         Per record: its shard and its index there (for messages and failover).
-    places : list of (int, int)
+    places : Places
         Per file: ``(shard, mount)``.
     """
 
@@ -43,11 +63,10 @@ class ReaderPlan(NamedTuple):
     emit: Optional[np.ndarray]
     shards: np.ndarray
     records: np.ndarray
-    places: List[Tuple[int, int]]
+    places: Places
 
 
-def reader_plan(rank: RankPlan, frames: Frames, path_of: Callable[[int, int], str], *,
-                mounts: bool) -> ReaderPlan:
+def reader_plan(rank: RankPlan, frames: Frames, paths_of: Paths, *, mounts: bool) -> ReaderPlan:
     """The reads of ``rank``'s plan: one file per (shard, mount) it reads through, in first-key order.
 
     Parameters
@@ -55,20 +74,20 @@ def reader_plan(rank: RankPlan, frames: Frames, path_of: Callable[[int, int], st
     rank : RankPlan
     frames : callable
         ``(shards, records) -> (offsets, sizes)`` of their frames; called once, for these records only.
-    path_of : callable
-        ``(shard, mount) -> path``.
+    paths_of : callable
+        ``(shards, mounts) -> paths``, one per file.
     mounts : bool
         Whether the shards are on mount points (the reader then keeps each mount's reads apart).
     """
     offset, size = frames(rank.shards, rank.records)
     per = int(rank.mounts.max()) + 1 if len(rank.mounts) else 1
     keys, file = np.unique(rank.shards * per + rank.mounts, return_inverse=True)
-    places = [(int(k) // per, int(k) % per) for k in keys.tolist()]
+    places = Places(keys // per, keys % per)
     device = None
     if mounts:
-        _, device = np.unique(keys % per, return_inverse=True)
+        _, device = np.unique(places.mounts, return_inverse=True)
         device = device.reshape(-1).astype(np.uint32)
-    return ReaderPlan([path_of(s, m) for s, m in places], device, file.reshape(-1).astype(np.int64),
+    return ReaderPlan(paths_of(places.shards, places.mounts), device, file.reshape(-1).astype(np.int64),
                       np.asarray(offset, dtype=np.int64), np.asarray(size, dtype=np.int64), rank.emit,
                       rank.shards, rank.records, places)
 

@@ -13,7 +13,7 @@ import json
 import resource
 import sys
 import time
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -51,8 +51,8 @@ class SimulatedManifest:
         return records * self.record_bytes, np.full(len(records), self.record_bytes, dtype=np.int64)
 
     @staticmethod
-    def path(shard: int, mount: int) -> str:
-        return f"mount{mount}/shard-{shard:06d}"
+    def paths(shards: np.ndarray, mounts: np.ndarray) -> List[str]:
+        return [f"mount{m}/shard-{s:06d}" for s, m in zip(shards.tolist(), mounts.tolist())]
 
 
 def simulate(shards: int, records_per_shard: int, world_size: int, rank: int, *, mounts: int = 1,
@@ -75,7 +75,7 @@ def simulate(shards: int, records_per_shard: int, world_size: int, rank: int, *,
     for worker in range(num_workers):
         planned = plan_rank(epoch, rank * num_workers + worker, rank_mounts)
         per_mount += np.bincount(planned.mounts, minlength=mounts)
-        plan = reader_plan(planned, manifest.frames, manifest.path, mounts=True)
+        plan = reader_plan(planned, manifest.frames, manifest.paths, mounts=True)
         pieces += len(read_runs(plan)[0])
         if list_reads:
             reads.append(merged_reads(plan, [f"mount{m}" for m in range(mounts)]))

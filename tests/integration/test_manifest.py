@@ -242,3 +242,17 @@ def test_a_large_manifest_is_read_entry_by_entry(tmp_path, monkeypatch):
     plan = ds.read_plan(0)
     assert np.array_equal(plan.offset, mapped.read_plan(0).offset)
     assert _read_all(ds) == expected
+
+
+def test_entries_are_gathered_from_the_file_by_several_threads(tmp_path):
+    n = 200_000
+    offsets = np.arange(n, dtype=np.uint64) * 16
+    dest = indexing.write_manifest(str(tmp_path / ".dlstore-manifest"), "tfrecord", ["s"], [16 * n], [0], [n], offsets)
+    _, m, _ = indexing.read_manifest(str(tmp_path))
+    at = np.random.default_rng(3).integers(0, n, 5000)
+    got = indexing._gather_offsets(dest, m, at)  # about 4,000 runs: read by the thread pool
+    assert np.array_equal(got, offsets[at])
+    with open(dest, "r+b") as f:
+        f.truncate(m.offsets_at + 8 * 1000)  # cut short: the error names the file and the byte
+    with pytest.raises(dlstore.DlstoreError, match=r"\.dlstore-manifest: at byte \d+: read 0 of"):
+        indexing._gather_offsets(dest, m, np.array([n - 1]))
