@@ -260,6 +260,7 @@ def _gather_offsets(path: str, manifest: Manifest, positions: np.ndarray) -> np.
     starts_list, lengths_list = starts.tolist(), lengths.tolist()
     with open(path, "rb", buffering=0) as f:
         fd = f.fileno()
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)  # no read-ahead around the entries: pages a rank needs only
         if len(starts_list) < 4 * _GATHER_THREADS:
             pieces = _read_runs(fd, path, starts_list, lengths_list)
         else:
