@@ -15,9 +15,11 @@ import re
 import warnings
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
+import numpy as np
+
 from dlstore.errors import DlstoreError, DlstoreIOError
 from dlstore.formats.detect import detect
-from dlstore.formats.index import INDEX_SUFFIX, MANIFEST_SUFFIX, is_companion_file
+from dlstore.formats.index import INDEX_SUFFIX, MANIFEST_SUFFIX
 from dlstore.io.select import EngineChoice, resolve_engine
 from dlstore.sources.source import ReadOptions, ReadsWithOptions
 
@@ -35,19 +37,10 @@ _TEMP_MARK = ".tmp"
 _GLOB_CHARS = "*?["
 
 
-def _is_record_file_name(name: str) -> bool:
-    """Whether a file a glob matched or a directory listed may hold records: not one of dlstore's
-    companion files, hidden, another tool's index, metadata or a temporary. The one rule for every
-    place that expands paths (here and :mod:`dlstore.sources.layout`); :func:`record_file_names` applies
-    it to many names at once."""
-    lower = os.path.basename(name).lower()
-    return not (is_companion_file(lower) or lower.startswith(".") or lower.endswith(_NOT_RECORD_SUFFIXES)
-                or _TEMP_MARK in lower)
-
-
-# _is_record_file_name as one regular expression over names joined by newlines: hidden names (dlstore's
-# .dlstore* among them), temporaries, indexes (.idx, and .idx.tmp<pid> as a temporary), manifests and the
-# suffixes above are left out, whatever their case.
+# Which files may hold records, as one regular expression over names joined by newlines: hidden names
+# (dlstore's .dlstore* among them), temporaries, indexes (.idx, and .idx.tmp<pid> as a temporary),
+# manifests and the suffixes above are left out, whatever their case. The one rule for every place that
+# expands paths (here and dlstore.sources.layout).
 _SKIPPED = "|".join(re.escape(x) for x in (INDEX_SUFFIX, MANIFEST_SUFFIX) + _NOT_RECORD_SUFFIXES)
 _RECORD_LINE = rf"(?!\.)(?![^\n]*(?i:{re.escape(_TEMP_MARK)}))(?![^\n]*(?i:{_SKIPPED})$)"
 
@@ -62,12 +55,19 @@ def _line_pattern(pattern: Optional[str]) -> str:
 
 
 def record_file_names(names: Sequence[str], pattern: Optional[str] = None) -> List[str]:
-    """Those of ``names`` (file names of one directory) that may hold records (:func:`_is_record_file_name`)
-    and match the glob ``pattern`` (a last path part; None: any), sorted: one regular expression over them
-    all, no Python step per name."""
+    """Those of ``names`` (file names of one directory) that may hold records (not dlstore's companion
+    files, hidden files, other tools' indexes, metadata or temporaries) and match the glob ``pattern``
+    (a last path part; None: any), sorted: one regular expression over them all, no Python step per name."""
     found = re.findall(f"^{_RECORD_LINE}(?=[^\\n])(?:{_line_pattern(pattern)})$", "\n".join(names), flags=re.M)
     found.sort()
     return found
+
+
+def _is_record_file_name(name: str) -> bool:
+    """Whether a file a glob matched or a directory listed may hold records (:func:`record_file_names`
+    for one name): not one of dlstore's companion files, hidden, another tool's index, metadata or a
+    temporary."""
+    return bool(record_file_names([os.path.basename(name)]))
 
 
 def list_record_files(directory: str, pattern: Optional[str] = None) -> List[str]:
@@ -261,14 +261,23 @@ class RecordReader(ReadsWithOptions):
         return self._core
 
     def _new_gds_core(self):
-        # Records into GPU memory (dlstore.io.gds): located from the indexes, checked on the device.
-        from dlstore.io import gds
+        # Every record in file order, located by the indexes (built where missing), through the GPU
+        # executor of the same read schedule the Dataset runs; a batch is about one read of records.
+        from dlstore.io.gds import GdsPlanReader
+        from dlstore.sources.indexing import index_dataset
 
-        file, offset, size = gds.file_plan(self.paths)
-        backend = gds.default_backend(self.choice.gds_mode, self.choice.reason, self.device_index or 0)
-        return gds.GdsCore(self.paths, file, offset, size, backend, chunk_size=self.options.get("chunk_size"),
-                           depth=self.options.get("depth"), verify=self.verify,
-                           on_error="skip" if self.on_error == "warn" else self.on_error)
+        index = index_dataset(self.paths, "tfrecord")
+        counts = index.counts
+        files = np.repeat(np.arange(len(counts)), counts)
+        starts = np.zeros(len(counts), dtype=np.int64)
+        np.cumsum(counts[:-1], out=starts[1:])
+        offset, size = index.frames(files, np.arange(len(files)) - np.repeat(starts, counts))
+        chunk = self.options.get("chunk_size")
+        per_read = max(1, int(chunk * len(files) // max(1, int(index.sizes.sum()))))
+        return GdsPlanReader(self.paths, files, offset, size, None, device=self.device_index or 0,
+                             batch_size=per_read, chunk_size=chunk, depth=self.options.get("depth"),
+                             verify=self.verify, on_error="skip" if self.on_error == "warn" else self.on_error,
+                             mode=self.choice.gds_mode)
 
     # ---- the Source protocol ----
 
@@ -452,11 +461,9 @@ def open_records(paths: PathSpec, *, format: str = "auto", compression: Optional
     fmt, comps = detect_files(files, format, compression)
     choice = resolve_engine(options.get("io"), files, sum(os.path.getsize(f) for f in files), device=device)
     if choice.engine == "gds":
-        refused = [(f, c) for f, c in zip(files, comps) if c != "none"]
-        if fmt != "tfrecord" or refused:
-            what = f"{files[0]} is {fmt}" if fmt != "tfrecord" else f"{refused[0][0]} is {refused[0][1]}-compressed"
-            raise DlstoreError(f"io='gds' reads uncompressed TFRecord files; {what}: use a host engine",
-                               path=files[0] if fmt != "tfrecord" else refused[0][0])
+        from dlstore.io.gds import check_source
+
+        check_source(fmt, files, comps)
     reader = RecordReader(files, format=fmt, compression=comps, choice=choice, options=options)
     from dlstore.io.cuda import parse_device
 
