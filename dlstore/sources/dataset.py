@@ -276,13 +276,16 @@ class Dataset(ReadsWithOptions):
                          failed=failed, remap=remap)
         if world is None:
             self.index.check(rank.shards)  # the shards this rank opens first, not checked yet
-        return reader_plan(rank, self.index.frames, self._paths_of, mounts=self._layout is not None)
+        return reader_plan(rank, self.index.frames, self._paths_of, mounts=self._layout is not None,
+                           num_shards=len(self.shards))
 
     def _path_of(self, shard: int, mount: int) -> str:
         return self.shards[shard] if self._layout is None else self._layout.path(shard, mount)
 
     def _paths_of(self, shards: np.ndarray, mounts: np.ndarray) -> List[str]:
         if self._layout is None:
+            if len(shards) == len(self.shards):  # every shard, in order
+                return self.shards
             return [self.shards[s] for s in shards.tolist()]
         return [self._layout.path(s, m) for s, m in zip(shards.tolist(), mounts.tolist())]
 

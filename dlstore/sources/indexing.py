@@ -634,9 +634,9 @@ class DatasetIndex:
             Without ``rebuild``, when a shard changed, naming it.
         """
         shards = np.asarray(shards, dtype=np.int64)
+        shards = shards[~self._checked[shards]]  # after an epoch or two, none: a rank's shards were checked
         _, first = np.unique(shards, return_index=True)
-        todo = shards[np.sort(first)]
-        todo = todo[~self._checked[todo]][:CHECK_SHARDS_PER_PLAN]
+        todo = shards[np.sort(first)][:CHECK_SHARDS_PER_PLAN]
         changed: Dict[int, List[str]] = {}
         for s in todo.tolist():
             g = int(self._group[s])

@@ -66,7 +66,8 @@ class ReaderPlan(NamedTuple):
     places: Places
 
 
-def reader_plan(rank: RankPlan, frames: Frames, paths_of: Paths, *, mounts: bool) -> ReaderPlan:
+def reader_plan(rank: RankPlan, frames: Frames, paths_of: Paths, *, mounts: bool,
+                num_shards: Optional[int] = None) -> ReaderPlan:
     """The reads of ``rank``'s plan: one file per (shard, mount) it reads through, in first-key order.
 
     Parameters
@@ -78,8 +79,16 @@ def reader_plan(rank: RankPlan, frames: Frames, paths_of: Paths, *, mounts: bool
         ``(shards, mounts) -> paths``, one per file.
     mounts : bool
         Whether the shards are on mount points (the reader then keeps each mount's reads apart).
+    num_shards : int, optional
+        Without mounts: the dataset's shards. When there are no more of them than records to read, the
+        plan's files are all of them, in order (nothing to sort); else only those the plan reads.
     """
     offset, size = frames(rank.shards, rank.records)
+    if not mounts and num_shards is not None and num_shards <= len(rank.shards):
+        every = np.arange(num_shards, dtype=np.int64)
+        places = Places(every, np.zeros(num_shards, dtype=np.int64))
+        return ReaderPlan(paths_of(places.shards, places.mounts), None, rank.shards, np.asarray(offset, np.int64),
+                          np.asarray(size, np.int64), rank.emit, rank.shards, rank.records, places)
     per = int(rank.mounts.max()) + 1 if len(rank.mounts) else 1
     keys, file = np.unique(rank.shards * per + rank.mounts, return_inverse=True)
     places = Places(keys // per, keys % per)
