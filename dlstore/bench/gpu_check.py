@@ -4,7 +4,7 @@ Meant for a machine with CUDA, CuPy and torch that reaches no package registry (
 to carry there). In order, each step timed and reported even when an earlier one failed:
 
 1. ``build``: the C++ core rebuilt in place from this source tree (nothing to do for an installed copy);
-2. ``tests``: the ``gpu``- and ``gds``-marked tests;
+2. ``tests``: the ``gpu``- and ``gds``-marked tests and the GPU reader's tests (:data:`GPU_TESTS`);
 3. ``identical``: ``Dataset(io="gds")`` against ``io="buffered"``, batch by batch, byte for byte and
    stats key for stats key, for every shuffle, one and two ranks, two mounts per rank, with reads under
    and over kvikio's ``gds_threshold`` (16 KiB in kvikio 26.10, not the 1 MiB its header says);
@@ -26,15 +26,19 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Tuple
 
 import numpy as np
+
+from dlstore.formats.tfrecord import FOOTER_BYTES, HEADER_BYTES, frame_parts
 
 from dlstore.io import cuda
 from dlstore.io.cuda import gds_verdict, parse_device
 
-__all__ = ["add_arguments", "run", "STEPS"]
+__all__ = ["add_arguments", "run", "STEPS", "crc_bench_inputs", "crc_kernel_gb_per_s"]
 
+GPU_TESTS = ["tests/unit/test_gds.py", "tests/integration/test_gds_dataset.py", "tests/unit/test_memory.py",
+             "tests/unit/test_adapters_device.py", "tests/unit/test_read_schedule.py"]
 STEPS = ("build", "tests", "identical", "sanitizer", "throughput", "pipelines")
 _HERE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # a source tree's root
 
@@ -120,8 +124,9 @@ def _build() -> Dict[str, Any]:
 def _tests() -> Dict[str, Any]:
     if not os.path.isdir(os.path.join(_HERE, "tests")):
         return {"ok": None, "detail": "no tests/ beside the package (an installed copy)"}
-    p = _run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu or gds", "tests"], 300,
-             cwd=_HERE)
+    # The modules that hold gpu/gds tests and the GPU reader's stand-in tests; none needs a package the GPU
+    # machine lacks (no hypothesis, TensorFlow or DALI at import).
+    p = _run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"] + GPU_TESTS, 300, cwd=_HERE)
     last = (p.stdout.strip().splitlines() or ["no output"])[-1]
     return {"ok": p.returncode == 0, "detail": last}
 
@@ -215,13 +220,40 @@ def _throughput(index: int) -> Dict[str, Any]:
     return {"ok": True, "detail": "CRC on; see figures", "figures": figures}
 
 
+def crc_bench_inputs(n_bytes: int = 8 << 20, record_bytes: int = 110_000,
+                     seed: int = 0) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A synthetic read for timing ``dlstore_tfrecord_frames`` alone: ``(buf, rel, size)`` on the host.
+
+    ``buf`` (uint8, ``n_bytes``) holds valid TFRecord frames of ``record_bytes`` each (random payloads),
+    the last one shorter to end the buffer (or zero padding under 16 bytes); ``rel`` and ``size`` (int64)
+    are where each frame starts and its size, as the index gives them. Every frame checks
+    ``FRAME_OK``, so a timing run also checks the kernel's answer.
+    """
+    if record_bytes < HEADER_BYTES + FOOTER_BYTES:
+        raise ValueError(f"record_bytes={record_bytes}: a TFRecord frame takes at least 16 bytes")
+    full, rest = divmod(int(n_bytes), int(record_bytes))
+    size = np.full(full, record_bytes, dtype=np.int64)
+    if rest >= HEADER_BYTES + FOOTER_BYTES:
+        size = np.append(size, rest)
+    rel = np.concatenate([[0], np.cumsum(size)[:-1]]).astype(np.int64)
+    buf = np.zeros(int(n_bytes), dtype=np.uint8)
+    payload = np.random.default_rng(seed).integers(0, 256, int(size.sum()), dtype=np.uint8)
+    for at, frame in zip(rel.tolist(), size.tolist()):
+        data = payload[at:at + frame - HEADER_BYTES - FOOTER_BYTES]
+        header, footer = frame_parts(data)
+        buf[at:at + HEADER_BYTES] = np.frombuffer(header, dtype=np.uint8)
+        buf[at + HEADER_BYTES:at + frame - FOOTER_BYTES] = data
+        buf[at + frame - FOOTER_BYTES:at + frame] = np.frombuffer(footer, dtype=np.uint8)
+    return buf, rel, size
+
+
 def crc_kernel_gb_per_s(index: int, repeat: int = 50) -> float:
     """The frame kernel alone (length and CRCs checked) over 8 MiB of valid 110 KB records, in GB/s."""
     import cupy
 
     from dlstore.io.gds import kernels
 
-    buf, rel, size = kernels.crc_bench_inputs(8 << 20, 110_000)
+    buf, rel, size = crc_bench_inputs(8 << 20, 110_000)
     with cupy.cuda.Device(index):
         fn = cupy.RawModule(code=kernels.CUDA_SOURCE).get_function(kernels.FRAMES_KERNEL_NAME)
         buf_d, rel_d, size_d = cupy.asarray(buf), cupy.asarray(rel), cupy.asarray(size)

@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 from dlstore import _C
 from dlstore.io import cuda
+from dlstore.bench.gpu_check import crc_bench_inputs
 from dlstore.io.gds import kernels
 from tests.stand_ins import host_kernels
 
@@ -274,7 +275,7 @@ def test_random_frames_with_random_damage(lib, lengths, offset, damage, threads,
 
 
 def test_the_bench_input_checks_ok_and_fills_the_read(lib):
-    buf, rel, size = kernels.crc_bench_inputs(1 << 20, 110_000)
+    buf, rel, size = crc_bench_inputs(1 << 20, 110_000)
     assert len(buf) == 1 << 20 and rel.dtype == size.dtype == np.int64
     assert size.tolist() == [110_000] * 9 + [(1 << 20) - 990_000] and rel[-1] + size[-1] == 1 << 20
     status = np.full(len(rel), 0xEE, dtype=np.uint8)
@@ -282,10 +283,10 @@ def test_the_bench_input_checks_ok_and_fills_the_read(lib):
     host_kernels.host_kernel(kernels.FRAMES_KERNEL_NAME)(grid, block, (buf, rel, size, np.int32(len(rel)),
                                                                        np.int32(1), status), shared_mem=shared)
     assert status.tolist() == [kernels.FRAME_OK] * len(rel)
-    _, rel, size = kernels.crc_bench_inputs(8 << 20, 110_000)
+    _, rel, size = crc_bench_inputs(8 << 20, 110_000)
     assert len(rel) == 77 and size[:-1].tolist() == [110_000] * 76
     with pytest.raises(ValueError, match="at least 16"):
-        kernels.crc_bench_inputs(1 << 20, 15)
+        crc_bench_inputs(1 << 20, 15)
 
 
 def test_launch_configurations():

@@ -1,6 +1,5 @@
 """The CUDA kernels of io="gds" as Python sees them: their source (``kernels.cu``, shipped beside this
-module), their names, frame status codes and launch configurations, and the synthetic input that times
-the frame check alone.
+module), their names, frame status codes and launch configurations.
 
 Kernels, launched with CuPy's ``RawModule(code=CUDA_SOURCE).get_function(name)(grid, block, args,
 shared_mem=...)``; every pointer is a device array (``unsigned char*``: uint8, ``long long*``: int64,
@@ -22,13 +21,12 @@ import functools
 import os
 from typing import Tuple
 
-import numpy as np
 
-from dlstore.formats.tfrecord import FOOTER_BYTES, HEADER_BYTES, frame_parts
+from dlstore.formats.tfrecord import FOOTER_BYTES, HEADER_BYTES
 
 __all__ = ["FRAME_OK", "FRAME_LENGTH", "FRAME_LENGTH_CRC", "FRAME_DATA_CRC", "FRAME_HEADER", "FRAME_FOOTER",
            "FRAMES_KERNEL_NAME", "GATHER_KERNEL_NAME", "FRAME_THREADS", "GATHER_THREADS", "CUDA_SOURCE_PATH",
-           "CUDA_SOURCE", "cuda_source", "frames_launch", "gather_launch", "crc_bench_inputs"]
+           "CUDA_SOURCE", "cuda_source", "frames_launch", "gather_launch"]
 
 #: Frame status codes, the same from the CUDA kernel (``DLSTORE_FRAME_*`` in kernels.cu) and its host twin.
 FRAME_OK, FRAME_LENGTH, FRAME_LENGTH_CRC, FRAME_DATA_CRC = 0, 1, 2, 3
@@ -75,30 +73,3 @@ def gather_launch(n_records: int) -> Launch:
     """``(grid, block, shared_mem_bytes)`` for ``dlstore_gather`` of ``n_records`` records: a block per
     record up to a cap (each block then takes every grid-th record), no shared memory."""
     return (max(1, min(int(n_records), _GATHER_MAX_BLOCKS)),), (GATHER_THREADS,), 0
-
-
-def crc_bench_inputs(n_bytes: int = 8 << 20, record_bytes: int = 110_000,
-                     seed: int = 0) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """A synthetic read for timing ``dlstore_tfrecord_frames`` alone: ``(buf, rel, size)`` on the host.
-
-    ``buf`` (uint8, ``n_bytes``) holds valid TFRecord frames of ``record_bytes`` each (random payloads),
-    the last one shorter to end the buffer (or zero padding under 16 bytes); ``rel`` and ``size`` (int64)
-    are where each frame starts and its size, as the index gives them. Every frame checks
-    :data:`FRAME_OK`, so a timing run also checks the kernel's answer.
-    """
-    if record_bytes < FRAME_HEADER + FRAME_FOOTER:
-        raise ValueError(f"record_bytes={record_bytes}: a TFRecord frame takes at least 16 bytes")
-    full, rest = divmod(int(n_bytes), int(record_bytes))
-    size = np.full(full, record_bytes, dtype=np.int64)
-    if rest >= FRAME_HEADER + FRAME_FOOTER:
-        size = np.append(size, rest)
-    rel = np.concatenate([[0], np.cumsum(size)[:-1]]).astype(np.int64)
-    buf = np.zeros(int(n_bytes), dtype=np.uint8)
-    payload = np.random.default_rng(seed).integers(0, 256, int(size.sum()), dtype=np.uint8)
-    for at, frame in zip(rel.tolist(), size.tolist()):
-        data = payload[at:at + frame - FRAME_HEADER - FRAME_FOOTER]
-        header, footer = frame_parts(data)
-        buf[at:at + FRAME_HEADER] = np.frombuffer(header, dtype=np.uint8)
-        buf[at + FRAME_HEADER:at + frame - FRAME_FOOTER] = data
-        buf[at + frame - FRAME_FOOTER:at + frame] = np.frombuffer(footer, dtype=np.uint8)
-    return buf, rel, size
