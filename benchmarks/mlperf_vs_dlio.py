@@ -190,7 +190,7 @@ def markdown(doc: Dict[str, Any]) -> str:
             report.Column("dlstore_au_whole_pct", "dlstore AU % (whole epoch)", "{:.1f}"),
             report.Column("records_equal", "same records per rank", "{}", "<"),
             report.Column("busy", "machine busy cores (DLIO / dlstore)", "{}", "<")]
-    lines = [f"{doc['workload']['name']}: {doc['workload_text']}", "",
+    lines = [doc["workload_text"], "",
              f"data: {doc['data']}", f"cache: {doc['cache']}", f"dlstore: {doc['dlstore_engine']}; {doc['shuffle']}",
              f"DLIO: {doc['dlio']['version']} ({doc['dlio']['reader']})", f"machine: {doc['machine']}", "",
              report.markdown_table(doc["rows"], cols), "Accounting differences:", ""]
