@@ -134,13 +134,10 @@ def run_rank(spec: RunSpec, world: World, ready: Callable[[], None]) -> List[Dic
     return epochs
 
 
-def _prepare(tier: str, files: Sequence[str]) -> str:
-    """The cache made ``tier`` for ``files``: what ran, and for warm how much stayed resident."""
-    if tier == "cold":
-        return cache_control.make_cold(list(files))
-    method = cache_control.make_warm(list(files))
-    resident = cache_control.resident_fraction(list(files))
-    return method + (f"; {100 * resident:.0f}% resident" if resident is not None else "")
+def _prepare(tier: str, files: Sequence[str]) -> Tuple[str, Optional[float]]:
+    """The cache made ``tier`` for ``files``: what ran, and the fraction of the files resident after it."""
+    method = cache_control.make_cold(list(files)) if tier == "cold" else cache_control.make_warm(list(files))
+    return method, cache_control.resident_fraction(list(files))
 
 
 # ---- launchers -----------------------------------------------------------------------------------
@@ -167,10 +164,10 @@ def measure_threads(spec: RunSpec, n: int, tier: str) -> Dict[str, Any]:
     threads = [threading.Thread(target=rank, args=(r,), name=f"dlstore-mlperf-rank{r}") for r in range(n)]
     for t in threads:
         t.start()
-    method = None
+    method, resident = None, None
     try:
         built.wait()
-        method = _prepare(tier, spec.files)
+        method, resident = _prepare(tier, spec.files)
         go.wait()
     except threading.BrokenBarrierError:
         pass
@@ -179,27 +176,27 @@ def measure_threads(spec: RunSpec, n: int, tier: str) -> Dict[str, Any]:
             t.join()
     if errors:
         raise errors[0]
-    return {"ranks": results, "cache_method": method}
+    return {"ranks": results, "cache_method": method, "resident": resident}
 
 
 def _mpi_rank_run(spec: RunSpec, tier: str, out: str) -> int:
     """This process as one rank of a run under mpirun; rank 0 writes the ranks' figures to ``out``."""
     comm = mpi_comm()
     world = detect_world()
-    method: List[Optional[str]] = [None]
+    method: List[Any] = [None, None]
 
     def ready() -> None:
         if comm is not None:
             comm.Barrier()
         if world.rank == 0:
-            method[0] = _prepare(tier, spec.files)
+            method[:] = _prepare(tier, spec.files)
         if comm is not None:
             comm.Barrier()
 
     mine = run_rank(spec, world, ready)
     ranks = comm.gather(mine, root=0) if comm is not None else [mine]
     if world.rank == 0:
-        report.write_json(out, {"ranks": ranks, "cache_method": method[0]})
+        report.write_json(out, {"ranks": ranks, "cache_method": method[0], "resident": method[1]})
     return 0
 
 
@@ -435,6 +432,11 @@ def run(args: argparse.Namespace) -> int:
                 figures = aggregate(got["ranks"], wl.au_threshold_pct)
                 figures["others_cores"] = _others_cores(got["ranks"], in_process)
                 figures["engine"] = got["ranks"][0][0]["engine"]
+                figures["cache_method"] = got["cache_method"]
+                figures["resident_at_start"] = got["resident"]
+                if tier == "warm" and got["resident"] is not None and got["resident"] < 0.95:
+                    warnings.append(f"warm at {n} (run {i + 1}): only {100 * got['resident']:.0f}% of the data was "
+                                    "in the page cache at the start (evicted by other processes): partly cold")
                 figures["ranks"] = got["ranks"]
                 warnings.extend(sysinfo.trust_warnings(f"{tier} at {n} (run {i + 1})",
                                                        figures["epochs"][0]["seconds"], figures["others_cores"]))
@@ -480,7 +482,9 @@ _COLUMNS = [
     report.Column("mib_per_s", "MiB/s", "{:,.0f}"),
     report.Column("samples_per_s_per_accelerator", "samples/s per acc.", "{:,.0f}"),
     report.Column("mib_per_s_per_accelerator", "MiB/s per acc.", "{:,.0f}"),
-    report.Column("au_range", "AU range", "{}", "<"),
+    report.Column("au_ranks", "AU per accelerator", "{}", "<"),
+    report.Column("au_range", "AU over runs", "{}", "<"),
+    report.Column("cached", "cached at start", "{}"),
     report.Column("others_cores", "other cores", "{:.2f}"),
     report.Column("verdict", "verdict", "{}", "<"),
 ]
@@ -491,8 +495,13 @@ def _rows(found: Dict[str, Any]) -> List[Dict[str, Any]]:
     for n in sorted(int(k) for k in found["runs"]):
         run_ = found["runs"].get(n, found["runs"].get(str(n)))
         spread = run_["au_pct_spread"]
-        rows.append(dict(run_, au_range=(f"{spread['min']:.1f}-{spread['max']:.1f} ({spread['n']} runs)"
-                                          if spread["n"] > 1 else "1 run"),
+        per_rank = [a for r in run_["repeats"] for a in r["au_per_rank_pct"] if a is not None]
+        cached = [r["resident_at_start"] for r in run_["repeats"] if r.get("resident_at_start") is not None]
+        rows.append(dict(run_, au_ranks=f"{min(per_rank):.1f}-{max(per_rank):.1f}" if per_rank else None,
+                         au_range=(f"{spread['min']:.1f}-{spread['max']:.1f} ({spread['n']} runs)"
+                                   if spread["n"] > 1 else "1 run"),
+                         cached=(f"{100 * min(cached):.0f}%" + (f"-{100 * max(cached):.0f}%" if len(cached) > 1 else "")
+                                 if cached else None),
                          verdict="pass" if run_["passed"] else "fail"))
     return rows
 
