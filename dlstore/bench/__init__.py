@@ -40,6 +40,8 @@ SCENARIOS: Dict[str, Scenario] = {
         Scenario("mlperf", "MLPerf Storage's question: the most emulated accelerators (resnet50, cosmoflow on a100, "
                            "h100) this storage feeds at the workload's AU, on DLIO's TFRecord layout, cold and warm",
                  "dlstore.bench.mlperf"),
+        Scenario("gpu-check", "the GPU path end to end on a GPU machine: build, gpu tests, gds batches against the "
+                              "host engines', compute-sanitizer, GB/s against kvikio", "dlstore.bench.gpu_check"),
     ]
 }
 
