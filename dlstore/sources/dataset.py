@@ -321,7 +321,7 @@ class Dataset(ReadsWithOptions):
         from dlstore import _C
 
         return _C.PlanReader(plan.paths, plan.file, plan.offset, plan.size, plan.emit, self.format, batch,
-                             self._core_options, hold_bytes=hold, sequential=self.shuffle != "global",
+                             self._core_options, hold_bytes=hold, sequential=not self.shuffle_kind.random_reads,
                              first_batch=batch - start % batch, device=plan.device)
 
     def _gds_core(self, plan: _ReaderPlan, batch: int, first_batch: int, hold: int):
