@@ -22,12 +22,14 @@ from __future__ import annotations
 import copy
 import os
 import time
+import warnings
 from typing import Any, Dict, Iterator, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from dlstore import settings
-from dlstore.errors import DlstoreError, DlstoreIOError, PlacementError
+from dlstore.errors import CorruptRecordError, DlstoreError, DlstoreIOError, PlacementError
+from dlstore.sources import replicas
 from dlstore.sources.indexing import index_dataset
 from dlstore.io.cuda import parse_device
 from dlstore.io.failover import MountHealth
@@ -175,6 +177,12 @@ class Dataset(ReadsWithOptions):
         self._rank_mounts = self._assign(mount_policy, mounts_per_rank, throughput)
         self._core_options = self.options.core(self.engine, in_order=False, mounts=len(self._rank_mounts),
                                                reorders=SHUFFLES[shuffle].buffered)
+        # Shards held by several mounts: a corrupt record raises in the reader and is read from another
+        # copy; this dataset's on_error applies when no copy holds it good (_read_around).
+        self._reads_around = self._layout is not None and any(len(h) > 1 for h in self._layout.holders)
+        if self._reads_around:
+            self._core_options["on_error"] = "raise"
+        self._copy_reports = replicas.CopyReports()
         self.plan(0)  # checks the placement options now rather than at the first read
         self.epoch = 0
         self.sample_in_epoch = 0
@@ -264,12 +272,11 @@ class Dataset(ReadsWithOptions):
         return (first, *fallbacks)
 
     def _mounts(self, shards: np.ndarray, records: np.ndarray, health: MountHealth) -> np.ndarray:
-        """The mount each record is read through: its block's, unless that mount failed this pass."""
+        """The mount each record is read through: its block's, unless that mount failed this pass or
+        holds a bad copy of the shard."""
         blocks = records // self.block_records
         chosen = mounts_for(self._layout, shards, self._rank_mounts, blocks)
-        if not health.failed:
-            return chosen
-        moved = np.isin(chosen, np.array(health.failed, dtype=np.int64))
+        moved = health.moved(shards, chosen)  # on a failed mount, or a copy found bad
         if moved.any():
             keys = np.unique(np.stack([shards[moved], blocks[moved]], axis=1), axis=0)
             table = {}
@@ -352,6 +359,7 @@ class Dataset(ReadsWithOptions):
         warner = CorruptionWarnings(self.options.on_error == "warn", stacklevel=2)
         self._corruptions = []
         core = None
+        batch_size = self._read_batch_size()
         try:
             while True:
                 start = self.sample_in_epoch
@@ -360,25 +368,99 @@ class Dataset(ReadsWithOptions):
                 except _NoPlace as gone:
                     raise self._gave_up(gone.shard, gone.block, health, None) from None
                 core = self._core(plan, start)
+                total = len(plan.file) if plan.emit is None else len(plan.emit)
+                # A batch cut short by an error that follows it is held back: when the plan restarts
+                # (another mount, a retry) it is read again whole, so the batches are a clean read's;
+                # it goes out only before an error that ends the pass.
+                held, held_at, error = None, start, None
                 try:
                     while True:
+                        before = core.position
                         batch = core.next_batch()
                         warner.check(core)
                         if batch is None:
                             break
+                        if batch.num_records < min(batch_size - (start + before) % batch_size, total - before):
+                            held, held_at = batch, start + core.position
+                            batch = core.next_batch()  # raises the error that cut it short, if any
+                            warner.check(core)
+                            self.sample_in_epoch = held_at
+                            yield held
+                            held = None
+                            if batch is None:
+                                break
                         self.sample_in_epoch = start + core.position
                         yield batch
-                    break
-                except DlstoreIOError as e:
-                    self._fail_over(e, plan, core, health)
+                except (DlstoreIOError, CorruptRecordError) as e:
+                    error = e
                 finally:
                     _add_counts(totals, core.stats())
                     self._corruptions += core.corruptions()
+                if error is None:
+                    break
+                try:
+                    restart = self._recover(error, plan, start, core, health, totals)
+                except DlstoreError as final:
+                    if held is not None:  # the good records before the error go out first
+                        self.sample_in_epoch = held_at
+                        yield held
+                    raise final
+                if restart is not None:  # a record no copy holds good was left out, just before this
+                    self.sample_in_epoch = restart
+                    if held is not None:
+                        yield held
+                elif held is not None:  # read again by the restarted plan: handed out once, counted once
+                    totals["records"] -= held.num_records
+                    totals["payload_bytes"] -= int(held.nbytes)
+                held = None
             self.epoch, self.sample_in_epoch = epoch + 1, 0
         finally:
             notes = list(core.notes()) if core is not None else []
             core = None  # its files, mappings and buffers go now
             self._last = {**totals, **health.stats.as_dict(), "notes": notes}
+
+    def _recover(self, error: DlstoreError, plan: _ReaderPlan, start: int, core, health: MountHealth,
+                 totals: Dict[str, int]) -> Optional[int]:
+        """What follows a read error of a pass: the plan restarts on another place (None), or just after a
+        corrupt record no copy holds good (its position in the epoch); raises when the pass must end."""
+        if isinstance(error, DlstoreIOError):
+            self._fail_over(error, plan, core, health)
+            return None
+        if not self._reads_around:
+            raise error
+        return self._read_around(error, plan, start, health, totals)
+
+    def _read_around(self, error: CorruptRecordError, plan: _ReaderPlan, start: int, health: MountHealth,
+                     totals: Dict[str, int]) -> Optional[int]:
+        """A record failed its frame or CRC check: marks that copy bad and picks another holder (None:
+        restart where the pass stands); when none holds it good, applies ``on_error`` (raise, or the
+        epoch position just after the record, left out)."""
+        r = replicas.locate(plan.paths, plan.file, plan.offset, plan.size, error.path, error.offset)
+        if r is None:
+            raise error
+        shard, mount = plan.places[int(plan.file[r])]
+        record, offset = int(plan.records[r]), int(error.offset)
+        what = error.reason
+        candidates = self._places(shard, record // self.block_records)
+        mount_name = self.mounts[mount]
+        line = f"{mount_name}: {error.path}: at byte {offset}: {what}"
+        health.corrupt(shard, record, mount, line)
+        instead = health.next_copy(shard, record, candidates)
+        self._copy_reports.report(mount_name, error.path, offset, what,
+                                  None if instead is None else self.mounts[instead], stacklevel=5)
+        if instead is not None:
+            health.stats.events.append(f"{mount_name} -> {self.mounts[instead]} at record {record} of shard "
+                                       f"{shard}: bad copy ({what})")
+            return None
+        copies = [(self.mounts[m], self._layout.path(shard, m)) for m in candidates]
+        message = replicas.no_good_copy_message(error.path, offset, what, record, shard, copies)
+        if self.options.on_error == "raise":
+            raise CorruptRecordError(message, path=error.path, offset=offset, reason=what) from error
+        totals["skipped"] = totals.get("skipped", 0) + 1
+        self._corruptions.append((error.path, offset, what))
+        if self.options.on_error == "warn":
+            warnings.warn(f"{message} (skipped)", RuntimeWarning, stacklevel=4)
+        return start + replicas.emission_index(plan.emit, r) + 1
 
     def _fail_over(self, error: DlstoreIOError, plan: _ReaderPlan, core, health: MountHealth) -> None:
         """Records a failed read and waits before the plan restarts; raises when no place is left."""
