@@ -44,8 +44,14 @@ def _dataset(roots, **kw):
     return Dataset("shard-*.tfrecord", mounts=roots, **kw)
 
 
+def _records_of(batch):
+    """A batch's records as bytes: a host RecordBatch, or a DeviceBatch (its buffer)."""
+    view = memoryview(getattr(batch, "buffer", batch)).cast("B")
+    return [bytes(view[o:o + n]) for o, n in zip(batch.offsets.tolist(), batch.lengths.tolist())]
+
+
 def _batches(ds):
-    return [batch_records(b) for b in ds.batches()]
+    return [_records_of(b) for b in ds.batches()]
 
 
 def _damage(roots, plan):
@@ -108,6 +114,18 @@ def test_bit_rot_on_all_but_one_replica_reads_the_good_copy(replicas, shuffle, i
         _batches(ds)
     assert FOUND <= _found(roots, ds) <= PLANTED
     assert len([w for w in again if "bad copy" in str(w.message)]) == len(_found(roots, ds) - found)
+
+
+@pytest.mark.filterwarnings("ignore:bad copy on mount")
+@pytest.mark.parametrize("shuffle", ["none", "block", "global"])
+def test_gds_reads_around_the_same_bad_copies(replicas, stand_in_gds, shuffle):
+    """io="gds" (through the host stand-in backend): the same batches as a clean host read."""
+    data, roots = replicas
+    clean = _batches(_dataset(roots, shuffle=shuffle, io="buffered"))
+    _damage(roots, ROT)
+    ds = _dataset(roots, shuffle=shuffle, io="gds")
+    assert _batches(ds) == clean
+    assert FOUND <= _found(roots, ds) <= PLANTED and ds.stats()["skipped"] == 0
 
 
 @pytest.mark.filterwarnings("ignore:bad copy on mount")
