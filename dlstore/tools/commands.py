@@ -1,7 +1,8 @@
-"""The ``dlstore testbed`` and ``dlstore expand`` commands: their arguments, and what they print.
+"""The ``dlstore testbed``, ``dlstore expand`` and ``dlstore verify --mounts`` commands: their arguments,
+and what they print.
 
-:mod:`dlstore.cli` registers them; the work is done by :mod:`dlstore.tools.testbed` and
-:mod:`dlstore.tools.expand`.
+:mod:`dlstore.cli` registers them; the work is done by :mod:`dlstore.tools.testbed`,
+:mod:`dlstore.tools.expand` and :mod:`dlstore.tools.scrub`.
 """
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from dlstore.tools import testbed as tbm
 from dlstore.tools.expand import EXPAND_MODES, expand_shards
 from dlstore.tools.testbed import BREAK_MODES, FILESYSTEMS, LAYOUTS, MAX_MOUNTS
 
-__all__ = ["add_testbed_arguments", "run_testbed", "add_expand_arguments", "run_expand", "format_status"]
+__all__ = ["add_testbed_arguments", "run_testbed", "add_expand_arguments", "run_expand", "run_scrub",
+           "format_status"]
 
 _MB = 1e6  # --throttle-mbps counts decimal megabytes, as storage figures do
 
@@ -205,3 +207,34 @@ def run_expand(args: argparse.Namespace) -> int:
     if args.mode == "hardlink":
         print("note: hardlinks share one inode and so one set of page-cache pages: they do NOT defeat caches")
     return 0
+
+
+def run_scrub(args: argparse.Namespace) -> int:
+    """``dlstore verify --mounts M1 M2 ... [SHARDS]``: exit 1 if any copy is bad, 0 if all are clean,
+    2 when the mounts or shards cannot be found."""
+    from dataclasses import asdict
+
+    from dlstore.errors import PlacementError
+    from dlstore.tools.scrub import scrub_mounts
+
+    try:
+        r = scrub_mounts(args.mounts, args.paths or None, fmt=args.format, io=args.io,
+                         progress=False if args.quiet or args.json else None)
+    except PlacementError as e:
+        print(f"dlstore verify: {e}", file=sys.stderr)
+        return 2
+    rate = r.bytes / r.seconds / _MB if r.seconds > 0 else 0.0
+    if args.json:
+        print(json.dumps({"clean": r.clean, "mounts": r.mounts, "copies": r.copies, "records": r.records,
+                          "bytes": r.bytes, "seconds": r.seconds, "unreported": r.unreported,
+                          "bad": [asdict(b) for b in r.bad]}, indent=1))
+    else:
+        for bad in r.bad:
+            print(bad.line(), flush=True)
+        if r.unreported:
+            print(f"{r.unreported} more corrupt records were found than reported one by one")
+        verdict = "OK" if r.clean else "CORRUPT"
+        print(f"{verdict}: {r.copies} copies on {len(r.mounts)} mounts, {r.records} good records, "
+              f"{len(r.bad)} bad {'copy' if len(r.bad) == 1 else 'copies'}; {r.bytes / _MB:.1f} MB in "
+              f"{r.seconds:.1f} s ({rate:.0f} MB/s)")
+    return 0 if r.clean else 1
