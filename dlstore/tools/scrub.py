@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from dlstore._progress import Progress
-from dlstore.errors import DlstoreError
+from dlstore.errors import DlstoreError, PlacementError
 from dlstore.sources.layout import scan_layout
 from dlstore.sources.reader import open_records
 
@@ -83,6 +83,29 @@ def _check_copy(path: str, fmt: str, io: Optional[str]) -> _CopyCheck:
     return out
 
 
+def _copies(mounts: List[str], shards: Optional[Sequence[str]]) -> Tuple[List[str], List[List[int]]]:
+    """The shards (relative paths) and the mounts holding a copy of each. Unlike a dataset's layout,
+    copies of different sizes are accepted: a torn copy is one of the bad copies to find."""
+    for m in mounts:
+        if not os.path.isdir(m):
+            raise PlacementError(f"mount point {m} is not a directory", path=m)
+    patterns: List[Optional[str]] = list(shards) if shards else [None]
+    names = set()
+    for pattern in patterns:
+        found = False
+        for m in mounts:
+            try:
+                names.update(scan_layout([m], None if pattern is None else [pattern]).shards)
+                found = True
+            except PlacementError:
+                continue  # nothing of it on this mount
+        if not found:
+            what = f"{pattern!r}" if pattern is not None else "record files"
+            raise PlacementError(f"no {what} on any mount ({', '.join(mounts)})", path=pattern)
+    ordered = sorted(names)
+    return ordered, [[i for i, m in enumerate(mounts) if os.path.isfile(os.path.join(m, rel))] for rel in ordered]
+
+
 def scrub_mounts(mounts: Sequence[str], shards: Optional[Sequence[str]] = None, *, fmt: str = "auto",
                  io: Optional[str] = None, progress: Optional[bool] = None) -> ScrubReport:
     """Reads every copy of every shard on ``mounts`` and reports each bad one.
@@ -102,20 +125,19 @@ def scrub_mounts(mounts: Sequence[str], shards: Optional[Sequence[str]] = None, 
     Raises
     ------
     PlacementError
-        When a mount is not a directory or the shards match nothing (see
-        :func:`~dlstore.sources.layout.scan_layout`).
+        When a mount is not a directory, or a shard path or glob matches nothing on any mount.
     """
     import time
 
-    layout = scan_layout(list(mounts), list(shards) if shards else None)
-    names = list(layout.mounts)
+    names = [os.fspath(m) for m in mounts]
+    shard_names, holders_of = _copies(names, shards)
     per_mount: Dict[int, List[int]] = {m: [] for m in range(len(names))}
-    for s, holders in enumerate(layout.holders):
+    for s, holders in enumerate(holders_of):
         for m in holders:
             per_mount[m].append(s)
-    sizes = layout.sizes or tuple(os.path.getsize(layout.path(s, layout.holders[s][0]))
-                                  for s in range(len(layout.shards)))
-    total = sum(sizes[s] * len(h) for s, h in enumerate(layout.holders))
+    sizes = {(s, m): os.path.getsize(os.path.join(names[m], shard_names[s]))
+             for s, holders in enumerate(holders_of) for m in holders}
+    total = sum(sizes.values())
     results: Dict[Tuple[int, int], _CopyCheck] = {}
     lock = threading.Lock()
     report = ScrubReport(mounts=names)
@@ -123,30 +145,30 @@ def scrub_mounts(mounts: Sequence[str], shards: Optional[Sequence[str]] = None, 
     with Progress(total, "scrub", unit="B", enabled=progress) as bar:
         def read_mount(m: int) -> None:
             for s in per_mount[m]:
-                check = _check_copy(layout.path(s, m), fmt, io)
+                check = _check_copy(os.path.join(names[m], shard_names[s]), fmt, io)
                 with lock:
                     results[(s, m)] = check
-                    bar.update(sizes[s])
+                    bar.update(sizes[(s, m)])
 
         with ThreadPoolExecutor(max_workers=max(1, len(names)), thread_name_prefix="dlstore-scrub") as pool:
             for done in [pool.submit(read_mount, m) for m in per_mount if per_mount[m]]:
                 done.result()
     report.seconds = time.monotonic() - start
-    for s, holders in enumerate(layout.holders):
+    for s, holders in enumerate(holders_of):
         for m in holders:
             check = results[(s, m)]
             report.copies += 1
             report.records += check.records
             report.unreported += check.unreported
-            report.bytes += sizes[s]
-            path = layout.path(s, m)
+            report.bytes += sizes[(s, m)]
+            path = os.path.join(names[m], shard_names[s])
             if check.unreadable is not None:
                 good = [names[o] for o in holders if o != m and results[(s, o)].unreadable is None]
-                report.bad.append(BadCopy(names[m], path, layout.shards[s], None, check.unreadable, good))
+                report.bad.append(BadCopy(names[m], path, shard_names[s], None, check.unreadable, good))
             for offset, what in check.corrupt:
                 # Replicas are the same bytes: a record is good on another copy that reads and has no
                 # corruption at that offset.
                 good = [names[o] for o in holders if o != m and results[(s, o)].unreadable is None
                         and all(at != offset for at, _ in results[(s, o)].corrupt)]
-                report.bad.append(BadCopy(names[m], path, layout.shards[s], offset, what, good))
+                report.bad.append(BadCopy(names[m], path, shard_names[s], offset, what, good))
     return report

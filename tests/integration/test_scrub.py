@@ -84,3 +84,14 @@ def test_bad_usage_exits_2(tmp_path, mounts):
     proc = _verify("--mounts", mounts[0], tmp_path / "nowhere", "--quiet")
     assert proc.returncode == 2 and "nowhere" in proc.stderr
     assert _verify("--mounts", *mounts, "no-such-*.tfrecord", "--quiet").returncode == 2
+
+
+def test_a_torn_copy_is_a_bad_copy(mounts):
+    """A copy cut short (another size than its replicas) is listed, not refused as a layout problem."""
+    path = os.path.join(mounts[1], "part-5.tfrecord")
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) - 100)
+    report = scrub_mounts(mounts, progress=False)
+    assert [(b.mount, b.path) for b in report.bad] == [(mounts[1], path)]
+    assert "truncated" in report.bad[0].what and set(report.bad[0].good_on) == {mounts[0], mounts[2]}
+    assert _verify("--mounts", *mounts, "--quiet").returncode == 1
