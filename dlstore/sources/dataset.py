@@ -443,11 +443,11 @@ class Dataset(ReadsWithOptions):
         what = error.reason
         candidates = self._places(shard, record // self.block_records)
         mount_name = self.mounts[mount]
-        line = f"{mount_name}: {error.path}: at byte {offset}: {what}"
+        line = replicas.bad_copy_line(mount_name, error.path, offset, what)
         health.corrupt(shard, record, mount, line)
         instead = health.next_copy(shard, record, candidates)
-        self._copy_reports.report(mount_name, error.path, offset, what,
-                                  None if instead is None else self.mounts[instead], stacklevel=5)
+        self._copy_reports.report(line, error.path, offset, None if instead is None else self.mounts[instead],
+                                  stacklevel=5)
         if instead is not None:
             health.stats.events.append(f"{mount_name} -> {self.mounts[instead]} at record {record} of shard "
                                        f"{shard}: bad copy ({what})")

@@ -16,7 +16,7 @@ from typing import Optional, Sequence, Set, Tuple
 
 import numpy as np
 
-__all__ = ["locate", "emission_index", "CopyReports", "no_good_copy_message"]
+__all__ = ["locate", "emission_index", "CopyReports", "bad_copy_line", "no_good_copy_message"]
 
 
 def locate(paths: Sequence[str], file: np.ndarray, offset: np.ndarray, size: np.ndarray, path: Optional[str],
@@ -47,15 +47,18 @@ class CopyReports:
     def __init__(self) -> None:
         self._seen: Set[Tuple[str, int]] = set()
 
-    def report(self, mount: str, path: str, offset: int, what: str, instead: Optional[str], stacklevel: int) -> str:
-        """Warns (``RuntimeWarning``) that ``mount``'s copy ``path`` is bad at ``offset``, the first time;
-        returns the line for the stats."""
-        line = f"{mount}: {path}: at byte {offset}: {what}"
+    def report(self, line: str, path: str, offset: int, instead: Optional[str], stacklevel: int) -> None:
+        """Warns (``RuntimeWarning``) of the bad copy ``line`` (:func:`bad_copy_line`) the first time
+        ``path`` is found bad at ``offset``; ``instead``: the mount the record is read from now."""
         if (path, offset) not in self._seen:
             self._seen.add((path, offset))
             then = f"; read from {instead} instead" if instead else "; no other mount holds it good"
             warnings.warn(f"bad copy on mount {line}{then}", RuntimeWarning, stacklevel=stacklevel)
-        return line
+
+
+def bad_copy_line(mount: str, path: str, offset: int, what: str) -> str:
+    """One bad copy in a line, as the stats and the warning give it: ``<mount>: <file>: at byte N: what``."""
+    return f"{mount}: {path}: at byte {offset}: {what}"
 
 
 def no_good_copy_message(path: str, offset: int, what: str, record: int, shard: int,
