@@ -532,8 +532,8 @@ class Dataset(ReadsWithOptions):
 
     def stats(self) -> Dict[str, Any]:
         """Counters of the last pass (records, bytes, chunks, batches gathered by copy, records the
-        shuffle buffer copied out, failovers, retries), the engine and why, the shuffle and this
-        rank's mounts; with ``io="gds"`` also ``gds_mode`` (``gds`` or ``compat``), ``gds_backend`` and
+        shuffle buffer copied out, failovers, retries, ``corrupt_copies`` and ``bad_copies``: copies
+        found bad and read around), the engine and why, the shuffle and this rank's mounts; with ``io="gds"`` also ``gds_mode`` (``gds`` or ``compat``), ``gds_backend`` and
         ``crc`` (where the CRC ran)."""
         out = dict(self._last)
         if self.engine == "gds":  # before a pass: what the verdict says (the pass's backend says more)
