@@ -149,7 +149,7 @@ class Dataset(ReadsWithOptions):
         # manifest per directory, built (once, under a lock) where there is none.
         first = (self.shards if self._layout is None else
                  [self._layout.path(i, self._layout.holders[i][0]) for i in range(len(self.shards))])
-        self.index = index_dataset(first, format, progress)
+        self.index = self._index_good_copies(first, format, progress)
         self.format = self.index.format
         self.counts = self.index.counts
         total_bytes = int(self.index.sizes.sum())
@@ -200,6 +200,22 @@ class Dataset(ReadsWithOptions):
             shards = [shards]
         layout = scan_layout([os.fspath(m) for m in mounts], [os.fspath(s) for s in shards])
         return layout, list(layout.shards)
+
+    def _index_good_copies(self, first: List[str], fmt: str, progress: bool):
+        """The index of the shards from their first copies; a shard whose copy fails its check while
+        being indexed (no current manifest, bit rot) is indexed from its next holder instead."""
+        while True:
+            try:
+                return index_dataset(first, fmt, progress)
+            except CorruptRecordError as e:
+                if self._layout is None or e.path not in first:
+                    raise
+                s = first.index(e.path)
+                holders = list(self._layout.holders[s])
+                at = holders.index(next(m for m in holders if self._layout.path(s, m) == e.path))
+                if at + 1 == len(holders):
+                    raise
+                first[s] = self._layout.path(s, holders[at + 1])
 
     def _assign(self, policy: str, mounts_per_rank: int, throughput) -> Tuple[int, ...]:
         if self._layout is None:
@@ -533,8 +549,9 @@ class Dataset(ReadsWithOptions):
     def stats(self) -> Dict[str, Any]:
         """Counters of the last pass (records, bytes, chunks, batches gathered by copy, records the
         shuffle buffer copied out, failovers, retries, ``corrupt_copies`` and ``bad_copies``: copies
-        found bad and read around), the engine and why, the shuffle and this rank's mounts; with ``io="gds"`` also ``gds_mode`` (``gds`` or ``compat``), ``gds_backend`` and
-        ``crc`` (where the CRC ran)."""
+        found bad and read around), the engine and why, the shuffle and this rank's mounts; with
+        ``io="gds"`` also ``gds_mode`` (``gds`` or ``compat``), ``gds_backend`` and ``crc`` (where the
+        CRC ran)."""
         out = dict(self._last)
         if self.engine == "gds":  # before a pass: what the verdict says (the pass's backend says more)
             out.setdefault("gds_mode", self.choice.gds_mode)

@@ -11,7 +11,7 @@ import pytest
 import dlstore
 from dlstore import Dataset
 from dlstore.placement.world import World
-from tests.helpers import batch_records, corrupt_unnoticed, write_tfrecord
+from tests.helpers import batch_records, corrupt_unnoticed, flip_data_byte, write_tfrecord
 from tests.resume import assert_resumes_exactly
 
 MOUNTS = 3
@@ -198,3 +198,25 @@ def test_without_replicas_on_error_is_the_readers(tmp_path):
     got = [r for b in _batches(ds) for r in b]
     assert got == recs[:6] + recs[7:] + recs
     assert ds.stats()["corrupt_copies"] == 0 and ds.stats()["skipped"] == 1
+
+
+@pytest.mark.filterwarnings("ignore:bad copy on mount")
+def test_an_index_built_while_the_first_copy_is_rotten_comes_from_a_good_one(tmp_path):
+    """No manifest yet, and mount 0's copy of a shard holds a bad record: the index is built from the
+    next holder's copy, and every record is read once."""
+    rng = np.random.default_rng(8)
+    data = [_records(rng, 20) for _ in range(3)]
+    roots = []
+    for m in range(MOUNTS):
+        root = tmp_path / f"mnt{m}"
+        root.mkdir()
+        for s, recs in enumerate(data):
+            write_tfrecord(root / f"shard-{s}.tfrecord", recs)
+        roots.append(os.fspath(root))
+    frames = np.cumsum([0] + [16 + len(r) for r in data[1]])[:-1]
+    flip_data_byte(os.path.join(roots[0], "shard-1.tfrecord"), 4, frames)
+    flip_data_byte(os.path.join(roots[1], "shard-1.tfrecord"), 9, frames)
+    everything = [r for d in data for r in d]
+    for _ in range(2):  # building the manifests, then from them
+        ds = _dataset(roots, shuffle="none", shuffle_shards=False)
+        assert [r for b in _batches(ds) for r in b] == everything
