@@ -85,19 +85,32 @@ class MountHealth:
         self._mount_failures[mount] = self._mount_failures.get(mount, 0) + 1
         self._shard_failures[(shard, mount)] = self._shard_failures.get((shard, mount), 0) + 1
 
-    def corrupt(self, shard: int, record: int, mount: int, where: str) -> None:
+    def corrupt(self, shard: int, record: int, mount: int, where: str) -> bool:
         """Record ``record`` of ``shard`` failed its check on ``mount`` (``where``: mount, file, offset,
         what): the shard is read from a holder without a bad copy for the rest of the pass, where
-        there is one (:meth:`next_copy` says where this record is read next)."""
+        there is one (:meth:`next_copy` says where this record is read next).
+
+        Returns False when this copy of the record was found bad before in this pass: the plan came
+        back to it because no other copy could be read, and going on would go round in circles.
+        """
+        seen = self._bad_records.setdefault((shard, record), set())
+        if mount in seen:
+            return False
+        seen.add(mount)
         self._bad.add((shard, mount))
-        self._bad_records.setdefault((shard, record), set()).add(mount)
         self.stats.corrupt_copies += 1
         self.stats.bad_copies.append(where)
+        return True
+
+    def bad_for(self, shard: int, record: int) -> List[int]:
+        """The mounts whose copy of ``record`` of ``shard`` was found bad in this pass, in mount order."""
+        return sorted(self._bad_records.get((shard, record), ()))
 
     def next_copy(self, shard: int, record: int, candidates: Sequence[int]) -> Optional[int]:
         """Where to read ``record`` of ``shard`` after a bad copy: None when every candidate had it bad."""
         tried = self._bad_records.get((shard, record), set())
-        left = [m for m in candidates if m not in tried]
+        # A copy not known bad but on a mount that failed past its retries cannot be read either.
+        left = [m for m in candidates if m not in tried and self._choose(shard, [m]) is not None]
         if not left:
             return None
         chosen = self.choose(shard, candidates)

@@ -460,16 +460,19 @@ class Dataset(ReadsWithOptions):
         candidates = self._places(shard, record // self.block_records)
         mount_name = self.mounts[mount]
         line = replicas.bad_copy_line(mount_name, error.path, offset, what)
-        health.corrupt(shard, record, mount, line)
-        instead = health.next_copy(shard, record, candidates)
-        self._copy_reports.report(line, error.path, offset, None if instead is None else self.mounts[instead],
-                                  stacklevel=5)
+        instead = None
+        if health.corrupt(shard, record, mount, line):  # else back at a bad copy: nowhere better to go
+            instead = health.next_copy(shard, record, candidates)
+            self._copy_reports.report(line, error.path, offset, None if instead is None else self.mounts[instead],
+                                      stacklevel=5)
         if instead is not None:
             health.stats.events.append(f"{mount_name} -> {self.mounts[instead]} at record {record} of shard "
                                        f"{shard}: bad copy ({what})")
             return None
-        copies = [(self.mounts[m], self._layout.path(shard, m)) for m in candidates]
-        message = replicas.no_good_copy_message(error.path, offset, what, record, shard, copies)
+        bad = health.bad_for(shard, record)
+        message = replicas.no_good_copy_message(
+            error.path, offset, what, record, shard, [(self.mounts[m], self._layout.path(shard, m)) for m in bad],
+            [self.mounts[m] for m in candidates if m not in bad])
         if self.options.on_error == "raise":
             raise CorruptRecordError(message, path=error.path, offset=offset, reason=what) from error
         totals["skipped"] = totals.get("skipped", 0) + 1

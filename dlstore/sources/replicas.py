@@ -62,8 +62,12 @@ def bad_copy_line(mount: str, path: str, offset: int, what: str) -> str:
 
 
 def no_good_copy_message(path: str, offset: int, what: str, record: int, shard: int,
-                         copies: Sequence[Tuple[str, str]]) -> str:
-    """The message of a record no copy holds good: the last copy read, then every copy tried."""
-    where = ", ".join(f"{m} ({p})" for m, p in copies)
-    return (f"{path}: at byte {offset}: {what}; record {record} of shard {shard} is bad on every mount "
-            f"holding it [{where}]")
+                         bad: Sequence[Tuple[str, str]], unreadable: Sequence[str]) -> str:
+    """The message of a record no copy can be read good from: the last copy read, the copies found bad
+    (mount, file), and the mounts whose copy could not be read."""
+    where = ", ".join(f"{m} ({p})" for m, p in bad)
+    if not unreadable:
+        return (f"{path}: at byte {offset}: {what}; record {record} of shard {shard} is bad on every mount "
+                f"holding it [{where}]")
+    return (f"{path}: at byte {offset}: {what}; record {record} of shard {shard} has no good copy that can "
+            f"be read: bad on [{where}]; the copies on {', '.join(unreadable)} could not be read")

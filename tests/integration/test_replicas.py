@@ -220,3 +220,39 @@ def test_an_index_built_while_the_first_copy_is_rotten_comes_from_a_good_one(tmp
     for _ in range(2):  # building the manifests, then from them
         ds = _dataset(roots, shuffle="none", shuffle_shards=False)
         assert [r for b in _batches(ds) for r in b] == everything
+
+
+@pytest.mark.filterwarnings("ignore:bad copy on mount")
+@pytest.mark.parametrize("on_error", ["skip", "raise"])
+def test_a_record_bad_where_it_reads_and_unreadable_elsewhere_ends(replicas, on_error, monkeypatch):
+    """Shard 1's record 6 is bad on mounts 1 and 2, and mount 0's copy is gone: no good copy can be read.
+    The pass must end (``raise``) or leave that record out (``skip``), not go back and forth between
+    the bad copies."""
+    import functools
+    import signal
+
+    from dlstore.io import failover
+
+    monkeypatch.setattr(failover.MountHealth, "__init__", functools.partialmethod(
+        failover.MountHealth.__init__, retry_delay=0.0))
+    data, roots = replicas
+    _damage(roots, {(1, 6): (1, 2)})
+    ds = _dataset(roots, shuffle="none", shuffle_shards=False, on_error=on_error, max_retries=1)
+    os.unlink(os.path.join(roots[0], "shard-1.tfrecord"))
+
+    def hung(*_):
+        raise TimeoutError("the pass went round in circles")
+
+    signal.signal(signal.SIGALRM, hung)
+    signal.alarm(30)
+    try:
+        if on_error == "skip":
+            got = [r for b in _batches(ds) for r in b]
+            assert got == [r for d in data for r in d if r != data[1][6]]
+            assert ds.stats()["skipped"] == 1
+        else:
+            with pytest.raises(dlstore.CorruptRecordError, match="record 6 of shard 1") as e:
+                _batches(ds)
+            assert "could not be read" in str(e.value) and roots[0] in str(e.value)
+    finally:
+        signal.alarm(0)
