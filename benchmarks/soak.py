@@ -343,7 +343,8 @@ def run_soak(base: str, epochs: int, shards: int, records: int, kb: float, throt
             seconds = time.monotonic() - t0
             if broken is not None:
                 soak.tb.restore(broken)
-            report["epochs"].append(_check(epoch, fault, what, results, expected, seconds, restored_last, previous))
+            report["epochs"].append(_check(epoch, fault, what, results, expected, seconds, restored_last, previous,
+                                           soak.tb.mountpoints))
             restored_last, previous = broken, fault
             if fault == "bitrot_good_on_0":
                 soak.repair(0)
@@ -368,7 +369,7 @@ def run_soak(base: str, epochs: int, shards: int, records: int, kb: float, throt
 
 
 def _check(epoch: int, fault: str, what: str, results: Optional[List[Dict]], expected: collections.Counter,
-           seconds: float, restored_last: Optional[int], previous: str) -> Dict[str, Any]:
+           seconds: float, restored_last: Optional[int], previous: str, mounts: List[str]) -> Dict[str, Any]:
     """One epoch's verdict: every record exactly once, no exception, the fault's own check, and the
     check of the last epoch's fault that shows only now (a mount back in use, a manifest rebuilt)."""
     out: Dict[str, Any] = {"epoch": epoch, "fault": fault, "what": what, "seconds": round(seconds, 2)}
@@ -386,7 +387,10 @@ def _check(epoch: int, fault: str, what: str, results: Optional[List[Dict]], exp
         problems.append(f"the ranks disagree on the batch count: {agreed}")
     failovers = sum(s.get("failovers") or 0 for s in stats)
     corrupt = sum(s.get("corrupt_copies") or 0 for s in stats)
+    # The manifests' notes, and their warnings (a note of a manifest rebuilt while a rank also passed
+    # over a bad first copy is a warning only).
     notes = [n for s in stats for n in (s.get("index_notes") or [])]
+    notes += [w for r in results for w in (r.get("warnings") or []) if "manifest" in w]
     if fault.startswith(("eio", "stall")) and failovers < 1:
         problems.append("no failover counted")
     if fault.startswith("bitrot"):
@@ -399,9 +403,9 @@ def _check(epoch: int, fault: str, what: str, results: Optional[List[Dict]], exp
     if previous == "manifest_deleted" and not any("indexed" in n or "rebuilt" in n for n in notes):
         problems.append(f"the deleted manifest was not rebuilt: {notes}")
     if restored_last is not None:  # the mount broken last epoch is back: its rank reads it again
-        rank = restored_last
-        if rank < RANKS and (stats[rank].get("failed_mounts") or []):
-            problems.append(f"rank {rank} still fails over from its restored mount: {stats[rank]['failed_mounts']}")
+        rank, mount = restored_last, mounts[restored_last]
+        if rank < RANKS and mount in (stats[rank].get("failed_mounts") or []):
+            problems.append(f"rank {rank} still fails over from its restored mount {mount}")
     out.update(ok=not problems, problems=problems, records=sum(got.values()), expected=sum(expected.values()),
                failovers=failovers, retries=sum(s.get("retries") or 0 for s in stats), corrupt_copies=corrupt,
                index_notes=notes, events=[e for s in stats for e in (s.get("failover_events") or [])][:6],

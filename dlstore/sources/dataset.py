@@ -203,10 +203,15 @@ class Dataset(ReadsWithOptions):
 
     def _index_good_copies(self, first: List[str], fmt: str, progress: bool):
         """The index of the shards from their first copies; a shard whose copy fails its check while
-        being indexed (no current manifest, bit rot) is indexed from its next holder instead."""
+        being indexed (no current manifest, bit rot) is indexed from its next holder instead. A
+        manifest an attempt built before the failure is kept; its note is not (``index.notes`` has
+        the last attempt's, and one line per copy passed over)."""
+        moved: List[str] = []
         while True:
             try:
-                return index_dataset(first, fmt, progress)
+                index = index_dataset(first, fmt, progress)
+                index.notes += moved
+                return index
             except CorruptRecordError as e:
                 if self._layout is None or e.path not in first:
                     raise
@@ -216,6 +221,7 @@ class Dataset(ReadsWithOptions):
                 if at + 1 == len(holders):
                     raise
                 first[s] = self._layout.path(s, holders[at + 1])
+                moved.append(f"{e}: shard {self.shards[s]} indexed from {first[s]} instead")
 
     def _assign(self, policy: str, mounts_per_rank: int, throughput) -> Tuple[int, ...]:
         if self._layout is None:
