@@ -46,7 +46,7 @@ def _dataset(roots, **kw):
 
 def _records_of(batch):
     """A batch's records as bytes: a host RecordBatch, or a DeviceBatch (its buffer)."""
-    view = memoryview(getattr(batch, "buffer", batch)).cast("B")
+    view = memoryview(batch.buffer.get() if getattr(batch, "on_gpu", False) else batch).cast("B")
     return [bytes(view[o:o + n]) for o, n in zip(batch.offsets.tolist(), batch.lengths.tolist())]
 
 
@@ -119,7 +119,7 @@ def test_bit_rot_on_all_but_one_replica_reads_the_good_copy(replicas, shuffle, i
 @pytest.mark.filterwarnings("ignore:bad copy on mount")
 @pytest.mark.parametrize("shuffle", ["none", "block", "global"])
 def test_gds_reads_around_the_same_bad_copies(replicas, stand_in_gds, shuffle):
-    """io="gds" (through the host stand-in backend): the same batches as a clean host read."""
+    """io="gds" (over the kvikio and CuPy stand-ins): the same batches as a clean host read."""
     data, roots = replicas
     clean = _batches(_dataset(roots, shuffle=shuffle, io="buffered"))
     _damage(roots, ROT)
