@@ -18,8 +18,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Set, Tuple
 
-import numpy as np
-
 __all__ = ["FailoverStats", "MountHealth"]
 
 
@@ -73,6 +71,12 @@ class MountHealth:
         """Mounts that failed at least once in this pass, first failure first."""
         return list(self._failed)
 
+    @property
+    def avoid(self) -> List[int]:
+        """Mounts whose planned reads must be placed again (:meth:`choose`): those that failed, and those
+        holding a copy found bad (only the reads of that shard move; the others stay where they are)."""
+        return self._failed + sorted({m for _, m in self._bad} - set(self._failed))
+
     def usable(self, mount: int) -> bool:
         """Whether a block chosen for ``mount`` may stay there (it has not failed)."""
         return mount not in self._mount_failures
@@ -118,20 +122,6 @@ class MountHealth:
             chosen = left[0]
             self._pinned[shard] = chosen
         return chosen
-
-    def is_bad(self, shard: int, mount: int) -> bool:
-        """Whether ``shard``'s copy on ``mount`` was found corrupt in this pass."""
-        return (shard, mount) in self._bad
-
-    def moved(self, shards: np.ndarray, mounts: np.ndarray) -> np.ndarray:
-        """Per read: whether its mount (``mounts``, chosen without failures) must give way: the mount
-        failed, or its copy of the read's shard is bad."""
-        out = np.isin(mounts, np.array(self._failed, dtype=np.int64))
-        if self._bad:
-            bad = np.array(sorted(self._bad), dtype=np.int64)
-            per = int(max(int(mounts.max(initial=0)), int(bad[:, 1].max())) + 1)
-            out |= np.isin(np.asarray(shards, dtype=np.int64) * per + mounts, bad[:, 0] * per + bad[:, 1])
-        return out
 
     def choose(self, shard: int, candidates: Sequence[int]) -> Optional[int]:
         """Where to read ``shard`` from, among ``candidates`` (best first): None when nowhere is left.
