@@ -9,8 +9,9 @@ different fault strikes in every epoch, and every epoch is checked for exactly-o
 Root only (it builds a ``dlstore testbed`` of 3 loop-mounted ext4 mounts, each throttled with cgroup v1
 ``blkio.throttle.read_bps_device``). The data is copied onto every mount (replicated). ``mpirun -np 2``
 (Open MPI, ``--allow-run-as-root --oversubscribe``) starts two ranks of this script (``--rank``): each
-epoch they open the dataset afresh (as a job resumed at each epoch boundary does: the manifest is
-checked then), wait for this driver's go, and read their shares through ``dlstore.Dataset``
+epoch they wait for this driver's go, open the dataset afresh (as a job resumed at each epoch
+boundary does: each rank checks its shards against the manifest then; when one finds a shard
+rewritten, rank 0 brings the manifest up to date, as ``dlstore index`` would, and all open it again), and read their shares through ``dlstore.Dataset``
 (``shuffle="block"``, ``remainder="uneven"``, ``io="direct"``, ``read_timeout=1``) and an allgather of
 the agreed batch count at the end, as a training step would. Rank 0 reads mount 0 and rank 1 mount 1;
 mount 2 is the spare. The driver injects the epoch's fault, before the epoch or once both ranks are a
@@ -87,14 +88,35 @@ def rank_main(args: argparse.Namespace) -> int:
     import warnings
 
     from dlstore.distributed import allgather
-    from dlstore.placement.world import detect_world
+    from dlstore.placement.world import World, detect_world
     from dlstore.sources.dataset import Dataset
+    from dlstore.sources.indexing import ShardChanged
     from dlstore.tools.testbed import load_testbed
 
     tb = load_testbed(args.testbed)
     tb.enter_cgroup()
     world = detect_world()
     ctl = args.ctl
+    kw = dict(seed=7, shuffle="block", remainder="uneven", batch_size=16, io="direct", read_timeout=1.0,
+              chunk_size=256 << 10, block_size=256 << 10, buffer_size=64)
+
+    def open_dataset(noticed: List[str]):
+        """The epoch's dataset. A rank that finds a shard rewritten since the manifest was built stops
+        (the ranks would plan with other counts): then rank 0 brings the manifest up to date, as
+        ``dlstore index`` would, and every rank opens the dataset again."""
+        try:
+            ds, changed = Dataset("*.tfrecord", mounts=tb.mountpoints, world=world, **kw), None
+        except ShardChanged as e:
+            ds, changed = None, str(e)
+        seen = [c for c in allgather(changed) if c]
+        if not seen:
+            return ds
+        noticed += seen
+        if world.rank == 0:  # alone, a dataset brings the manifest up to date
+            Dataset("*.tfrecord", mounts=tb.mountpoints, world=World(rank=0, size=1), **kw)
+        allgather(None)
+        return Dataset("*.tfrecord", mounts=tb.mountpoints, world=world, **kw)
+
     for epoch in range(args.epochs):
         _wait_for(os.path.join(ctl, f"go-{epoch}"), 600)
         result: Dict[str, Any] = {"rank": world.rank, "epoch": epoch, "error": None, "digests": []}
@@ -102,9 +124,9 @@ def rank_main(args: argparse.Namespace) -> int:
         try:
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
-                ds = Dataset("*.tfrecord", mounts=tb.mountpoints, world=world, seed=7, shuffle="block",
-                             remainder="uneven", batch_size=16, io="direct", read_timeout=1.0,
-                             chunk_size=256 << 10, block_size=256 << 10, buffer_size=64)
+                noticed: List[str] = []
+                ds = open_dataset(noticed)
+                result["shard_changed"] = noticed
                 ds.set_epoch(epoch)
                 share = len(ds)
                 _progress(ctl, world.rank, epoch, 0, share)
@@ -391,6 +413,7 @@ def _check(epoch: int, fault: str, what: str, results: Optional[List[Dict]], exp
     # over a bad first copy is a warning only).
     notes = [n for s in stats for n in (s.get("index_notes") or [])]
     notes += [w for r in results for w in (r.get("warnings") or []) if "manifest" in w]
+    notes += [n for r in results for n in (r.get("shard_changed") or [])]
     if fault.startswith(("eio", "stall")) and failovers < 1:
         problems.append("no failover counted")
     if fault.startswith("bitrot"):
