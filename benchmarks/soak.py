@@ -11,9 +11,10 @@ Root only (it builds a ``dlstore testbed`` of 3 loop-mounted ext4 mounts, each t
 (Open MPI, ``--allow-run-as-root --oversubscribe``) starts two ranks of this script (``--rank``): each
 epoch they wait for this driver's go, open the dataset afresh (as a job resumed at each epoch
 boundary does: each rank checks its shards against the manifest then; when one finds a shard
-rewritten, rank 0 brings the manifest up to date, as ``dlstore index`` would, and all open it again), and read their shares through ``dlstore.Dataset``
-(``shuffle="block"``, ``remainder="uneven"``, ``io="direct"``, ``read_timeout=1``) and an allgather of
-the agreed batch count at the end, as a training step would. Rank 0 reads mount 0 and rank 1 mount 1;
+rewritten, rank 0 brings the manifest up to date, as ``dlstore index`` would, and all open it
+again), and read their shares through ``dlstore.Dataset`` (``shuffle="block"``, ``remainder="uneven"``,
+``io="direct"``, ``read_timeout=1``) and an allgather of the agreed batch count at the end, as a
+training step would. Rank 0 reads mount 0 and rank 1 mount 1;
 mount 2 is the spare. The driver injects the epoch's fault, before the epoch or once both ranks are a
 quarter through it, and checks the digests of every record delivered against the data on disk.
 
