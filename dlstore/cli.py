@@ -18,7 +18,8 @@ from dlstore.io.system import format_bytes
 from dlstore.placement import ASSIGNMENTS, REMAINDERS, SHUFFLES
 from dlstore.sources.indexing import build_index, index_dataset
 from dlstore.sources.reader import expand_paths, open_records
-from dlstore.tools.commands import add_expand_arguments, add_testbed_arguments, run_expand, run_plan, run_testbed
+from dlstore.tools.commands import (add_expand_arguments, add_testbed_arguments, run_expand, run_plan, run_scrub,
+                                     run_testbed)
 from dlstore.tools.convert import convert_tree
 from dlstore.tools.info import collect_info, format_info
 from dlstore.tools.simulate import parse_simulate, run_simulate
@@ -124,9 +125,15 @@ def _count(n: int, what: str) -> str:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     """Reads every record, checks framing and CRCs, and lists each corrupt offset and each file that
-    cannot be read. Exit 1 if any."""
+    cannot be read. With --mounts, scrubs every copy of every shard on the replica mounts at once and
+    names the mounts holding each bad record good. Exit 1 if anything is bad, 2 on bad usage."""
 
     _check_settings(io=args.io)
+    if args.mounts:
+        return run_scrub(args)
+    if not args.paths:
+        print("dlstore verify: name the files to check, or --mounts M1 M2 ... [SHARDS]", file=sys.stderr)
+        return 2
     files = expand_paths(args.paths)
     total = sum(os.path.getsize(f) for f in files)
     records = corrupt = corrupt_files = unreadable = 0
@@ -249,9 +256,13 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--out-dir", help="write indexes here instead of beside the data")
 
     v = sub.add_parser("verify", help=cmd_verify.__doc__, description=cmd_verify.__doc__)
-    v.add_argument("paths", nargs="+", help="files, globs or directories")
+    v.add_argument("paths", nargs="*", help="files, globs or directories; with --mounts: shard paths or globs "
+                                            "relative to the mounts (default: every record file)")
+    v.add_argument("--mounts", nargs="+", metavar="M", help="replica mount points: scrub every copy, the mounts "
+                                                            "read at once")
     v.add_argument("--format", default="auto", choices=["auto", *FORMATS])
     v.add_argument("--io", help=settings.SETTINGS["io"].help + f" Default: ${settings.SETTINGS['io'].env}, else auto.")
+    v.add_argument("--json", action="store_true", help="with --mounts: the report as JSON")
     v.add_argument("--quiet", action="store_true", help="no progress bar")
 
     _add_plan_parser(sub)

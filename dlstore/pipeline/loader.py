@@ -30,10 +30,11 @@ __all__ = ["Loader"]
 class _Batch:
     """A filled slot, as the producer publishes it."""
 
-    __slots__ = ("slot", "rows", "padding", "epoch", "position")
+    __slots__ = ("slot", "rows", "padding", "epoch", "position", "delivered")
 
-    def __init__(self, slot: int, rows: int, padding: int, epoch: int, position: int):
+    def __init__(self, slot: int, rows: int, padding: int, epoch: int, position: int, delivered: int):
         self.slot, self.rows, self.padding, self.epoch, self.position = slot, rows, padding, epoch, position
+        self.delivered = delivered  # samples of the epoch handed out through it (position less skipped records)
 
 
 class _EpochEnd:
@@ -168,6 +169,7 @@ class Loader:
         # The consumer's position: the epoch under way and the samples of it already yielded.
         self._epoch = 0
         self._position = 0
+        self._delivered = 0  # samples of the epoch handed out: the position less the records the source skipped
         self._active: Optional[Prefetcher] = None
         self._iterator: Optional[weakref.ref] = None
         self._producer: Optional[_Producer] = None
@@ -206,7 +208,7 @@ class Loader:
         if self._ring is None:
             self._ring = BatchRing(self._fields, self.batch_size, self.prefetch + 2, self._allocator)
         ring = self._ring
-        producer = _Producer(self, self._epoch, self._position)
+        producer = _Producer(self, self._epoch, self._position, self._delivered)
         prefetcher = Prefetcher(len(ring), producer.run, name="dlstore-loader")
         self._active, self._producer = prefetcher, producer
         held: Optional[int] = None
@@ -221,10 +223,10 @@ class Loader:
                 if item is None:
                     return
                 if isinstance(item, _EpochEnd):
-                    self._epoch, self._position = item.epoch + 1, 0
+                    self._epoch, self._position, self._delivered = item.epoch + 1, 0, 0
                     continue
                 held = item.slot
-                self._epoch, self._position = item.epoch, item.position
+                self._epoch, self._position, self._delivered = item.epoch, item.position, item.delivered
                 self.padding = item.padding
                 self._counts["batches"] += 1
                 self._counts["samples"] += item.rows - item.padding
@@ -288,10 +290,12 @@ class Loader:
         Records the source skipped as corrupt (its ``on_error="skip"``) count from the end of the source
         batch they were skipped in. When the source's batches are the loader's (a ``Dataset`` without a
         batch size of its own takes the loader's), every position is exact; with other sizes, a stop
-        inside a source batch that skipped records resumes that many records early.
+        inside a source batch that skipped records resumes that many records early. ``delivered``
+        counts the samples yielded without the skipped records: a resumed rank of an uneven split
+        yields as many empty batches as the ranks agreed on.
         """
-        return {"epoch": self._epoch, "sample_in_epoch": self._position, "seed": self.seed,
-                "source": state_at(self.source, self._epoch, self._position)}
+        return {"epoch": self._epoch, "sample_in_epoch": self._position, "delivered": self._delivered,
+                "seed": self.seed, "source": state_at(self.source, self._epoch, self._position)}
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Resumes at a :meth:`state_dict`: the next iteration starts at its epoch and sample.
@@ -318,8 +322,9 @@ class Loader:
         if seed != self.seed:
             raise ValueError(f"the state was saved with seed {seed}; this loader has seed {self.seed}: "
                              f"its samples would differ")
+        delivered = int(state.get("delivered", position))  # a state saved before it was kept: as before
         self.source.load_state_dict(state.get("source") or state_at(self.source, epoch, position))
-        self._epoch, self._position = epoch, position
+        self._epoch, self._position, self._delivered = epoch, position, delivered
 
     # ---- what happened ----
 
@@ -367,7 +372,7 @@ class Loader:
 class _Producer:
     """The background thread's work for one iteration of a :class:`Loader`."""
 
-    def __init__(self, loader: Loader, epoch: int, position: int):
+    def __init__(self, loader: Loader, epoch: int, position: int, delivered: int):
         self.source = loader.source
         self.run_pipeline = loader._run
         self.ring = loader._ring
@@ -377,6 +382,7 @@ class _Producer:
         self.stage = loader.pipeline.name
         self.first_epoch = epoch
         self.first_position = position
+        self.first_delivered = delivered
         self.epochs = loader.epochs
         self.counts = {"skipped": 0, "bytes": 0, "records": 0}
         self.seconds = {"source": 0.0, "pipeline": 0.0}
@@ -388,13 +394,13 @@ class _Producer:
             position = self.first_position if first else 0
             # The source starts where the consumer is: mid-epoch after a resume or a loop broken off.
             start_at(self.source, epoch, position)
-            self._epoch(prefetcher, epoch, position)
+            self._epoch(prefetcher, epoch, position, self.first_delivered if first else 0)
             if prefetcher.stopping:
                 return
             prefetcher.publish(_EpochEnd(epoch))
             epoch += 1
 
-    def _epoch(self, prefetcher: Prefetcher, epoch: int, position: int) -> None:
+    def _epoch(self, prefetcher: Prefetcher, epoch: int, position: int, delivered: int) -> None:
         """Fills and publishes the batches of one epoch, starting at ``position``.
 
         ``position`` is the source's: records handed out plus those it skipped as corrupt
@@ -405,7 +411,6 @@ class _Producer:
         slot: Optional[int] = None
         out: Dict[str, np.ndarray] = {}
         row = 0
-        delivered = position
         chunks = self.source.batches()
         try:
             while True:
@@ -439,7 +444,7 @@ class _Producer:
                     if start == n and isinstance(after, int) and after > position:
                         position = after  # records the source skipped before or within this chunk
                     if row == batch_size:
-                        prefetcher.publish(_Batch(slot, row, 0, epoch, position))
+                        prefetcher.publish(_Batch(slot, row, 0, epoch, position, delivered))
                         slot = None
         finally:
             close = getattr(chunks, "close", None)
@@ -449,11 +454,11 @@ class _Producer:
             if row == 0 or self.last_batch == "DROP" or prefetcher.stopping:
                 prefetcher.release(slot)
             elif self.last_batch == "PARTIAL":
-                prefetcher.publish(_Batch(slot, row, 0, epoch, position))
+                prefetcher.publish(_Batch(slot, row, 0, epoch, position, delivered))
             else:  # FILL: repeat the last sample
                 for a in out.values():
                     a[row:] = a[row - 1]
-                prefetcher.publish(_Batch(slot, batch_size, batch_size - row, epoch, position))
+                prefetcher.publish(_Batch(slot, batch_size, batch_size - row, epoch, position, delivered))
         self._agree(prefetcher, epoch, position, delivered)
 
     def _agree(self, prefetcher: Prefetcher, epoch: int, position: int, delivered: int) -> None:
@@ -467,7 +472,7 @@ class _Producer:
         for _ in range(agreed - yielded):
             if prefetcher.stopping:
                 return
-            prefetcher.publish(_Batch(prefetcher.acquire(), 0, 0, epoch, position))
+            prefetcher.publish(_Batch(prefetcher.acquire(), 0, 0, epoch, position, delivered))
 
     def _process(self, chunk: Any, buffer: Any, offsets: np.ndarray, lengths: np.ndarray, start: int, count: int,
                  out: Dict[str, np.ndarray], row: int, epoch: int, position: int) -> int:

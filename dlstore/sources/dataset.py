@@ -24,13 +24,15 @@ import functools
 import inspect
 import os
 import time
+import warnings
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from dlstore import settings
-from dlstore.errors import DlstoreIOError, PlacementError
+from dlstore.errors import CorruptRecordError, DlstoreError, DlstoreIOError, PlacementError
 from dlstore.formats.registry import format_named
+from dlstore.sources import replicas
 from dlstore.sources.indexing import index_dataset, open_shards
 from dlstore.io.cuda import parse_device
 from dlstore.io.failover import MountHealth
@@ -162,6 +164,12 @@ class Dataset(ReadsWithOptions):
                                                reorders=self.shuffle_kind.buffered)
         if self.options.chunk_size is None and self.shuffle_kind.chunk_bytes:  # how this shuffle reads
             self._core_options.chunk_size = self.shuffle_kind.chunk_bytes
+        # Shards held by several mounts: a corrupt record raises in the reader and is read from another
+        # copy; this dataset's on_error applies when no copy holds it good (_read_around).
+        self._reads_around = self._layout is not None and any(len(h) > 1 for h in self._layout.holders)
+        if self._reads_around:
+            self._core_options.on_error = "raise"
+        self._copy_reports = replicas.CopyReports()
         self.plan(0)  # checks the placement options now rather than at the first read
         self.epoch = 0
         self.sample_in_epoch = 0
@@ -181,7 +189,7 @@ class Dataset(ReadsWithOptions):
             shards = [shards]
         layout = scan_layout([os.fspath(m) for m in mounts], None if shards is None else [os.fspath(s) for s in shards])
         first = [layout.path(i, layout.holders[i][0]) for i in range(len(layout.shards))]
-        return layout, list(layout.shards), index_dataset(first, fmt, progress, check_all=False)
+        return layout, list(layout.shards), _index_good_copies(layout, first, fmt, progress)
 
     def _take_index(self) -> None:
         """The format, record counts, and blocks and the shuffle buffer sized in records, from the index."""
@@ -259,7 +267,7 @@ class Dataset(ReadsWithOptions):
         """
         w = self.world if world is None else world
         rank_mounts = self._rank_mounts if world is None else self._assign(w)
-        failed = health.failed if health is not None else []
+        failed = health.avoid if health is not None else []  # mounts failed, or holding a bad copy
 
         def remap(shards: np.ndarray, blocks: np.ndarray) -> np.ndarray:
             assert health is not None
@@ -353,6 +361,7 @@ class Dataset(ReadsWithOptions):
         warner = CorruptionWarnings(self.options.on_error == "warn", stacklevel=2)
         self._corruptions = []
         core = None
+        batch_size = self._read_batch_size()
         try:
             while True:
                 start = self.sample_in_epoch
@@ -361,25 +370,102 @@ class Dataset(ReadsWithOptions):
                 except _NoPlace as gone:
                     raise self._gave_up(gone.shard, gone.block, health, None) from None
                 core = self._core(plan, start)
+                total = len(plan.file) if plan.emit is None else len(plan.emit)
+                # A batch cut short by an error that follows it is held back: when the plan restarts
+                # (another mount, a retry) it is read again whole, so the batches are a clean read's;
+                # it goes out only before an error that ends the pass.
+                held, held_at, error = None, start, None
                 try:
                     while True:
+                        before = core.position
                         batch = core.next_batch()
                         warner.check(core)
                         if batch is None:
                             break
+                        if batch.num_records < min(batch_size - (start + before) % batch_size, total - before):
+                            held, held_at = batch, start + core.position
+                            batch = core.next_batch()  # raises the error that cut it short, if any
+                            warner.check(core)
+                            self.sample_in_epoch = held_at
+                            yield held
+                            held = None
+                            if batch is None:
+                                break
                         self.sample_in_epoch = start + core.position
                         yield batch
-                    break
-                except DlstoreIOError as e:
-                    self._fail_over(e, plan, core, health)
+                except (DlstoreIOError, CorruptRecordError) as e:
+                    error = e
                 finally:
                     _add_counts(totals, core.stats())
                     self._corruptions += core.corruptions()
+                if error is None:
+                    break
+                try:
+                    restart = self._recover(error, plan, start, core, health, totals)
+                except DlstoreError as final:
+                    if held is not None:  # the good records before the error go out first
+                        self.sample_in_epoch = held_at
+                        yield held
+                    raise final
+                if restart is not None:  # a record no copy holds good was left out, just before this
+                    self.sample_in_epoch = restart
+                    if held is not None:
+                        yield held
+                elif held is not None:  # read again by the restarted plan: handed out once, counted once
+                    totals["records"] -= held.num_records
+                    totals["payload_bytes"] -= int(held.nbytes)
+                held = None
             self.epoch, self.sample_in_epoch = epoch + 1, 0
         finally:
             notes = list(core.notes()) if core is not None else []
             core = None  # its files, mappings and buffers go now
             self._last = {**totals, **health.stats.as_dict(), "notes": notes}
+
+    def _recover(self, error: DlstoreError, plan: _ReaderPlan, start: int, core, health: MountHealth,
+                 totals: Dict[str, int]) -> Optional[int]:
+        """What follows a read error of a pass: the plan restarts on another place (None), or just after a
+        corrupt record no copy holds good (its position in the epoch); raises when the pass must end."""
+        if isinstance(error, DlstoreIOError):
+            self._fail_over(error, plan, core, health)
+            return None
+        if not self._reads_around:
+            raise error
+        return self._read_around(error, plan, start, health, totals)
+
+    def _read_around(self, error: CorruptRecordError, plan: _ReaderPlan, start: int, health: MountHealth,
+                     totals: Dict[str, int]) -> Optional[int]:
+        """A record failed its frame or CRC check: marks that copy bad and picks another holder (None:
+        restart where the pass stands); when none holds it good, applies ``on_error`` (raise, or the
+        epoch position just after the record, left out)."""
+        r = replicas.locate(plan.paths, plan.file, plan.offset, plan.size, error.path, error.offset)
+        if r is None:
+            raise error
+        shard, mount = plan.places[int(plan.file[r])]
+        record, offset = int(plan.records[r]), int(error.offset)
+        what = error.reason
+        candidates = self._places(shard, record // self.block_records)
+        mount_name = self.mounts[mount]
+        line = replicas.bad_copy_line(mount_name, error.path, offset, what)
+        instead = None
+        if health.corrupt(shard, record, mount, line):  # else back at a bad copy: nowhere better to go
+            instead = health.next_copy(shard, record, candidates)
+            self._copy_reports.report(line, error.path, offset, None if instead is None else self.mounts[instead],
+                                      stacklevel=5)
+        if instead is not None:
+            health.stats.events.append(f"{mount_name} -> {self.mounts[instead]} at record {record} of shard "
+                                       f"{shard}: bad copy ({what})")
+            return None
+        bad = health.bad_for(shard, record)
+        message = replicas.no_good_copy_message(
+            error.path, offset, what, record, shard, [(self.mounts[m], self._layout.path(shard, m)) for m in bad],
+            [self.mounts[m] for m in candidates if m not in bad])
+        if self.options.on_error == "raise":
+            raise CorruptRecordError(message, path=error.path, offset=offset, reason=what) from error
+        totals["skipped"] = totals.get("skipped", 0) + 1
+        self._corruptions.append((error.path, offset, what))
+        if self.options.on_error == "warn":
+            warnings.warn(f"{message} (skipped)", RuntimeWarning, stacklevel=4)
+        return start + replicas.emission_index(plan.emit, r) + 1
 
     def _fail_over(self, error: DlstoreIOError, plan: _ReaderPlan, core, health: MountHealth) -> None:
         """Records a failed read and waits before the plan restarts; raises when no place is left."""
@@ -451,9 +537,10 @@ class Dataset(ReadsWithOptions):
 
     def stats(self) -> Dict[str, Any]:
         """Counters of the last pass (records, bytes, chunks, batches gathered by copy, records the
-        shuffle buffer copied out, failovers, retries), the engine and why, the shuffle and this
-        rank's mounts; with ``io="gds"`` also ``gds_mode`` (``gds`` or ``compat``), ``gds_backend`` and
-        ``crc`` (where the CRC ran)."""
+        shuffle buffer copied out, failovers, retries, ``corrupt_copies`` and ``bad_copies``: copies
+        found bad and read around), the engine and why, the shuffle and this rank's mounts; with
+        ``io="gds"`` also ``gds_mode`` (``gds`` or ``compat``), ``gds_backend`` and ``crc`` (where the
+        CRC ran)."""
         out = dict(self._last)
         if self.engine == "gds":  # before a pass: what the verdict says (the pass's backend says more)
             out.setdefault("gds_mode", self.choice.gds_mode)
@@ -550,6 +637,29 @@ def dataset_for(source: Any, kwargs: Optional[Dict[str, Any]] = None, *, shared:
     world = args["world"] = args.get("world") or detect_world()
     args.setdefault("remainder", "uneven" if world.num_consumers == 1 else "pad")
     return Dataset(source, **args)
+
+
+def _index_good_copies(layout, first: List[str], fmt: str, progress: bool):
+    """The index of the shards from their first copies (``first``); a shard whose copy fails its check
+    while being indexed (no current manifest, bit rot) is indexed from its next holder instead. A
+    manifest an attempt built before the failure is kept; its note is not (``index.notes`` has the last
+    attempt's, and one line per copy passed over)."""
+    moved: List[str] = []
+    while True:
+        try:
+            index = index_dataset(first, fmt, progress, check_all=False)
+            index.notes += moved
+            return index
+        except CorruptRecordError as e:
+            if e.path not in first:
+                raise
+            s = first.index(e.path)
+            holders = list(layout.holders[s])
+            at = holders.index(next(m for m in holders if layout.path(s, m) == e.path))
+            if at + 1 == len(holders):
+                raise
+            first[s] = layout.path(s, holders[at + 1])
+            moved.append(f"{e}: shard {layout.shards[s]} indexed from {first[s]} instead")
 
 
 class _NoPlace(Exception):

@@ -1,9 +1,10 @@
-"""The ``dlstore testbed``, ``dlstore expand`` and ``dlstore plan`` commands: their arguments, and what
-they print.
+"""The ``dlstore testbed``, ``dlstore expand``, ``dlstore plan`` and ``dlstore verify --mounts`` commands:
+their arguments, and what they print.
 
 :mod:`dlstore.cli` registers them; the work is done by :mod:`dlstore.tools.testbed`,
-:mod:`dlstore.tools.expand`, and for ``plan`` by the planner :class:`dlstore.Dataset` reads
-(:meth:`dlstore.Dataset.read_plan`; :mod:`dlstore.tools.simulate` for ``--simulate``).
+:mod:`dlstore.tools.expand`, :mod:`dlstore.tools.scrub`, and for ``plan`` by the planner
+:class:`dlstore.Dataset` reads (:meth:`dlstore.Dataset.read_plan`; :mod:`dlstore.tools.simulate` for
+``--simulate``).
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from dlstore.tools.expand import EXPAND_MODES, expand_shards
 from dlstore.tools.testbed import BREAK_MODES, FILESYSTEMS, LAYOUTS, MAX_MOUNTS
 
 __all__ = ["add_testbed_arguments", "run_testbed", "add_expand_arguments", "run_expand", "format_status",
-           "plan_document", "run_plan"]
+           "plan_document", "run_plan", "run_scrub"]
 
 _MB = 1e6  # --throttle-mbps counts decimal megabytes, as storage figures do
 
@@ -285,3 +286,34 @@ def run_plan(args: argparse.Namespace, max_reads: int = 6, max_consumers: int = 
     if len(doc["consumers"]) > max_consumers:
         print(f"... {len(doc['consumers']) - max_consumers} more consumers (--json lists all)")
     return 0
+
+
+def run_scrub(args: argparse.Namespace) -> int:
+    """``dlstore verify --mounts M1 M2 ... [SHARDS]``: exit 1 if any copy is bad, 0 if all are clean,
+    2 when the mounts or shards cannot be found."""
+    from dataclasses import asdict
+
+    from dlstore.errors import PlacementError
+    from dlstore.tools.scrub import scrub_mounts
+
+    try:
+        r = scrub_mounts(args.mounts, args.paths or None, fmt=args.format, io=args.io,
+                         progress=False if args.quiet or args.json else None)
+    except PlacementError as e:
+        print(f"dlstore verify: {e}", file=sys.stderr)
+        return 2
+    rate = r.bytes / r.seconds / _MB if r.seconds > 0 else 0.0
+    if args.json:
+        print(json.dumps({"clean": r.clean, "mounts": r.mounts, "copies": r.copies, "records": r.records,
+                          "bytes": r.bytes, "seconds": r.seconds, "unreported": r.unreported,
+                          "bad": [asdict(b) for b in r.bad]}, indent=1))
+    else:
+        for bad in r.bad:
+            print(bad.line(), flush=True)
+        if r.unreported:
+            print(f"{r.unreported} more corrupt records were found than reported one by one")
+        verdict = "OK" if r.clean else "CORRUPT"
+        print(f"{verdict}: {r.copies} copies on {len(r.mounts)} mounts, {r.records} good records, "
+              f"{len(r.bad)} bad {'copy' if len(r.bad) == 1 else 'copies'}; {r.bytes / _MB:.1f} MB in "
+              f"{r.seconds:.1f} s ({rate:.0f} MB/s)")
+    return 0 if r.clean else 1

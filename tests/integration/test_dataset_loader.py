@@ -70,3 +70,34 @@ def test_resume_after_records_the_source_skipped(tmp_path, shuffle):
         return bert_loader(ds, batch_size=4, copy=True)
 
     assert_resumes_exactly(make, stops=[1, 2, 3, 4, 5, 6, 7], run=iter, values=loader_rows)
+
+
+@pytest.mark.parametrize("shuffle", ["none", "global"])
+def test_a_resume_after_skipped_records_keeps_the_agreed_empty_batches(tmp_path, shuffle):
+    """``remainder="uneven"``: a rank whose share ran short yields empty batches up to the count the
+    ranks agree on. Resumed mid-epoch after records its source skipped, it must still yield that count:
+    the loader's state carries the samples delivered, not only the source's position (which counts the
+    skipped records too)."""
+    generate_bert(tmp_path, shards=2, records_per_shard=23, seq_len=128)
+    path = sorted(p for p in tmp_path.iterdir() if not p.name.startswith("."))[1]
+    Dataset(tmp_path)  # the manifest, made before the damage
+    corrupt_unnoticed(path, (1, 2, 3, 17))
+
+    def make():
+        ds = Dataset(tmp_path, world=World(rank=1, size=2), shuffle=shuffle, shuffle_shards=False,
+                     remainder="uneven", batch_size=4, seed=3, on_error="skip", block_size=64 << 10)
+        return bert_loader(ds, batch_size=4, last_batch="PARTIAL", copy=True)
+
+    straight = make()
+    agreed = straight.source.num_batches
+    rows = [_rows(b) for b in straight]
+    assert len(rows) == agreed and [] in rows  # this rank ran short: empty batches fill the count
+    for stop in range(1, agreed):
+        first = make()
+        it = iter(first)
+        taken = [_rows(next(it)) for _ in range(stop)]
+        it.close()
+        resumed = make()
+        resumed.load_state_dict(first.state_dict())
+        rest = [_rows(b) for b in resumed]
+        assert taken + rest == rows, f"stop {stop}: {len(taken) + len(rest)} batches, expected {len(rows)}"

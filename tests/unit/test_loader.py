@@ -456,7 +456,7 @@ def test_the_source_state_travels_with_the_loaders():
     state = loader.state_dict()
     it.close()
     # The source had read ahead; the state says where the consumer is.
-    assert state == {"epoch": 0, "sample_in_epoch": 8, "seed": 0,
+    assert state == {"epoch": 0, "sample_in_epoch": 8, "delivered": 8, "seed": 0,
                      "source": {"epoch": 0, "sample_in_epoch": 8, "shuffle_seed": 5}}
     resumed = Loader(Tagged(20, (3,)), Bert(SEQ, PRED), 4)
     resumed.load_state_dict(state)

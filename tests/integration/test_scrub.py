@@ -1,0 +1,97 @@
+"""``dlstore verify --mounts``: every copy of every shard on replica mounts scrubbed at once; each bad copy
+listed with its mount, file and offset and the mounts that hold the record good; exit 1 if any, 0 when
+clean, 2 on bad usage."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from dlstore.sources.indexing import ensure_index
+from dlstore.tools.scrub import scrub_mounts
+from tests.helpers import REPO, flip_data_byte, write_tfrecord
+
+
+def _verify(*args):
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run([sys.executable, "-m", "dlstore", "verify", *map(str, args)], capture_output=True,
+                          text=True, env=env, timeout=120)
+
+
+@pytest.fixture
+def mounts(tmp_path):
+    """Three replicated mounts of 6 shards of 30 records each."""
+    rng = np.random.default_rng(5)
+    data = [[rng.bytes(int(k)) for k in rng.integers(1, 20_000, 30)] for _ in range(6)]
+    roots = []
+    for m in range(3):
+        root = tmp_path / f"mnt{m}"
+        root.mkdir()
+        for s, recs in enumerate(data):
+            write_tfrecord(root / f"part-{s}.tfrecord", recs)
+        roots.append(os.fspath(root))
+    return roots
+
+
+# (mount, shard, record) of each planted bad copy: 7 across the 3 mounts; part-4's record 8 is bad on
+# every mount.
+PLANTED = [(0, 0, 3), (1, 0, 3), (2, 1, 29), (0, 2, 0), (1, 3, 15), (0, 4, 8), (1, 4, 8), (2, 4, 8)]
+
+
+def _plant(roots):
+    frames = {s: ensure_index(os.path.join(roots[0], f"part-{s}.tfrecord"))[1] for s in range(6)}  # undamaged
+    out = {}
+    for m, s, r in PLANTED:
+        path = os.path.join(roots[m], f"part-{s}.tfrecord")
+        out[(m, s, r)] = (path, flip_data_byte(path, r, frames[s]))
+    return out
+
+
+def test_the_scrub_finds_every_planted_bad_copy(mounts):
+    planted = _plant(mounts)
+    proc = _verify("--mounts", *mounts, "--quiet", "--json")
+    assert proc.returncode == 1, proc.stderr
+    report = json.loads(proc.stdout)
+    assert not report["clean"] and report["copies"] == 18
+    found = {(b["path"], b["offset"]): b for b in report["bad"]}
+    assert set(found) == set(planted.values())  # every planted one, nothing else
+    for (m, s, r), key in planted.items():
+        bad = found[key]
+        assert bad["mount"] == mounts[m] and "CRC" in bad["what"]
+        good = {mounts[o] for o in range(3) if (o, s, r) not in planted}
+        assert set(bad["good_on"]) == good  # the mounts that hold that record good
+    # Text: one line per bad copy naming mount, file and offset, and the verdict.
+    proc = _verify("--mounts", *mounts, "--quiet")
+    assert proc.returncode == 1
+    lines = proc.stdout.splitlines()
+    assert sum("at byte" in line for line in lines) == len(PLANTED)
+    assert any("NO good copy" in line and "part-4" in line for line in lines)
+    assert lines[-1].startswith("CORRUPT: 18 copies on 3 mounts")
+
+
+def test_clean_mounts_exit_0_and_shards_can_be_named(mounts):
+    proc = _verify("--mounts", *mounts, "--quiet")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.splitlines()[-1].startswith("OK: 18 copies on 3 mounts, 540 good records")
+    report = scrub_mounts(mounts, ["part-1.tfrecord", "part-2*"], progress=False)
+    assert report.clean and report.copies == 6 and report.records == 180
+
+
+def test_bad_usage_exits_2(tmp_path, mounts):
+    assert _verify().returncode == 2
+    proc = _verify("--mounts", mounts[0], tmp_path / "nowhere", "--quiet")
+    assert proc.returncode == 2 and "nowhere" in proc.stderr
+    assert _verify("--mounts", *mounts, "no-such-*.tfrecord", "--quiet").returncode == 2
+
+
+def test_a_torn_copy_is_a_bad_copy(mounts):
+    """A copy cut short (another size than its replicas) is listed, not refused as a layout problem."""
+    path = os.path.join(mounts[1], "part-5.tfrecord")
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) - 100)
+    report = scrub_mounts(mounts, progress=False)
+    assert [(b.mount, b.path) for b in report.bad] == [(mounts[1], path)]
+    assert "truncated" in report.bad[0].what and set(report.bad[0].good_on) == {mounts[0], mounts[2]}
+    assert _verify("--mounts", *mounts, "--quiet").returncode == 1
