@@ -3,14 +3,23 @@ from __future__ import annotations
 
 from typing import Optional, Tuple
 
+from dlstore.errors import DlstoreError
 from dlstore.formats import recordio, tfrecord
 
-__all__ = ["detect", "FORMATS", "COMPRESSIONS"]
+__all__ = ["detect", "FORMATS", "COMPRESSIONS", "NotRecordsError"]
 
 FORMATS = ("tfrecord", "recordio")
 COMPRESSIONS = ("none", "gzip", "zlib")
 
 _GZIP_MAGIC = b"\x1f\x8b"
+
+#: First bytes of files often passed as data by mistake -> what they are.
+_OTHER_FILES = ((b"\xff\xd8\xff", "a JPEG image"), (b"\x89PNG", "a PNG image"), (b"GIF8", "a GIF image"),
+                (b"BM", "a BMP image"), (b"PK\x03\x04", "a zip archive"), (b"\x93NUMPY", "a numpy array"))
+
+
+class NotRecordsError(DlstoreError, ValueError):
+    """A file that is neither TFRecord nor RecordIO was given as records (a ValueError too, as before)."""
 
 
 def _looks_like_zlib(head: bytes) -> bool:
@@ -35,9 +44,12 @@ def detect(name: str, head: bytes, format: str = "auto", compression: Optional[s
 
     Raises
     ------
+    NotRecordsError
+        When the bytes are neither TFRecord nor RecordIO; the message names the file, says what it
+        seems to be (an image...) and shows its first bytes (and advises no format: a file that is
+        not records stays so whatever is passed).
     ValueError
-        When the bytes are neither TFRecord nor RecordIO; the message names the file and shows its
-        first bytes (and advises no format: a file that is not records stays so whatever is passed).
+        For an unknown format or compression.
     """
     lower = name.lower()
     # As tf.data's compression_type and TFRecordWriter take it: None or "" is uncompressed, any case.
@@ -61,8 +73,11 @@ def detect(name: str, head: bytes, format: str = "auto", compression: Optional[s
                 or lower.endswith((".tfrecord", ".tfrec", ".tfrecords")):
             format = "tfrecord"
         else:
-            raise ValueError(f"{name}: does not look like TFRecord or RecordIO (its first bytes are "
-                             f"{head[:12].hex(' ')})")
+            what = next((f" but {kind}" for magic, kind in _OTHER_FILES if head.startswith(magic)), "")
+            hint = ("; a folder of images becomes records with `dlstore convert IMAGE_DIR OUT_DIR`" if "image" in what
+                    else "")
+            raise NotRecordsError(f"{name}: does not look like TFRecord or RecordIO{what} (its first bytes are "
+                                  f"{head[:12].hex(' ')}){hint}", path=name)
     if format not in FORMATS:
         raise ValueError(f"format must be one of {FORMATS} or 'auto', not {format!r}")
     if format == "recordio" and compression != "none":
