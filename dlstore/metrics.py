@@ -41,7 +41,8 @@ from typing import Any, Dict, Iterator, Optional, Tuple
 from dlstore.errors import DlstoreError
 from dlstore.placement.world import detect_world
 
-__all__ = ["serve", "serving", "registry", "track", "stop", "ENV_PORT", "MetricsUnavailable"]
+__all__ = ["serve", "serving", "registry", "exposition", "track", "stop", "prometheus", "ENV_PORT",
+           "MetricsUnavailable"]
 
 #: The environment variable that makes the first loader of the process start the exporter on that port.
 ENV_PORT = "DLSTORE_METRICS_PORT"
@@ -57,12 +58,19 @@ class MetricsUnavailable(DlstoreError, ValueError):
     """Metrics were asked for but ``prometheus_client`` is not installed."""
 
 
-def _prometheus():
+def prometheus():
+    """The ``prometheus_client`` module, imported now.
+
+    Raises
+    ------
+    MetricsUnavailable
+        When it is not installed (a usage error: the bench exits 2).
+    """
     try:
         import prometheus_client
     except ImportError:
-        raise MetricsUnavailable("dlstore metrics need prometheus_client: pip install prometheus_client "
-                                 "(or dlstore[bench])") from None
+        raise MetricsUnavailable("metrics (--metrics-port, DLSTORE_METRICS_PORT) need prometheus_client: pip "
+                                 "install prometheus_client (or dlstore[bench])") from None
     return prometheus_client
 
 
@@ -146,7 +154,7 @@ def registry() -> Any:
     made on first use; other figures of the process (the benchmark's) are registered in it."""
     with _lock:
         if _state["registry"] is None:
-            prom = _prometheus()
+            prom = prometheus()
             _state["registry"] = prom.CollectorRegistry()
             _state["registry"].register(_LoaderCollector())
         return _state["registry"]
@@ -154,7 +162,7 @@ def registry() -> Any:
 
 def exposition() -> str:
     """What a scrape of ``/metrics`` gets now (the Prometheus text format)."""
-    return _prometheus().generate_latest(registry()).decode()
+    return prometheus().generate_latest(registry()).decode()
 
 
 def serve(port: Optional[int] = None, addr: str = "0.0.0.0") -> int:
@@ -171,7 +179,8 @@ def serve(port: Optional[int] = None, addr: str = "0.0.0.0") -> int:
     Returns
     -------
     int
-        The port served (the one already served, when called again).
+        The port served. Called again while serving, it returns the port served (one exporter per
+        process).
 
     Raises
     ------
@@ -199,9 +208,9 @@ def serve(port: Optional[int] = None, addr: str = "0.0.0.0") -> int:
         port += detect_world().local_rank
     reg = registry()
     try:
-        server, thread = _prometheus().start_http_server(port, addr=addr, registry=reg)
+        server, thread = prometheus().start_http_server(port, addr=addr, registry=reg)
     except OSError as e:
-        raise OSError(e.errno, f"dlstore metrics: port {port} on {addr}: {e.strerror}") from None
+        raise OSError(e.errno, f"{e.strerror} (dlstore metrics on {addr}:{port})") from None
     _state.update(server=server, thread=thread, port=server.server_port)
     return server.server_port
 

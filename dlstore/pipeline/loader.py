@@ -33,12 +33,10 @@ __all__ = ["Loader"]
 class _Batch:
     """A filled slot, as the producer publishes it."""
 
-    __slots__ = ("slot", "rows", "padding", "epoch", "position", "source_s", "pipeline_s")
+    __slots__ = ("slot", "rows", "padding", "epoch", "position")
 
-    def __init__(self, slot: int, rows: int, padding: int, epoch: int, position: int, cost: Tuple[float, float]):
+    def __init__(self, slot: int, rows: int, padding: int, epoch: int, position: int):
         self.slot, self.rows, self.padding, self.epoch, self.position = slot, rows, padding, epoch, position
-        # What the batch cost the producer: seconds waiting for the source, seconds in the pipeline.
-        self.source_s, self.pipeline_s = cost
 
 
 class _EpochEnd:
@@ -273,6 +271,7 @@ class Loader:
         warned_empty = False
         try:
             while True:
+                busy = producer.busy()
                 item = prefetcher.get()
                 if held is not None:  # the consumer asked for the next batch: the last one is free
                     if self._copier is not None:
@@ -288,9 +287,10 @@ class Loader:
                                             f"{stalls.report(since=epoch_start)['line']}")
                     epoch_start = stalls.snapshot()
                     continue
-                now = time.perf_counter()
-                stalls.step(prefetcher.last_wait_s, now - handed if handed is not None else prefetcher.last_wait_s,
-                            item.source_s, item.pipeline_s)
+                # The wait, split by what the background thread did meanwhile: read or process records.
+                source_s, pipeline_s = (after - before for after, before in zip(producer.busy(), busy))
+                wait = prefetcher.last_wait_s
+                stalls.step(wait, time.perf_counter() - handed if handed is not None else wait, source_s, pipeline_s)
                 held = item.slot
                 self._epoch, self._position = item.epoch, item.position
                 self.padding = item.padding
@@ -445,7 +445,7 @@ class Loader:
         """Whether this consumer waits for its data, and why, over the loader's life.
 
         Per step (batch handed over) the consumer's wait in ``next()`` is split into waiting for
-        storage and for decoding, in the proportion of what that batch cost the background thread
+        storage and for decoding, by what the background thread did during that wait
         (:mod:`dlstore.pipeline.stalls`, after DS-Analyzer's fetch and prep stalls).
 
         Returns
@@ -502,12 +502,22 @@ class _Producer:
         self.counts = {"skipped_pipeline": 0, "skipped_source": 0, "failovers": 0, "retries": 0, "bytes": 0,
                        "records": 0}
         self.seconds = {"source": 0.0, "pipeline": 0.0}
-        self.cost = [0.0, 0.0]  # the batch under way so far: seconds waiting for the source, in the pipeline
+        # What the thread does now, read by the consumer while it waits: 0 waiting for the source, 1 in the
+        # pipeline, None neither; since when.
+        self.phase: Optional[int] = None
+        self.phase_start = 0.0
+
+    def busy(self) -> Tuple[float, float]:
+        """Seconds so far (the phase under way included) waiting for the source and in the pipeline."""
+        phase, start = self.phase, self.phase_start
+        out = [self.seconds["source"], self.seconds["pipeline"]]
+        if phase is not None:
+            out[phase] += max(0.0, time.perf_counter() - start)
+        return out[0], out[1]
 
     def _publish(self, prefetcher: Prefetcher, slot: int, rows: int, padding: int, epoch: int,
                  position: int) -> None:
-        prefetcher.publish(_Batch(slot, rows, padding, epoch, position, (self.cost[0], self.cost[1])))
-        self.cost[0] = self.cost[1] = 0.0
+        prefetcher.publish(_Batch(slot, rows, padding, epoch, position))
 
     def run(self, prefetcher: Prefetcher) -> None:
         epoch = self.first_epoch
@@ -543,11 +553,11 @@ class _Producer:
         chunks = self.source.batches()
         try:
             while True:
-                t0 = time.perf_counter()
+                t0 = self.phase_start = time.perf_counter()
+                self.phase = 0
                 chunk = next(chunks, None)
-                waited = time.perf_counter() - t0
-                self.seconds["source"] += waited
-                self.cost[0] += waited
+                self.seconds["source"] += time.perf_counter() - t0
+                self.phase = None
                 if chunk is None or prefetcher.stopping:
                     break
                 # The source's position after this chunk, its skipped records included (a Dataset's).
@@ -566,12 +576,12 @@ class _Producer:
                         out = self.ring.slots[slot]
                         row = 0
                     take = min(batch_size - row, n - start)
-                    t0 = time.perf_counter()
+                    t0 = self.phase_start = time.perf_counter()
+                    self.phase = 1
                     row += self._process(chunk, buffer, offsets, lengths, start, take, out, row, epoch,
                                          position, keys)
-                    spent = time.perf_counter() - t0
-                    self.seconds["pipeline"] += spent
-                    self.cost[1] += spent
+                    self.seconds["pipeline"] += time.perf_counter() - t0
+                    self.phase = None
                     start += take
                     position += take
                     delivered += take

@@ -1,9 +1,9 @@
 """Is the job input-bound, and why: the consumer's wait for each batch, split into storage and decode.
 
 The :class:`~dlstore.pipeline.Loader` times, per step, how long the consumer waited in ``next()`` for
-its batch, and the producer times what each batch cost it: seconds waiting for the source (storage:
-the reader had not read the records yet) and seconds in the pipeline (parsing, decoding,
-augmenting). A wait is split between the two in the proportion of the batch's own cost, as
+its batch, and its background thread keeps running totals of its seconds waiting for the source
+(storage: the reader had not read the records yet) and in the pipeline (parsing, decoding,
+augmenting). A wait is split between the two by what the thread did during that wait, as
 DS-Analyzer (Mohan et al., VLDB 2021) splits data stalls into *fetch* stalls and *prep* stalls;
 here live, from the running job, with no second run.
 
@@ -45,8 +45,8 @@ class StallMeter:
 
     def step(self, wait: float, interval: float, source_s: float, pipeline_s: float) -> None:
         """One batch handed over: the consumer waited ``wait`` s of a step of ``interval`` s (from the
-        last batch handed over); the batch cost the producer ``source_s`` s waiting for records and
-        ``pipeline_s`` s in the pipeline."""
+        last batch handed over); meanwhile the background thread spent ``source_s`` s waiting for
+        records and ``pipeline_s`` s in the pipeline."""
         t = self.totals
         t["steps"] += 1
         t["wait_s"] += wait

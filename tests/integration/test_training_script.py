@@ -11,7 +11,7 @@ import pytest
 
 import dlstore
 from dlstore.formats.example import encode_example
-from dlstore.pipeline import Bert, Loader, ResNet50, bert_loader, resnet50_loader
+from dlstore.pipeline import Bert, Loader, bert_loader, resnet50_loader
 from dlstore.placement.world import World
 from dlstore.synthetic import generate_bert
 from tests.helpers import corrupt_unnoticed, write_tfrecord

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import socket
 import re
 import sys
 import urllib.request
@@ -130,7 +131,7 @@ def test_serve_from_args_only_when_asked_and_checks_its_values():
     lines = []
     m = bench_metrics.serve_from_args(_args(metrics_port=0), "bert", "samples", log=lines.append)
     try:
-        port = m._server.server_port
+        port = m.port
         assert lines == [f"metrics: serving on http://0.0.0.0:{port}/metrics"]
     finally:
         m.close()
@@ -157,11 +158,13 @@ def test_missing_prometheus_client_is_one_line_and_exit_2(monkeypatch, capsys):
 
 @pytest.mark.slow
 def test_a_port_in_use_is_one_line_and_exit_2(capsys):
-    m = BenchMetrics("storage", "records")
-    port = m.serve(0)
+    taken = socket.socket()  # another program's: one exporter serves this process, whatever asks
+    taken.bind(("0.0.0.0", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
     try:
         assert bench_main(["storage", "--size", "tiny", "--metrics-port", str(port)]) == 2
         err = capsys.readouterr().err.strip()
         assert err.count("\n") == 0 and f"--metrics-port {port}" in err and "Traceback" not in err
     finally:
-        m.close()
+        taken.close()
