@@ -33,19 +33,20 @@ in other processes (DataLoader workers) are exported by those processes only.
 """
 from __future__ import annotations
 
-import os
 import threading
 import weakref
 from typing import Any, Dict, Iterator, Optional, Tuple
 
+from dlstore import settings
 from dlstore.errors import DlstoreError
 from dlstore.placement.world import detect_world
 
 __all__ = ["serve", "serving", "registry", "exposition", "track", "stop", "prometheus", "ENV_PORT",
            "MetricsUnavailable"]
 
-#: The environment variable that makes the first loader of the process start the exporter on that port.
-ENV_PORT = "DLSTORE_METRICS_PORT"
+#: The environment variable that makes the first loader of the process start the exporter on that port
+#: (the ``metrics_port`` setting).
+ENV_PORT = settings.SETTINGS["metrics_port"].env
 
 _LABELS = ("rank", "loader", "mount", "engine")
 _lock = threading.Lock()
@@ -83,7 +84,7 @@ def track(loader: Any) -> None:
         name = f"{getattr(getattr(loader, 'pipeline', None), 'name', 'loader')}-{_made[0]}"
         _made[0] += 1
         _live[loader] = name
-    if _state["server"] is None and os.environ.get(ENV_PORT, "").strip():
+    if _state["server"] is None and settings.get("metrics_port") is not None:
         serve()
 
 
@@ -193,17 +194,9 @@ def serve(port: Optional[int] = None, addr: str = "0.0.0.0") -> int:
     """
     if _state["server"] is not None:
         return _state["port"]
+    port = settings.get("metrics_port", port)  # a bad value fails here, naming where it came from
     if port is None:
-        text = os.environ.get(ENV_PORT, "").strip()
-        if not text:
-            raise ValueError(f"dlstore.metrics.serve(): give a port, or set {ENV_PORT}")
-        try:
-            port = int(text)
-        except ValueError:
-            raise ValueError(f"{ENV_PORT}={text!r} is not a port number") from None
-    port = int(port)
-    if not 0 <= port <= 65535:
-        raise ValueError(f"the metrics port must be 0..65535, not {port}")
+        raise ValueError(f"dlstore.metrics.serve(): give a port, or set {ENV_PORT}")
     if port:
         port += detect_world().local_rank
     reg = registry()

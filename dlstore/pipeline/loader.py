@@ -19,6 +19,7 @@ from typing import Any, Callable, Dict, Iterator, Optional, Tuple, Union
 import numpy as np
 
 import dlstore
+from dlstore import metrics
 from dlstore.errors import DlstoreError
 from dlstore.io import memory
 from dlstore.pipeline.prefetch import BatchRing, Prefetcher
@@ -195,9 +196,7 @@ class Loader:
         self._counts = {"batches": 0, "samples": 0, "padding": 0, "bytes": 0, "records": 0, "skipped_pipeline": 0,
                         "skipped_source": 0, "failovers": 0, "retries": 0, "empty_batches": 0}
         self._seconds = {"source": 0.0, "pipeline": 0.0, "producer_wait": 0.0, "consumer_wait": 0.0}
-        from dlstore import metrics  # with DLSTORE_METRICS_PORT set, the first loader starts the exporter
-
-        metrics.track(self)
+        metrics.track(self)  # exported while it lives; with DLSTORE_METRICS_PORT set, the first one serves
 
     def _add_record_key(self, key: str) -> None:
         """Adds the outputs of ``record_key`` (see the class) to the fields and the batch function."""

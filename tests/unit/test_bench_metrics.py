@@ -168,3 +168,27 @@ def test_a_port_in_use_is_one_line_and_exit_2(capsys):
         assert err.count("\n") == 0 and f"--metrics-port {port}" in err and "Traceback" not in err
     finally:
         taken.close()
+
+
+@pytest.mark.slow
+def test_the_bench_and_the_loaders_share_one_exporter(tmp_path):
+    """--metrics-port serves through dlstore.metrics: one scrape has the bench's figures and every live loader's."""
+    from dlstore import metrics
+    from dlstore.pipeline import bert_loader
+    from dlstore.synthetic import generate_bert
+
+    generate_bert(str(tmp_path), shards=1, records_per_shard=8, progress=False)
+    loader = bert_loader(str(tmp_path), batch_size=4)
+    assert sum(1 for _ in loader) == 2
+    m = BenchMetrics("bert", "samples")
+    port = m.serve(0, addr="127.0.0.1")
+    try:
+        assert metrics.serving() == port
+        m.begin("page-cache", loader.stats()["engine"])
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+            body = r.read().decode()
+        assert re.search(r'^dlstore_bench_running\{bench="bert",.*\} 1\.0$', body, re.M)
+        assert re.search(r'^dlstore_batches_total\{.*loader="bert-\d+".*\} 2\.0$', body, re.M)
+    finally:
+        m.close()
+    assert metrics.serving() is None
