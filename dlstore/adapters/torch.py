@@ -110,8 +110,7 @@ class _IterableRecords:
         _sum_stats(summed["stats"], loader.stats())
         if summed["stalls"] is None:
             summed["stalls"] = StallMeter()
-        for key, value in loader._stalls.totals.items():
-            summed["stalls"].totals[key] += value
+        summed["stalls"].add(loader._stalls.totals)
 
     def stats(self) -> Dict[str, Any]:
         """Counters of the passes run in this process, summed (the loaders' ``stats()``: ``batches``,
@@ -137,8 +136,7 @@ class _IterableRecords:
         meter = StallMeter()
         done, current = self._passes["stalls"], self._current
         for part in ([done] if done is not None else []) + ([current._stalls] if current is not None else []):
-            for key, value in part.totals.items():
-                meter.totals[key] += value
+            meter.add(part.totals)
         return meter.report()
 
     def set_epoch(self, epoch: int) -> None:

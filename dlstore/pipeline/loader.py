@@ -270,7 +270,7 @@ class Loader:
         warned_empty = False
         try:
             while True:
-                busy = producer.busy()
+                source_0, pipeline_0 = producer.busy()
                 item = prefetcher.get()
                 if held is not None:  # the consumer asked for the next batch: the last one is free
                     if self._copier is not None:
@@ -287,9 +287,11 @@ class Loader:
                     epoch_start = stalls.snapshot()
                     continue
                 # The wait, split by what the background thread did meanwhile: read or process records.
-                source_s, pipeline_s = (after - before for after, before in zip(producer.busy(), busy))
                 wait = prefetcher.last_wait_s
-                stalls.step(wait, time.perf_counter() - handed if handed is not None else wait, source_s, pipeline_s)
+                if wait >= 1e-4:
+                    source_1, pipeline_1 = producer.busy()
+                    source_0, pipeline_0 = source_1 - source_0, pipeline_1 - pipeline_0
+                stalls.step(wait, time.perf_counter() - handed if handed is not None else wait, source_0, pipeline_0)
                 held = item.slot
                 self._epoch, self._position = item.epoch, item.position
                 self.padding = item.padding
@@ -509,10 +511,12 @@ class _Producer:
     def busy(self) -> Tuple[float, float]:
         """Seconds so far (the phase under way included) waiting for the source and in the pipeline."""
         phase, start = self.phase, self.phase_start
-        out = [self.seconds["source"], self.seconds["pipeline"]]
-        if phase is not None:
-            out[phase] += max(0.0, time.perf_counter() - start)
-        return out[0], out[1]
+        source, pipeline = self.seconds["source"], self.seconds["pipeline"]
+        if phase == 0:
+            source += max(0.0, time.perf_counter() - start)
+        elif phase == 1:
+            pipeline += max(0.0, time.perf_counter() - start)
+        return source, pipeline
 
     def _publish(self, prefetcher: Prefetcher, slot: int, rows: int, padding: int, epoch: int,
                  position: int) -> None:
@@ -644,8 +648,9 @@ class _Producer:
         stop = start + count
         try:
             self.run_pipeline(buffer, offsets[start:stop], lengths[start:stop], out, row, epoch, position)
-            for name, values in (keys or {}).items():
-                out[name][row:row + count] = values[start:stop]
+            if keys:
+                for name, values in keys.items():
+                    out[name][row:row + count] = values[start:stop]
             return count
         except DlstoreError:
             pass  # one record or more is bad: find which, one at a time, below

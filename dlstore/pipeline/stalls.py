@@ -40,30 +40,47 @@ class StallMeter:
     """
 
     def __init__(self):
-        self.totals: Dict[str, float] = dict.fromkeys(_COUNTS + _SECONDS, 0)
+        self.steps = self.stalled_steps = self.storage_steps = self.decode_steps = 0
+        self.wait_s = self.wall_s = self.storage_wait_s = self.decode_wait_s = 0.0
         self.buckets = [0] * len(WAIT_BUCKETS_S)
 
     def step(self, wait: float, interval: float, source_s: float, pipeline_s: float) -> None:
         """One batch handed over: the consumer waited ``wait`` s of a step of ``interval`` s (from the
         last batch handed over); meanwhile the background thread spent ``source_s`` s waiting for
         records and ``pipeline_s`` s in the pipeline."""
-        t = self.totals
-        t["steps"] += 1
-        t["wait_s"] += wait
-        t["wall_s"] += interval
+        self.steps += 1
+        self.wall_s += interval
+        if wait < 1e-4:  # the batch was ready: the common case of a loop that is not input-bound
+            self.buckets[0] += 1
+            self.wait_s += wait
+            return
+        self.wait_s += wait
         self.buckets[bisect.bisect_left(WAIT_BUCKETS_S, wait)] += 1
         cost = source_s + pipeline_s
         storage = wait * source_s / cost if cost > 0 else 0.0
         decode = wait * pipeline_s / cost if cost > 0 else 0.0
-        t["storage_wait_s"] += storage
-        t["decode_wait_s"] += decode
+        self.storage_wait_s += storage
+        self.decode_wait_s += decode
         if wait > STALL_THRESHOLD_S:
-            t["stalled_steps"] += 1
-            t["storage_steps" if storage >= decode else "decode_steps"] += 1
+            self.stalled_steps += 1
+            if storage >= decode:
+                self.storage_steps += 1
+            else:
+                self.decode_steps += 1
+
+    @property
+    def totals(self) -> Dict[str, float]:
+        """The counts and seconds summed so far, by name."""
+        return {k: getattr(self, k) for k in _COUNTS + _SECONDS}
+
+    def add(self, totals: Dict[str, float]) -> None:
+        """Adds another meter's :attr:`totals` (its buckets aside)."""
+        for k, v in totals.items():
+            setattr(self, k, getattr(self, k) + v)
 
     def snapshot(self) -> Dict[str, float]:
         """The totals now (for a report over an interval: :func:`report` of the difference)."""
-        return dict(self.totals)
+        return self.totals
 
     def report(self, since: Dict[str, float] = None) -> Dict[str, Any]:
         """See :func:`stall_report`; over the meter's life, or since the snapshot ``since``."""
