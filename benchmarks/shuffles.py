@@ -6,6 +6,8 @@ cache, records only (no decoding): what a shuffle costs the read path, beside th
     python benchmarks/shuffles.py --quick                  # a tiny set: a smoke test
     python benchmarks/shuffles.py --data '/data/train-*' --cache cold --engines direct
     python benchmarks/shuffles.py --save --markdown docs/shuffles.md  # the committed results and page
+    python benchmarks/shuffles.py --cache cold --engines direct,io_uring --shuffles none,block,global \
+        --data '~/.cache/dlstore/synthetic/imagenet-default-*/train-*' --json benchmarks/results/engines_cold.json
 
 Every measurement runs in a fresh interpreter (its own memory and threads): it builds the Dataset
 (one rank, batch ``--batch-size``) and reads one epoch untimed, as a training job has by its second
@@ -23,6 +25,13 @@ first of them:
   buffer's), the records it copied out of chunks it let go, the batches gathered by copy; and the
   process's resident memory after each epoch (warm runs), which stays flat unless something leaks.
 
+Cold runs are set beside fio on the same files (``--fio``, on by default where fio is installed),
+each fio job cold too, in every round: fio ``io_uring`` ``randread`` at the mean record size (rounded
+up to 4 KiB) with as many jobs as dlstore has I/O threads and the queue depth each thread of each
+engine keeps (``direct``: 1; ``io_uring``: its ``queue_depth``), which a ``global`` epoch is held
+to; and the grid of sequential 1 MiB and random record-sized reads at depths 1 to 64, whose best is
+what the device gives these files, which ``block`` and ``none`` are held to.
+
 Measurements run in rounds, every configuration once per round in a rotating order, so drift on a
 shared machine spreads over all of them; figures are medians over rounds.
 """
@@ -34,7 +43,7 @@ import json
 import os
 import sys
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -47,6 +56,11 @@ RESULT_PREFIX = "SHUFFLES_RESULT "
 SHUFFLES = ("none", "block", "buffer", "global")
 # Issue 8's targets for the read path: a cold shuffled epoch streams as the unshuffled one does.
 COLD_BLOCK_VS_NONE = 0.9
+# Issue 19's: a cold global epoch against fio randread at the same depth, block and none against fio's best.
+GLOBAL_VS_FIO_SAME_DEPTH = 0.85
+STREAM_VS_BEST_FIO = 0.9
+FIO_DEPTHS = (1, 2, 4, 8, 16, 32, 64)
+O_DIRECT_ENGINES = ("direct", "io_uring")  # the engines fio's direct=1 jobs compare with
 NEIGHBOURS_MAX = 0.05  # block: consecutive records rarely neighbours in a file
 
 
@@ -124,12 +138,54 @@ def worker(plan_path: str) -> int:
     return 0
 
 
+# ---- fio beside the cold rows ------------------------------------------------------------------------
+
+def engine_depth(engine: str, files: List[str]) -> int:
+    """Reads each I/O thread of ``engine`` keeps in flight: what fio's same-depth job uses."""
+    from dlstore.io.select import io_uring_depth
+
+    return io_uring_depth(files[0])[0] if engine == "io_uring" else 1
+
+
+def fio_jobs(files: List[str], mean_record: float, engines: List[str], depths=FIO_DEPTHS) -> List[Dict]:
+    """The fio jobs of a round: randread at each cold engine's depth, then the grid."""
+    from dlstore import settings
+    from dlstore.bench.fio import block_size_for
+
+    bs, threads = block_size_for(mean_record), settings.get("io_threads")
+    jobs = {}
+    for engine in engines:
+        depth = engine_depth(engine, files)
+        jobs[("randread", bs, depth)] = {"rw": "randread", "bs": bs, "depth": depth, "jobs": threads}
+    for rw, size in (("read", "1M"), ("randread", bs)):
+        for depth in depths:
+            jobs.setdefault((rw, size, depth), {"rw": rw, "bs": size, "depth": depth, "jobs": threads})
+    return list(jobs.values())
+
+
+def fio_key(job: Dict) -> str:
+    return f"fio/{job['rw']}/{job['bs']}/qd{job['depth']}x{job['jobs']}"
+
+
+def run_fio_job(files: List[str], job: Dict) -> Dict:
+    from dlstore.bench.fio import FioError, run_fio
+    from dlstore.io import pagecache as cache
+
+    cache.make_cold(files)
+    try:
+        r = run_fio(files, job["jobs"], bs=job["bs"], ioengine="io_uring", iodepth=job["depth"], rw=job["rw"])
+    except FioError as e:
+        return {"error": str(e)[:400]}
+    return {"gb_per_s": r.gb_per_s, "description": r.describe(), "cpu_s_per_gb": r.cpu_seconds_per_gb,
+            "version": r.version}
+
+
 # ---- the run ----------------------------------------------------------------------------------------
 
 def configurations(args) -> List[Dict]:
     out = []
     for state in args.cache.split(","):
-        engines = args.engines.split(",") if args.engines else (["direct", "buffered"] if state == "cold"
+        engines = args.engines.split(",") if args.engines else (["direct", "io_uring", "buffered"] if state == "cold"
                                                                 else ["buffered", "mmap"])
         for engine in engines:
             for shuffle in args.shuffles.split(","):
@@ -138,6 +194,7 @@ def configurations(args) -> List[Dict]:
 
 
 def run(args) -> Dict:
+    from dlstore import settings
     from dlstore.bench import sysinfo
     from dlstore.bench.storage import dataset_paths
 
@@ -149,6 +206,15 @@ def run(args) -> Dict:
     results: Dict[str, List[Dict]] = {}
     import tempfile
 
+    from dlstore.bench.fio import fio_missing_reason
+
+    cold_engines = sorted({c["engine"] for c in configs if c["cache"] == "cold" and c["engine"] in O_DIRECT_ENGINES})
+    fio_why = None if cold_engines else "no cold configuration"
+    fio_why = fio_why or (None if args.fio else "--no-fio") or fio_missing_reason()
+    depths = [int(d) for d in args.fio_depths.split(",")]
+    jobs = fio_jobs(files, probe.mean_record_bytes, cold_engines, depths) if fio_why is None else []
+    fio_results: Dict[str, List[Dict]] = {}
+    loads = [os.getloadavg()[0]]
     with tempfile.TemporaryDirectory(prefix="dlstore-shuffles-") as tmp:
         for r in range(args.repeat):
             order = configs[r % len(configs):] + configs[:r % len(configs)]
@@ -167,6 +233,12 @@ def run(args) -> Dict:
                 else:
                     print(f"{key:<24} {got['gb_per_s']:6.2f} GB/s {got['records_per_s']:10,.0f} records/s  "
                           f"neighbours {got['neighbours']:.3f}", flush=True)
+            for job in jobs:
+                got = run_fio_job(files, job)
+                fio_results.setdefault(fio_key(job), []).append(got)
+                print(f"{fio_key(job):<24} " + (f"failed: {got['error']}" if "error" in got
+                                                 else f"{got['gb_per_s']:6.2f} GB/s"), flush=True)
+            loads.append(os.getloadavg()[0])
     rows = []
     for cfg in configs:
         key = f"{cfg['cache']}/{cfg['engine']}/{cfg['shuffle']}"
@@ -190,12 +262,21 @@ def run(args) -> Dict:
         row["rss_growth_bytes"] = (rss[-1] - rss[0]) if len(rss) > 1 else None  # after the untimed epoch
         row["status"] = "ok"
         row["runs"] = runs
+        if cfg["cache"] == "cold" and cfg["engine"] in O_DIRECT_ENGINES and not fio_why:
+            row["fio_depth"] = engine_depth(cfg["engine"], files)
         rows.append(row)
     base = {(r["cache"], r["engine"]): r.get("gb_per_s") for r in rows if r["shuffle"] == "none"}
     for r in rows:
         b = base.get((r["cache"], r["engine"]))
         if r.get("gb_per_s") and b:
             r["vs_none"] = r["gb_per_s"] / b
+    fio_rows = []
+    for job in jobs:
+        runs = fio_results.get(fio_key(job), [])
+        ok = [g["gb_per_s"] for g in runs if "error" not in g]
+        fio_rows.append(dict(job, key=fio_key(job), gb_per_s=_harness.median(ok) if ok else None,
+                             runs=ok, description=next((g["description"] for g in runs if "description" in g), None),
+                             status="ok" if ok else f"failed: {runs[0].get('error') if runs else 'not run'}"))
     info = sysinfo.collect(files, probe.engine, probe.engine_reason)
     doc = {"benchmark": "shuffles", "when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "command": ["python", "benchmarks/shuffles.py"] + sys.argv[1:], "system": info,
@@ -203,15 +284,48 @@ def run(args) -> Dict:
                     "records": int(probe.counts.sum()), "mean_record_bytes": probe.mean_record_bytes,
                     "size": None if args.data else args.size},
            "config": {"batch_size": args.batch_size, "repeat": args.repeat, "epochs": args.epochs, "seed": args.seed},
-           "load_before": os.getloadavg()[0], "rows": rows}
-    doc["targets"] = targets(rows)
+           "load_before": loads[0], "load_after_rounds": loads[1:], "rows": rows,
+           "fio": {"skipped": fio_why, "rows": fio_rows,
+                   "depths": {e: engine_depth(e, files) for e in cold_engines},
+                   "io_threads": settings.get("io_threads")}}
+    doc["targets"] = targets(rows, fio_rows)
     return doc
 
 
-def targets(rows: List[Dict]) -> List[Dict]:
-    """Issue 8's read-path targets, each with what was measured and PASS/FAIL (or n/a when not run)."""
-    by = {r["key"]: r for r in rows}
+def fio_targets(rows: List[Dict], fio_rows: List[Dict]) -> List[Dict]:
+    """Issue 19's: each cold engine's global epoch against fio randread at its depth, block and none
+    against the best fio figure over the same files."""
     out = []
+    fio_ok = [f for f in fio_rows if f.get("gb_per_s")]
+    if not fio_ok:
+        return out
+    best = max(fio_ok, key=lambda f: f["gb_per_s"])
+    randread = [f for f in fio_ok if f["rw"] == "randread"]
+    for r in rows:
+        if (r["cache"] != "cold" or r["engine"] not in O_DIRECT_ENGINES or not r.get("gb_per_s")
+                or r["shuffle"] not in ("global", "block", "none")):
+            continue
+        if r["shuffle"] == "global":
+            same = [f for f in randread if f["depth"] == r.get("fio_depth")]
+            if not same:
+                continue
+            ref, goal = same[0], GLOBAL_VS_FIO_SAME_DEPTH
+            what = f"fio randread bs={ref['bs']} at the same depth (qd{ref['depth']} x {ref['jobs']} jobs)"
+        else:
+            ref, goal = best, STREAM_VS_BEST_FIO
+            what = f"the best fio ({ref['rw']} bs={ref['bs']} qd{ref['depth']} x {ref['jobs']} jobs)"
+        ratio = r["gb_per_s"] / ref["gb_per_s"]
+        out.append({"target": f"cold, io={r['engine']}: {r['shuffle']} >= {goal} x {what}",
+                    "measured": f"{ratio:.2f}x ({r['gb_per_s']:.2f} vs {ref['gb_per_s']:.2f} GB/s)",
+                    "ratio": ratio, "verdict": "PASS" if ratio >= goal else "FAIL"})
+    return out
+
+
+def targets(rows: List[Dict], fio_rows: Sequence[Dict] = ()) -> List[Dict]:
+    """Issue 8's read-path targets and issue 19's against fio, each with what was measured and PASS/FAIL
+    (or n/a when not run)."""
+    by = {r["key"]: r for r in rows}
+    out = fio_targets(rows, list(fio_rows))
     block, none = by.get("cold/direct/block"), by.get("cold/direct/none")
     ratio = block.get("vs_none") if block else None
     measured = None if ratio is None else f"{ratio:.2f}x ({block['gb_per_s']:.2f} vs {none['gb_per_s']:.2f} GB/s)"
@@ -237,6 +351,13 @@ HOW_TO_READ = """
   reads every record where it lies: as fast as the device serves random ~115 kB reads, about half the
   sequential rate here. The device is a shared VM's disk: identical runs vary by a third (`spread`),
   so compare medians over many rounds, and fio on the same files (`docs/read_throughput.md`).
+- **Cold, io_uring** reads what `direct` reads, with many reads in flight: a `global` epoch's records up
+  to `queue_depth` at a time per I/O thread (64 here: the device's nr_requests, capped), where `direct`
+  reads one per thread; `none` and `block` chunks as 1 MiB pieces all in flight. The fio rows are the
+  same files read by fio's io_uring engine, each job cold: `randread` at the mean record size and the
+  depth each engine keeps per thread is what `global` is held to, the best of the grid (sequential 1 MiB
+  and random record-sized reads, depths 1 to 64) what `none` and `block` are held to. fio suffers from a
+  loaded machine as dlstore does, so both are measured in every round and compared as medians.
 - **First epoch.** A fresh process pays once for memory it touches the first time (on a VM, a host
   fault per page): the last column is each process's first epoch, read before the measured one. Cold,
   the block shuffle's first epoch is slower than its later ones by about the time its ~130 MB of held
@@ -261,7 +382,9 @@ def markdown(doc: Dict) -> str:
     lines = ["# Shuffles on the read path: cold and warm epochs through `dlstore.Dataset`", "",
              f"Written by `{' '.join(doc['command'])}` on {doc['when']}.", "",
              f"- **Machine**: {sysi.get('cpu', '?')}, {sysi.get('cores', '?')} cores; 1-minute load "
-             f"{doc['load_before']:.2f} before the run",
+             f"{doc['load_before']:.2f} before the run"
+             + (", after each round " + ", ".join(f"{x:.2f}" for x in doc["load_after_rounds"])
+                if doc.get("load_after_rounds") else ""),
              f"- **Data**: {d['files']} TFRecord files, {d['bytes'] / 1e9:.2f} GB, {d['records']:,} records "
              f"(mean {d['mean_record_bytes'] / 1e3:.1f} kB); one rank reads all of them; batch "
              f"{doc['config']['batch_size']}; records only, no decoding",
@@ -286,6 +409,16 @@ def markdown(doc: Dict) -> str:
     shuffles = {r["shuffle"]: r.get("shuffle_text") for r in doc["rows"] if r.get("shuffle_text")}
     lines += ["", "Shuffles as this dataset ran them:", ""]
     lines += [f"- **{k}**: {v}" for k, v in shuffles.items()]
+    fio = doc.get("fio") or {}
+    if fio.get("rows"):
+        lines += ["", f"fio on the same files, each job cold, in every round (io_uring, O_DIRECT; "
+                      f"dlstore's depth per I/O thread: {fio.get('depths')}):", "",
+                  "| fio job | GB/s | runs |", "|:---|---:|:---|"]
+        for f in fio["rows"]:
+            lines.append(f"| {f.get('description') or f['key']} | {_fmt(f.get('gb_per_s'), '.2f')} | "
+                         + ", ".join(f"{g:.2f}" for g in f.get("runs", [])) + " |")
+    elif fio.get("skipped"):
+        lines += ["", f"No fio beside the cold rows: {fio['skipped']}."]
     lines += ["", "## Targets", "", "| target | measured | verdict |", "|:---|:---|:---|"]
     for t in doc["targets"]:
         lines.append(f"| {t['target']} | {t['measured'] or 'not run'} | {t['verdict'] or 'n/a'} |")
@@ -304,8 +437,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--quick", action="store_true", help="the tiny set, one round, two epochs: a smoke test")
     p.add_argument("--cache", default="cold,warm", help="cache states to run (default: %(default)s)")
     p.add_argument("--engines", default=None,
-                   help="engines, comma-separated (default: direct,buffered cold; buffered,mmap warm)")
+                   help="engines, comma-separated (default: direct,io_uring,buffered cold; buffered,mmap warm)")
     p.add_argument("--shuffles", default=",".join(SHUFFLES), help="shuffles (default: %(default)s)")
+    p.add_argument("--fio", action=argparse.BooleanOptionalAction, default=True,
+                   help="cold runs: fio on the same files beside them (default: on where fio is installed)")
+    p.add_argument("--fio-depths", default=",".join(map(str, FIO_DEPTHS)),
+                   help="queue depths of fio's grid (default: %(default)s; --quick: 1,4)")
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--epochs", type=int, default=3,
                    help="warm epochs measured after the untimed one, for RSS (default: 3)")
@@ -324,6 +461,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     json_path = _harness.output_path(p, args, "shuffles")
     if args.quick:
         args.size, args.repeat, args.epochs, args.batch_size = "tiny", 1, 2, 8
+        args.fio_depths = "1,4"
     doc = run(args)
     print()
     print(markdown(doc))

@@ -18,11 +18,39 @@ class RecordBatch:
     def path(self, i: int) -> Optional[str]: ...
     def slice(self, start: int, stop: int) -> "RecordBatch": ...
 
-# `options`: dlstore.sources.source.ReadOptions.core(engine): engine, chunk_size, headroom, depth, io_threads,
-# verify_threads, verify, on_error ("raise" | "skip"), read_timeout; optional max_records, max_open_files.
+class _EngineFields:
+    """What both readers' options share (C++ EngineOptions), under dlstore.ReadOptions' names."""
+
+    engine: str  # a name of engine_names()
+    chunk_size: int
+    depth: int
+    io_threads: int
+    read_timeout: float
+    queue_depth: int  # io_uring: reads in flight per I/O thread; 0: the device's nr_requests, at most 64
+    verify: bool
+    on_error: str  # "raise" | "skip"
+
+class ReaderOptions(_EngineFields):
+    """Options of the in-order Reader, as dlstore.ReadOptions.core(engine) builds them."""
+
+    headroom: int
+    verify_threads: int
+    max_records: int
+    def __init__(self) -> None: ...
+
+class PlanOptions(_EngineFields):
+    """Options of the PlanReader, as dlstore.ReadOptions.core(engine, in_order=False) builds them."""
+
+    max_open_files: int
+    def __init__(self) -> None: ...
+
+def engine_names() -> List[str]: ...  # the engine registry, in order
+def io_uring_refusal() -> str: ...  # why io_uring cannot run here; "" when it can
+def io_uring_queue_depth(path: str, setting: int = 0) -> Tuple[int, str]: ...  # (depth, why)
+def _simulate_io_uring_refusal(why: str) -> None: ...  # tests: io_uring refused with `why` ("" undoes)
 
 class Reader:
-    def __init__(self, paths: List[str], format: str, compression: List[str], options: Dict[str, Any],
+    def __init__(self, paths: List[str], format: str, compression: List[str], options: ReaderOptions,
                  ranges: List[Tuple[int, int]] = ...) -> None: ...
     def next_batch(self) -> Optional[RecordBatch]: ...
     def count_all(self) -> None: ...
@@ -34,7 +62,7 @@ class PlanReader:
     # Per read position: file (index into paths), frame offset, frame size; emit: read positions in
     # emission order, or None for read order.
     def __init__(self, paths: List[str], file: np.ndarray, offset: np.ndarray, size: np.ndarray,
-                 emit: Optional[np.ndarray], format: str, batch_size: int, options: Dict[str, Any],
+                 emit: Optional[np.ndarray], format: str, batch_size: int, options: PlanOptions,
                  hold_bytes: int = ..., sequential: bool = ..., first_batch: int = ...,
                  device: Optional[np.ndarray] = ...) -> None: ...  # device per file: threads of its own
     def next_batch(self) -> Optional[RecordBatch]: ...

@@ -113,8 +113,8 @@ SETTINGS: Dict[str, Setting] = {
     s.name: s
     for s in [
         Setting("io", "auto", "DLSTORE_IO",
-                "I/O engine: auto, buffered, mmap or direct. auto picks and says why. gds (GPUDirect "
-                "Storage into GPU memory through kvikio) names what is missing where it cannot run.",
+                "I/O engine: auto, buffered, mmap, direct or io_uring. auto picks and says why. gds "
+                "(GPUDirect Storage into GPU memory through kvikio) names what is missing where it cannot run.",
                 str, lambda v: v in _IO_REQUESTS, "one of " + ", ".join(_IO_REQUESTS)),
         Setting("chunk_size", 8 * MiB, "DLSTORE_CHUNK_SIZE",
                 "Bytes per read. Large reads keep O_DIRECT streaming; records are split out in C++.",
@@ -146,10 +146,15 @@ SETTINGS: Dict[str, Setting] = {
                 "in order (open_records; 0: the consumer alone). One core reads memory at about CRC "
                 "speed, so a second one helps.",
                 int, lambda v: v >= 0, "a non-negative integer",
-                adjust=(Adjust("direct: 0", lambda c: c.engine == "direct",
+                adjust=(Adjust("direct or io_uring: 0", lambda c: c.engine in ("direct", "io_uring"),
                                lambda v, c: 0,
                                "reads are bound by the device and land in RAM, not in cache; a second CRC thread "
                                "only adds memory traffic"),)),
+        Setting("queue_depth", 0, "DLSTORE_QUEUE_DEPTH",
+                "Reads each I/O thread keeps in flight at once with io=io_uring (a read plan's records, a "
+                "large read's 1 MiB pieces). 0: the device's own limit, its queue's nr_requests in sysfs, at "
+                "most 64 (deeper only queues in the block layer), or 64 where there is no block device.",
+                int, lambda v: v >= 0, "0 (the device's limit) or a positive integer"),
         Setting("read_timeout", 120.0, "DLSTORE_READ_TIMEOUT",
                 "Seconds an open or a read may take before it counts as failed (a hung mount) and is "
                 "retried on a replica mount; 0 waits forever.", float, lambda v: v >= 0, "a non-negative number"),

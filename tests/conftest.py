@@ -49,14 +49,21 @@ def direct_dir(tmp_path):
 
 @pytest.fixture(params=ENGINES)
 def engine(request) -> str:
-    """Each engine in turn (a test's own ``parametrize("engine", ...)`` overrides this)."""
+    """Each engine in turn (a test's own ``parametrize("engine", ...)`` overrides this); io_uring is
+    skipped, saying why, where the kernel refuses it (its fallback is tested apart)."""
+    if request.param == "io_uring":
+        from dlstore.io.select import probe_io_uring
+
+        if probe_io_uring():
+            pytest.skip(f"io_uring cannot run here: {probe_io_uring()}")
     return request.param
 
 
 @pytest.fixture
 def engine_dir(engine, request, tmp_path):
-    """Where to write the files a test reads with ``engine``: :func:`direct_dir` for ``direct``."""
-    if engine == "direct":
+    """Where to write the files a test reads with ``engine``: :func:`direct_dir` for the O_DIRECT
+    engines (``direct``, ``io_uring``)."""
+    if engine in ("direct", "io_uring"):
         return request.getfixturevalue("direct_dir")
     return tmp_path
 
@@ -91,19 +98,50 @@ def make_unreadable(monkeypatch):
 
 
 @pytest.fixture
-def stand_in_gds(monkeypatch):
-    """``io="gds"`` resolving as on a GPU machine with true GDS (two GPUs), running the host stand-in
-    backend (:class:`dlstore.io.gds.HostBackend`). Yields the ``(mode, reason, device)`` of each
-    backend made."""
-    from dlstore.io import cuda, gds
+def stand_in_gds(gpu_libraries, monkeypatch):
+    """``io="gds"`` resolving as on a GPU machine with true GDS (two GPUs), its reader running over the
+    kvikio and CuPy stand-ins (``gpu_libraries``) and the kernels compiled for the host. Returns the
+    ``gpu_libraries`` namespace."""
+    from dlstore.io import cuda
 
-    facts = cuda.CudaFacts(driver="13.0", devices=["GPU", "GPU"], kvikio="26.10", cupy="14.0",
-                           libcufile="libcufile.so.0", nvidia_fs=True)
-    monkeypatch.setattr(cuda, "cuda_facts", lambda: facts)
-    made = []
+    facts = cuda.CudaFacts(**dict(gpu_libraries.facts.as_dict(), libcufile="libcufile.so.0", nvidia_fs=True,
+                                  kvikio_compat_preferred=False))
+    monkeypatch.setattr(cuda, "cuda_facts", lambda init=False: facts)
+    gpu_libraries.facts = facts
+    return gpu_libraries
 
-    def backend(mode, reason, device=0):
-        made.append((mode, reason, device))
-        return gds.HostBackend(mode, reason)
-    monkeypatch.setattr(gds, "default_backend", backend)
-    return made
+
+@pytest.fixture
+def gpu_libraries(monkeypatch):
+    """kvikio 26.10 and CuPy 14 as host stand-ins (tests/stand_ins), installed as ``kvikio``,
+    ``kvikio.defaults`` and ``cupy`` and removed afterwards, each fresh (no kvikio thread pool yet, empty
+    CuPy pools); the CUDA driver is the driver stand-in (two GPUs: pinning is recorded per GPU), and
+    :func:`dlstore.io.cuda.cuda_facts` says so: kvikio and CuPy installed, kvikio in its compat mode (no
+    libcufile). Returns a namespace: ``kvikio``, ``cupy``, ``driver``, ``facts`` and ``use_gds()`` (the
+    machine gets libcufile and nvidia-fs: kvikio reads files that take O_DIRECT through cuFile)."""
+    import sys
+    from types import SimpleNamespace
+
+    from dlstore.io import cuda, memory
+    from tests.stand_ins import cupy_stand_in, kvikio_stand_in
+    from tests.stand_ins.cuda_driver_stand_in import CudaDriver
+
+    kvikio_stand_in.reset()
+    cupy_stand_in.reset()
+    for name, module in (("kvikio", kvikio_stand_in), ("kvikio.defaults", kvikio_stand_in.defaults),
+                         ("cupy", cupy_stand_in)):
+        monkeypatch.setitem(sys.modules, name, module)
+    driver = CudaDriver(["stand-in GPU"] * cupy_stand_in.DEVICES)
+    facts = cuda.CudaFacts(driver="13.0", devices=list(driver.names), devices_how="stand-in",
+                           kvikio=kvikio_stand_in.__version__, cupy=cupy_stand_in.__version__,
+                           kvikio_compat_preferred=True)
+    monkeypatch.setattr(cuda, "load_driver", lambda load=None: driver)
+    monkeypatch.setattr(memory, "_contexts", {})  # the primary contexts this process retained: none yet
+    monkeypatch.setattr(cuda, "cuda_facts", lambda init=False: facts)
+    def use_gds() -> None:  # a machine with libcufile and nvidia-fs: kvikio reads through cuFile where it can
+        kvikio_stand_in.CUFILE_AVAILABLE = True
+        facts.libcufile, facts.nvidia_fs, facts.kvikio_compat_preferred = "libcufile.so.0", True, False
+
+    yield SimpleNamespace(kvikio=kvikio_stand_in, cupy=cupy_stand_in, driver=driver, facts=facts, use_gds=use_gds)
+    kvikio_stand_in.reset()
+    cupy_stand_in.reset()

@@ -5,6 +5,7 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "dlstore C++ core: I/O engines, record framing, CRC, Example parsing";
   register_errors(m);
   register_reader(m);
+  register_schedule(m);
   register_example(m);
   register_image(m);
 }

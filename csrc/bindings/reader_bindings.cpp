@@ -7,6 +7,7 @@
 #include "dlstore/crc32c.hpp"
 #include "dlstore/plan_reader.hpp"
 #include "dlstore/reader.hpp"
+#include "plan_stats.hpp"
 #include "registry.hpp"
 
 namespace py = pybind11;
@@ -14,27 +15,29 @@ using dlstore::RecordBatch;
 
 namespace {
 
-// The reader options, as dlstore.source.ReadOptions.core() resolves them: one dict for both readers.
-// Python checks the values (dlstore/settings.py); here they are only converted.
-template <class T>
-T option(const py::dict& d, const char* key) {
-  if (!d.contains(key)) throw py::key_error(std::string("reader option '") + key + "' is missing");
-  return d[key].cast<T>();
+dlstore::OnError parse_on_error(const std::string& name) {
+  if (name == "raise") return dlstore::OnError::Raise;
+  if (name == "skip") return dlstore::OnError::Skip;
+  throw py::value_error("on_error must be 'raise' or 'skip', not '" + name + "'");
 }
 
-dlstore::EngineOptions engine_options(const py::dict& d) {
-  dlstore::EngineOptions o;
-  o.kind = dlstore::parse_engine(option<std::string>(d, "engine"));
-  o.chunk_size = option<size_t>(d, "chunk_size");
-  o.headroom = option<size_t>(d, "headroom");
-  o.depth = option<size_t>(d, "depth");
-  o.threads = option<size_t>(d, "io_threads");
-  o.timeout_s = option<double>(d, "read_timeout");
-  return o;
-}
+const char* on_error_name(dlstore::OnError e) { return e == dlstore::OnError::Raise ? "raise" : "skip"; }
 
-dlstore::OnError on_error_of(const py::dict& d) {
-  return option<std::string>(d, "on_error") == "raise" ? dlstore::OnError::Raise : dlstore::OnError::Skip;
+// The fields of EngineOptions, on the options class of either reader (O has a member `engine`), under
+// the names of dlstore.ReadOptions. Python checks the values (dlstore/settings.py); here they are stored.
+template <class O>
+void engine_fields(py::class_<O>& c) {
+  c.def_property("engine", [](const O& o) { return o.engine.engine; },
+                 [](O& o, const std::string& v) { o.engine.engine = v; })
+      .def_property("chunk_size", [](const O& o) { return o.engine.chunk_size; },
+                    [](O& o, size_t v) { o.engine.chunk_size = v; })
+      .def_property("depth", [](const O& o) { return o.engine.depth; }, [](O& o, size_t v) { o.engine.depth = v; })
+      .def_property("io_threads", [](const O& o) { return o.engine.threads; },
+                    [](O& o, size_t v) { o.engine.threads = v; })
+      .def_property("read_timeout", [](const O& o) { return o.engine.timeout_s; },
+                    [](O& o, double v) { o.engine.timeout_s = v; })
+      .def_property("queue_depth", [](const O& o) { return o.engine.queue_depth; },
+                    [](O& o, size_t v) { o.engine.queue_depth = v; });
 }
 
 // What both readers expose alike: the next batch (the GIL released while it is read), and the
@@ -127,20 +130,47 @@ void register_reader(py::module_& m) {
       .def_property_readonly("num_records", &RecordBatch::size)
       .def("__len__", &RecordBatch::size);
 
+  // The options of each reader, as dlstore.ReadOptions.core() builds them.
+  py::class_<dlstore::ReaderOptions> reader_options(m, "ReaderOptions");
+  reader_options.def(py::init<>());
+  engine_fields(reader_options);
+  reader_options.def_readwrite("headroom", &dlstore::ReaderOptions::headroom)
+      .def_property("verify", [](const dlstore::ReaderOptions& o) { return o.scan.verify; },
+                    [](dlstore::ReaderOptions& o, bool v) { o.scan.verify = v; })
+      .def_property("on_error", [](const dlstore::ReaderOptions& o) { return on_error_name(o.scan.on_error); },
+                    [](dlstore::ReaderOptions& o, const std::string& v) { o.scan.on_error = parse_on_error(v); })
+      .def_property("verify_threads", [](const dlstore::ReaderOptions& o) { return o.scan.verify_threads; },
+                    [](dlstore::ReaderOptions& o, size_t v) { o.scan.verify_threads = v; })
+      .def_property("max_records", [](const dlstore::ReaderOptions& o) { return o.scan.max_records; },
+                    [](dlstore::ReaderOptions& o, size_t v) { o.scan.max_records = v; });
+
+  py::class_<dlstore::PlanOptions> plan_options(m, "PlanOptions");
+  plan_options.def(py::init<>());
+  engine_fields(plan_options);
+  plan_options.def_readwrite("verify", &dlstore::PlanOptions::verify)
+      .def_property("on_error", [](const dlstore::PlanOptions& o) { return on_error_name(o.on_error); },
+                    [](dlstore::PlanOptions& o, const std::string& v) { o.on_error = parse_on_error(v); })
+      .def_readwrite("max_open_files", &dlstore::PlanOptions::max_open_files);
+
+  m.def("engine_names", &dlstore::engine_names);
+  m.def("io_uring_refusal", &dlstore::io_uring_refusal);
+  m.def("io_uring_queue_depth",
+        [](const std::string& path, size_t setting) {
+          std::string why;
+          const size_t depth = dlstore::io_uring_queue_depth(path, setting, &why);
+          return py::make_tuple(depth, why);
+        },
+        py::arg("path"), py::arg("setting") = 0);
+  m.def("_simulate_io_uring_refusal", &dlstore::simulate_io_uring_refusal, py::arg("why"));
+
   py::class_<dlstore::Reader>(m, "Reader")
       .def(py::init([](std::vector<std::string> paths, const std::string& format,
-                       std::vector<std::string> compression, const py::dict& options,
+                       std::vector<std::string> compression, dlstore::ReaderOptions options,
                        std::vector<std::pair<uint64_t, uint64_t>> ranges) {
-             dlstore::ReaderOptions o;
-             o.engine = engine_options(options);
-             for (const auto& r : ranges) o.ranges.push_back({r.first, r.second});
-             o.scan.format = dlstore::parse_format(format);
-             o.scan.verify = option<bool>(options, "verify");
-             o.scan.on_error = on_error_of(options);
-             o.scan.max_records = options.contains("max_records") ? option<size_t>(options, "max_records") : 0;
-             o.scan.verify_threads = option<size_t>(options, "verify_threads");
-             for (const auto& c : compression) o.compression.push_back(dlstore::parse_compression(c));
-             return new dlstore::Reader(std::move(paths), o);
+             for (const auto& r : ranges) options.ranges.push_back({r.first, r.second});
+             options.scan.format = dlstore::parse_format(format);
+             for (const auto& c : compression) options.compression.push_back(dlstore::parse_compression(c));
+             return new dlstore::Reader(std::move(paths), options);
            }),
            py::arg("paths"), py::arg("format"), py::arg("compression"), py::arg("options"),
            py::arg("ranges") = std::vector<std::pair<uint64_t, uint64_t>>{})
@@ -172,7 +202,7 @@ void register_reader(py::module_& m) {
 
   py::class_<dlstore::PlanReader>(m, "PlanReader")
       .def(py::init([](std::vector<std::string> paths, py::handle file, py::handle offset, py::handle size,
-                       py::handle emit, const std::string& format, size_t batch_size, const py::dict& options,
+                       py::handle emit, const std::string& format, size_t batch_size, dlstore::PlanOptions o,
                        uint64_t hold_bytes, bool sequential, size_t first_batch, py::handle device) {
              dlstore::ReadPlan plan;
              plan.paths = std::move(paths);
@@ -181,16 +211,11 @@ void register_reader(py::module_& m) {
              plan.size = vector_of<uint64_t>(size);
              if (!emit.is_none()) plan.emit = vector_of<int64_t>(emit);
              if (!device.is_none()) plan.device = vector_of<uint32_t>(device);
-             dlstore::PlanOptions o;
-             o.engine = engine_options(options);
              o.format = dlstore::parse_format(format);
-             o.verify = option<bool>(options, "verify");
-             o.on_error = on_error_of(options);
              o.batch_size = batch_size;
              o.first_batch = first_batch;
              o.hold_bytes = hold_bytes;
              o.sequential = sequential;
-             if (options.contains("max_open_files")) o.max_open_files = option<size_t>(options, "max_open_files");
              py::gil_scoped_release nogil;
              return new dlstore::PlanReader(std::move(plan), o);
            }),
@@ -200,23 +225,7 @@ void register_reader(py::module_& m) {
       .def("next_batch", &next_batch_of<dlstore::PlanReader>)
       .def_property_readonly("position", &dlstore::PlanReader::position)
       .def("__len__", &dlstore::PlanReader::size)
-      .def("stats",
-           [](const dlstore::PlanReader& r) {
-             dlstore::PlanStats s = r.stats();
-             py::dict d;
-             d["records"] = s.records;
-             d["payload_bytes"] = s.payload_bytes;
-             d["file_bytes_read"] = s.file_bytes_read;
-             d["skipped"] = s.skipped;
-             d["chunks"] = s.chunks;
-             d["gathered_batches"] = s.gathered_batches;
-             d["gathered_bytes"] = s.gathered_bytes;
-             d["spilled_records"] = s.spilled_records;
-             d["spilled_bytes"] = s.spilled_bytes;
-             d["peak_held_bytes"] = s.peak_held_bytes;
-             d["buffers_allocated"] = s.buffers_allocated;
-             return d;
-           })
+      .def("stats", [](const dlstore::PlanReader& r) { return plan_stats_dict(r.stats()); })
       .def("notes", &dlstore::PlanReader::notes)
       .def("corruptions", &corruptions_of<dlstore::PlanReader>);
 

@@ -4,5 +4,6 @@
 
 void register_errors(pybind11::module_& m);
 void register_reader(pybind11::module_& m);
+void register_schedule(pybind11::module_& m);
 void register_example(pybind11::module_& m);
 void register_image(pybind11::module_& m);

@@ -4,20 +4,76 @@
 
 namespace dlstore {
 
-EngineKind parse_engine(const std::string& name) {
-  if (name == "buffered") return EngineKind::Buffered;
-  if (name == "mmap") return EngineKind::Mmap;
-  if (name == "direct") return EngineKind::Direct;
-  throw_error(ErrorKind::Generic, "", -1, "unknown I/O engine '" + name + "' (buffered, mmap, direct)");
+// ---- what every engine shares ----------------------------------------------------------------------
+
+void Engine::check_read(ReadRequest& r, size_t got) {
+  const OpenedFile& f = *r.file;
+  const uint64_t read_at = align_down(r.offset, f.offset_align);
+  const size_t lead = static_cast<size_t>(r.offset - read_at);
+  r.bytes_read = got;
+  try {
+    // Retried to the end of the file already: the file is shorter than its index or range says.
+    DLSTORE_EXPECT(got >= lead + r.len, Io, f.path, static_cast<int64_t>(read_at + got),
+                   "short read: expected " << r.len << " bytes at offset " << r.offset << ", got "
+                                           << (got > lead ? got - lead : 0)
+                                           << " (was the file truncated while being read?)");
+  } catch (const Error&) {
+    r.error = std::current_exception();
+    return;
+  }
+  r.data = r.slot + lead;
 }
 
-const char* engine_name(EngineKind kind) {
-  switch (kind) {
-    case EngineKind::Buffered: return "buffered";
-    case EngineKind::Mmap: return "mmap";
-    case EngineKind::Direct: return "direct";
+void Engine::pread_one(ReadRequest& r) {
+  const OpenedFile& f = *r.file;
+  // O_DIRECT reads whole aligned blocks into an aligned slot, from the block holding `offset`; the
+  // file's unaligned tail comes back as a short read.
+  const uint64_t read_at = align_down(r.offset, f.offset_align);
+  try {
+    check_read(r, f.fh->pread_full(r.slot, f.slot_bytes(r.offset, r.len), read_at));
+  } catch (const Error&) {
+    r.error = std::current_exception();
   }
-  return "?";
+}
+
+void Engine::read(ReadRequest* reqs, size_t n) const {
+  for (size_t i = 0; i < n; ++i) pread_one(reqs[i]);
+}
+
+void read_all(ReadRequest* reqs, size_t n) {
+  size_t i = 0;
+  while (i < n) {
+    const Engine* engine = reqs[i].file->engine.get();
+    size_t j = i + 1;
+    while (j < n && reqs[j].file->engine.get() == engine) ++j;
+    engine->read(reqs + i, j - i);
+    i = j;
+  }
+}
+
+std::shared_ptr<FileHandle> open_direct(const std::string& path, size_t chunk_size, uint32_t* offset_align,
+                                        uint32_t* memory_align, std::string* note) {
+  std::shared_ptr<FileHandle> fh;
+  try {
+    fh = std::make_shared<FileHandle>(path, true);
+  } catch (const Error& e) {
+    if (e.kind != ErrorKind::Alignment) throw;
+    *note = path + ": " + e.reason;
+    return nullptr;
+  }
+  const DirectAlignment a = fh->direct_alignment();
+  if (!a.supported) {
+    *note = path + ": " + a.source + " reports that this file cannot do direct I/O";
+    return nullptr;
+  }
+  // Buffers are aligned to 64 KiB at most (the pools' grain), and a chunk must hold whole blocks.
+  if (a.memory > (64u << 10) || a.offset > (64u << 10) || chunk_size % a.offset != 0) {
+    *note = path + ": alignment " + std::to_string(a.offset) + " from " + a.source + " is larger than supported";
+    return nullptr;
+  }
+  *offset_align = a.offset;
+  *memory_align = a.memory;
+  return fh;
 }
 
 // One (path, range) entry being read: the opened file (shared by consecutive entries of one path)
@@ -31,7 +87,8 @@ struct ChunkReader::OpenFile {
 };
 
 
-ChunkReader::ChunkReader(std::vector<std::string> paths, EngineOptions opts, std::vector<ByteRange> ranges)
+ChunkReader::ChunkReader(std::vector<std::string> paths, EngineOptions opts, size_t headroom,
+                         std::vector<ByteRange> ranges)
     : paths_(std::move(paths)), ranges_(std::move(ranges)), opts_(opts) {
   if (ranges_.empty()) ranges_.resize(paths_.size());
   DLSTORE_EXPECT(ranges_.size() == paths_.size(), Generic, "", -1,
@@ -40,10 +97,13 @@ ChunkReader::ChunkReader(std::vector<std::string> paths, EngineOptions opts, std
   // practice (512 B .. 64 KiB) holds for offsets, lengths and buffer addresses alike.
   constexpr size_t kGrain = 64u << 10;
   opts_.chunk_size = align_up(std::max<size_t>(opts_.chunk_size, kGrain), kGrain);
-  opts_.headroom = align_up(std::max<size_t>(opts_.headroom, kGrain), kGrain);
+  headroom_ = align_up(std::max<size_t>(headroom, kGrain), kGrain);
   if (opts_.depth == 0) opts_.depth = 1;
   DLSTORE_EXPECT(opts_.threads > 0, Generic, "", -1, "internal: a reader needs at least one I/O thread");
-  pool_ = BufferPool::shared(opts_.headroom + opts_.chunk_size, kGrain);
+  std::string note;
+  engine_ = make_engine(opts_, &note);
+  if (!note.empty()) notes_.push_back(note);
+  pool_ = BufferPool::shared(headroom_ + opts_.chunk_size, kGrain);
   threads_.reset(new ThreadPool(opts_.threads));
 }
 
@@ -51,7 +111,7 @@ ChunkReader::~ChunkReader() {
   if (abandoned_) {
     // A read is stuck in the kernel (a hung mount). Joining its thread would hang this destructor,
     // so the pool and its threads are leaked on purpose; each queued task owns what it touches
-    // (file, buffer) through shared pointers, so nothing it uses is freed under it.
+    // (file, engine, buffer) through shared pointers, so nothing it uses is freed under it.
     threads_.release();
     opener_.release();
     return;
@@ -65,41 +125,10 @@ ChunkReader::~ChunkReader() {
   }
 }
 
-std::shared_ptr<OpenedFile> open_for_engine(const std::string& path, EngineKind kind, size_t chunk_size,
-                                            std::string* note, bool sequential) {
-  auto of = std::make_shared<OpenedFile>();
-  of->path = path;
-  of->kind = kind;
-  if (kind == EngineKind::Mmap) {
-    of->map = std::make_shared<Mapping>(path, sequential);
-    of->size = of->map->size();
-    return of;
-  }
-  if (kind == EngineKind::Direct) {
-    try {
-      of->fh = std::make_shared<FileHandle>(path, true);
-      DirectAlignment a = of->fh->direct_alignment();
-      if (!a.supported) {
-        *note = std::string("direct -> buffered for ") + path + ": " + a.source +
-                " reports that this file cannot do direct I/O";
-        of->fh.reset();
-      } else if (a.memory > (64u << 10) || a.offset > (64u << 10) || chunk_size % a.offset != 0) {
-        *note = std::string("direct -> buffered for ") + path + ": alignment " + std::to_string(a.offset) +
-                " from " + a.source + " is larger than supported";
-        of->fh.reset();
-      } else {
-        of->offset_align = a.offset;
-        of->memory_align = a.memory;
-      }
-    } catch (const Error& e) {
-      if (e.kind != ErrorKind::Alignment) throw;
-      *note = std::string("direct -> buffered for ") + path + ": " + e.what();
-    }
-    if (!of->fh) of->kind = EngineKind::Buffered;
-  }
-  if (!of->fh) of->fh = std::make_shared<FileHandle>(path, false);
-  of->size = of->fh->size();
-  return of;
+std::vector<std::string> ChunkReader::notes() const {
+  std::vector<std::string> out = notes_;
+  for (std::string& n : engine_->notes()) out.push_back(std::move(n));
+  return out;
 }
 
 void ChunkReader::open_next_file() {
@@ -107,6 +136,8 @@ void ChunkReader::open_next_file() {
   const std::string& path = paths_[index];
   const ByteRange range = ranges_[next_file_++];
   auto of = std::make_shared<OpenFile>();
+  OpenHints hints;
+  hints.chunk_size = opts_.chunk_size;
   if (current_ && current_->file->path == path) {
     // The next range of the same file (records of one shard split into pieces): share the open
     // file or mapping instead of opening and mapping it again.
@@ -116,11 +147,10 @@ void ChunkReader::open_next_file() {
     // at most the timeout. The task owns copies of what it uses, so an abandoned one touches nothing
     // of this reader.
     auto note = std::make_shared<std::string>();
-    const EngineKind kind = opts_.kind;
-    const size_t chunk_size = opts_.chunk_size;
+    std::shared_ptr<const Engine> engine = engine_;
     if (!opener_) opener_.reset(new ThreadPool(1));
-    std::future<std::shared_ptr<OpenedFile>> opened = opener_->submit(
-        [path, kind, chunk_size, note]() { return open_for_engine(path, kind, chunk_size, note.get()); });
+    std::future<std::shared_ptr<OpenedFile>> opened =
+        opener_->submit([path, engine, hints, note]() { return engine->open(path, hints, note.get()); });
     if (opened.wait_for(std::chrono::duration<double>(opts_.timeout_s)) != std::future_status::ready) {
       abandoned_ = true;
       throw_error(ErrorKind::Io, path, -1,
@@ -131,7 +161,7 @@ void ChunkReader::open_next_file() {
     if (!note->empty()) notes_.push_back(*note);
   } else {
     std::string note;
-    of->file = open_for_engine(path, opts_.kind, opts_.chunk_size, &note);
+    of->file = engine_->open(path, hints, &note);
     if (!note.empty()) notes_.push_back(note);
   }
   of->index = index;
@@ -165,15 +195,14 @@ void ChunkReader::fill() {
     std::shared_ptr<OpenFile> of = current_;
     const std::shared_ptr<OpenedFile> file = of->file;
     uint64_t offset = of->scheduled;
-    // Direct reads start at aligned offsets, so a range starting mid-block makes its first chunk
+    // An O_DIRECT chunk reads whole blocks, so a range starting mid-block makes its first chunk
     // shorter by the part of the block before it: every later chunk then starts aligned and the
-    // whole-block read of any chunk fits in chunk_size.
-    uint64_t chunk_end = file->kind == EngineKind::Direct ? align_down(offset, file->offset_align) + opts_.chunk_size
-                                                          : offset + opts_.chunk_size;
+    // whole-block read of any chunk fits in chunk_size (offset_align is 1 for other files).
+    const uint64_t chunk_end = align_down(offset, file->offset_align) + opts_.chunk_size;
     size_t len = static_cast<size_t>(std::min<uint64_t>(chunk_end, of->end) - offset);
     of->scheduled += len;
     bool last = of->scheduled >= of->end;
-    size_t headroom = opts_.headroom;
+    size_t headroom = headroom_;
     std::shared_ptr<BufferPool> pool = pool_;
     const uint64_t range_start = of->start, range_end = of->end;
     const size_t index = of->index;
@@ -185,30 +214,26 @@ void ChunkReader::fill() {
       c.file_size = range_end;  // the scanner treats the range's end as the end of the file
       c.file_index = index;
       c.last = last;
-      if (file->kind == EngineKind::Mmap) {
-        file->map->populate(offset, len);
-        c.owner = file->map;
-        c.data = const_cast<uint8_t*>(file->map->data()) + offset;  // read-only: headroom stays 0
-        c.contiguous = offset > range_start;
-        return c;
+      ReadRequest r;
+      r.file = file.get();
+      r.offset = offset;
+      r.len = len;
+      std::shared_ptr<AlignedBuffer> buf;
+      if (!file->engine->views()) {
+        buf = pool->acquire();
+        r.slot = buf->data() + headroom;
       }
-      std::shared_ptr<AlignedBuffer> buf = pool->acquire();
-      // O_DIRECT reads whole aligned blocks into an aligned address: the read starts at the block
-      // holding `offset`, and the bytes before `offset` widen the headroom. The file's unaligned
-      // tail comes back as a short read.
-      const bool direct = file->kind == EngineKind::Direct;
-      const uint64_t read_at = direct ? align_down(offset, file->offset_align) : offset;
-      const size_t lead = static_cast<size_t>(offset - read_at);
-      uint8_t* dst = buf->data() + headroom;
-      size_t want = direct ? align_up(lead + len, file->offset_align) : len;
-      size_t got = file->fh->pread_full(dst, want, read_at);
-      DLSTORE_EXPECT(got >= lead + len, Io, file->fh->path(), static_cast<int64_t>(read_at + got),
-                     "short read: expected " << len << " bytes at offset " << offset << ", got "
-                                             << (got > lead ? got - lead : 0)
-                                             << " (was the file truncated while being read?)");
-      c.data = dst + lead;
-      c.headroom = headroom + lead;
-      c.owner = buf;
+      file->engine->read(&r, 1);
+      if (r.error) std::rethrow_exception(r.error);  // names the file and offset
+      c.data = const_cast<uint8_t*>(r.data);
+      if (buf) {
+        // The bytes of an O_DIRECT read's first block before `offset` widen the headroom.
+        c.headroom = static_cast<size_t>(r.data - buf->data());
+        c.owner = buf;
+      } else {
+        c.owner = file->map;             // a view of the mapping: read-only, headroom stays 0
+        c.contiguous = offset > range_start;  // the bytes before it are the file's own
+      }
       return c;
     }), file->path, offset});
   }

@@ -67,15 +67,24 @@ size_t FileHandle::pread_full(void* dst, size_t n, uint64_t offset) const {
   return got;
 }
 
-static uint32_t logical_block_size(dev_t dev) {
-  // /sys/dev/block/M:m is the partition or the disk; a partition's queue/ lives on its parent.
-  std::string base = "/sys/dev/block/" + std::to_string(major(dev)) + ":" + std::to_string(minor(dev));
-  for (const char* rel : {"/queue/logical_block_size", "/../queue/logical_block_size"}) {
-    std::ifstream f(base + rel);
+// A number from the block device's queue/ directory in sysfs, 0 when there is none (tmpfs, NFS, an
+// overlay). /sys/dev/block/M:m is the partition or the disk; a partition's queue/ lives on its parent.
+static uint32_t block_queue_value(dev_t dev, const char* name) {
+  const std::string base = "/sys/dev/block/" + std::to_string(major(dev)) + ":" + std::to_string(minor(dev));
+  for (const char* rel : {"/queue/", "/../queue/"}) {
+    std::ifstream f(base + rel + name);
     uint32_t v = 0;
     if (f >> v && v > 0) return v;
   }
   return 0;
+}
+
+static uint32_t logical_block_size(dev_t dev) { return block_queue_value(dev, "logical_block_size"); }
+
+uint32_t FileHandle::device_requests() const {
+  struct stat st;
+  if (::fstat(fd_, &st) != 0) return 0;
+  return block_queue_value(st.st_dev, "nr_requests");
 }
 
 DirectAlignment FileHandle::direct_alignment() const {

@@ -8,7 +8,7 @@ namespace dlstore {
 
 Reader::Reader(std::vector<std::string> paths, ReaderOptions opts)
     : paths_(std::make_shared<const std::vector<std::string>>(std::move(paths))) {
-  chunks_.reset(new ChunkReader(*paths_, opts.engine, opts.ranges));
+  chunks_.reset(new ChunkReader(*paths_, opts.engine, opts.headroom, opts.ranges));
   ChunkStream* stream = chunks_.get();
   bool any_compressed = std::any_of(opts.compression.begin(), opts.compression.end(),
                                     [](Compression c) { return c != Compression::None; });
@@ -19,7 +19,7 @@ Reader::Reader(std::vector<std::string> paths, ReaderOptions opts)
                      "byte ranges cannot be read from compressed files; read them whole");
     opts.compression.resize(paths_->size(), Compression::None);
     inflate_.reset(new InflateStream(*chunks_, opts.compression, *paths_, chunks_->pool(),
-                                     chunks_->options().headroom));
+                                     chunks_->headroom()));
     stream = inflate_.get();
   }
   scanner_.reset(new RecordScanner(*stream, paths_, opts.scan));

@@ -36,7 +36,7 @@ from dlstore.sources.source import start_at, state_at
 
 __all__ = ["dali_pipeline", "EncodedSamples"]
 
-_INSTALL = "pip install nvidia-dali-cuda120 (or the build for your CUDA), see https://docs.nvidia.com/deeplearning/dali"
+_INSTALL = "pip install nvidia-dali-cuda130 (or the build for your CUDA), see https://docs.nvidia.com/deeplearning/dali"
 
 
 def _record_error(error: DlstoreError, batch: Any) -> DlstoreError:

@@ -1,13 +1,16 @@
-"""fio beside a benchmark: ``direct=1`` sequential reads of the same files the benchmark reads.
+"""fio beside a benchmark: ``direct=1`` reads of the same files the benchmark reads.
 
-Its figure is a reference for what the device gives one fio job, not the device's ceiling: with
-the default ``psync`` engine each job has one request in flight (queue depth 1), and an
+A single figure is a reference for what the device gives that fio job, not the device's ceiling:
+with the default ``psync`` engine each job has one request in flight (queue depth 1), and an
 asynchronous engine with a deeper queue (``libaio`` or ``io_uring``, ``iodepth`` 8 to 32) often
-reads faster. Every report names the job (:meth:`FioResult.describe`).
+reads faster. Every report names the job (:meth:`FioResult.describe`); :func:`fio_sweep` runs the
+grid (sequential and random, several depths) whose best is the ceiling.
 
-The jobs mirror dlstore's parallelism: the files are dealt round-robin to ``jobs`` fio jobs, each
-reading its files one after another (``file_service_type=sequential``) with 1 MiB requests, as a
-reader thread of dlstore walks its files. fio's JSON output is parsed into a :class:`FioResult`.
+Sequential jobs mirror dlstore's parallelism: the files are dealt round-robin to ``jobs`` fio jobs,
+each reading its files one after another (``file_service_type=sequential``), as a reader thread of
+dlstore walks its files. Random jobs (``rw="randread"``) each read a share of every file's blocks in
+random order, ``jobs`` of them together reading the files' bytes once, as a global shuffle's record
+reads do. fio's JSON output is parsed into a :class:`FioResult`.
 """
 from __future__ import annotations
 
@@ -17,9 +20,10 @@ import shutil
 import subprocess
 import tempfile
 from dataclasses import asdict, dataclass, field
-from typing import List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence, Tuple
 
-__all__ = ["FioError", "FioResult", "fio_missing_reason", "fio_job_file", "parse_fio_json", "run_fio"]
+__all__ = ["FioError", "FioResult", "fio_missing_reason", "fio_job_file", "parse_fio_json", "run_fio", "fio_sweep",
+           "block_size_for"]
 
 
 class FioError(RuntimeError):
@@ -46,8 +50,9 @@ class FioResult:
         """Which fio job this is, e.g. ``fio psync qd1, 2 jobs, bs=1M sequential direct=1 reads``."""
         c = self.config
         jobs = f"{self.jobs} job{'s' if self.jobs != 1 else ''}"
+        pattern = "random" if c.get("rw") == "randread" else "sequential"
         return (f"fio {c.get('ioengine', '?')} qd{c.get('iodepth', 1)}, {jobs}, "
-                f"bs={c.get('bs', '?')} sequential direct={c.get('direct', '1')} reads")
+                f"bs={c.get('bs', '?')} {pattern} direct={c.get('direct', '1')} reads")
 
     @property
     def queue_depth_one(self) -> bool:
@@ -68,23 +73,38 @@ def _escape(path: str) -> str:
     return os.path.abspath(path).replace(":", "\\:")
 
 
+def block_size_for(record_bytes: float) -> str:
+    """fio's ``bs`` for reads of records of this mean size: rounded up to 4 KiB, as O_DIRECT reads them."""
+    return f"{max(1, -(-int(record_bytes) // 4096)) * 4}k"
+
+
 def fio_job_file(paths: Sequence[str], jobs: int, bs: str = "1M", ioengine: str = "psync",
-                 iodepth: int = 1) -> str:
+                 iodepth: int = 1, rw: str = "read") -> str:
     """A fio job file that reads ``paths`` once with O_DIRECT, split over ``jobs`` jobs.
 
-    With fewer files than jobs, each file gets its own job (fio reads whole files here; splitting one
-    file between jobs would change the access pattern being compared).
+    ``rw="read"``: with fewer files than jobs, each file gets its own job (fio reads whole files here;
+    splitting one file between jobs would change the access pattern being compared).
+    ``rw="randread"``: every job reads every file in random order, ``1 / jobs`` of their bytes each.
     """
     if not paths:
         raise ValueError("fio needs at least one file")
-    jobs = max(1, min(int(jobs), len(paths)))
+    if rw not in ("read", "randread"):
+        raise ValueError(f"rw must be 'read' or 'randread', not {rw!r}")
     # invalidate=0: by default fio evicts each file from the page cache before reading it, which
     # would turn a warm benchmark cold behind its back. O_DIRECT bypasses the cache anyway.
-    lines = ["[global]", "rw=read", f"bs={bs}", "direct=1", f"ioengine={ioengine}", f"iodepth={iodepth}",
-             "file_service_type=sequential", "invalidate=0", ""]
-    for j in range(jobs):
-        mine = paths[j::jobs]
-        lines += [f"[read{j}]", "filename=" + ":".join(_escape(p) for p in mine), ""]
+    lines = ["[global]", f"rw={rw}", f"bs={bs}", "direct=1", f"ioengine={ioengine}", f"iodepth={iodepth}",
+             "invalidate=0"]
+    if rw == "read":
+        jobs = max(1, min(int(jobs), len(paths)))
+        lines += ["file_service_type=sequential", ""]
+        for j in range(jobs):
+            mine = paths[j::jobs]
+            lines += [f"[read{j}]", "filename=" + ":".join(_escape(p) for p in mine), ""]
+        return "\n".join(lines)
+    jobs = max(1, int(jobs))
+    total = sum(os.path.getsize(p) for p in paths)
+    lines += [f"io_size={max(1, total // jobs)}", f"numjobs={jobs}", "", "[randread]",
+              "filename=" + ":".join(_escape(p) for p in paths), ""]
     return "\n".join(lines)
 
 
@@ -130,8 +150,8 @@ def parse_fio_json(text: str) -> FioResult:
 
 
 def run_fio(paths: Sequence[str], jobs: int, bs: str = "1M", ioengine: str = "psync", iodepth: int = 1,
-            timeout: Optional[float] = 600) -> FioResult:
-    """Runs fio on ``paths`` (O_DIRECT sequential read) and returns its throughput.
+            timeout: Optional[float] = 600, rw: str = "read") -> FioResult:
+    """Runs fio on ``paths`` (O_DIRECT, ``rw`` ``read`` or ``randread``) and returns its throughput.
 
     Raises
     ------
@@ -144,7 +164,7 @@ def run_fio(paths: Sequence[str], jobs: int, bs: str = "1M", ioengine: str = "ps
     with tempfile.TemporaryDirectory(prefix="dlstore-fio-") as tmp:
         job = os.path.join(tmp, "read.fio")
         with open(job, "w") as f:
-            f.write(fio_job_file(list(paths), jobs, bs=bs, ioengine=ioengine, iodepth=iodepth))
+            f.write(fio_job_file(list(paths), jobs, bs=bs, ioengine=ioengine, iodepth=iodepth, rw=rw))
         cmd: List[str] = ["fio", "--output-format=json", job]
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
@@ -154,3 +174,17 @@ def run_fio(paths: Sequence[str], jobs: int, bs: str = "1M", ioengine: str = "ps
         detail = (proc.stderr.strip() or proc.stdout.strip())[-500:]
         raise FioError(f"fio exited with {proc.returncode}: {detail}")
     return parse_fio_json(proc.stdout)
+
+
+def fio_sweep(paths: Sequence[str], jobs: int, patterns: Sequence[Tuple[str, str]],
+              depths: Sequence[int] = (1, 2, 4, 8, 16, 32, 64), ioengine: str = "io_uring",
+              before: Optional[Callable[[], object]] = None) -> List[FioResult]:
+    """fio ``io_uring`` over the grid ``patterns`` (``(rw, bs)`` pairs) x ``depths``: its best is what
+    the device gives these files. ``before`` runs before each job (e.g. dropping the page cache)."""
+    out = []
+    for rw, bs in patterns:
+        for depth in depths:
+            if before is not None:
+                before()
+            out.append(run_fio(paths, jobs, bs=bs, ioengine=ioengine, iodepth=depth, rw=rw))
+    return out

@@ -63,8 +63,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", metavar="cuda:N",
                    help="deliver the records to this GPU: with --io gds they are read into its memory; with a "
                         "host engine each batch is staged in pinned memory and copied. kvikio's own "
-                        "CuFile.pread of the same files is measured beside it. Without a GPU: exit 2, saying "
-                        "what is missing")
+                        "CuFile.pread of the same files is measured beside it (skipped, saying so, without "
+                        "kvikio). Without a GPU or CuPy: exit 2, saying what is missing")
     p.add_argument("--cache", choices=CACHE_MODES, default="both",
                    help="cold: the page cache dropped (root) or the files evicted before every timed "
                         "pass; warm: not; both: cold, then warm (default). Each starts with an untimed "
@@ -362,30 +362,29 @@ def delivery_fields(io: str, index: int) -> Dict[str, Any]:
 
 def pinned_copy_sink(index: int, chunk_bytes: int) -> Callable[[Any], None]:
     """``sink(batch)``: a host batch copied into a pinned staging buffer, then to GPU ``index`` on a
-    stream (waited for, so the pass counts the copy)."""
+    stream (waited for, so the pass counts the copy). Each reader thread (``--readers N``) has its own
+    staging buffer, device buffer and stream."""
     import cupy
 
-
-    pool = PinnedPool()
-    held = {"staging": pool.acquire(chunk_bytes)}
-    with cupy.cuda.Device(index):
-        stream = cupy.cuda.Stream(non_blocking=True)
-        target = {"dev": cupy.empty(chunk_bytes, dtype=cupy.uint8)}
+    pool = PinnedPool(device=index)
+    mine = threading.local()  # this thread's staging buffer, device buffer and stream
 
     def sink(batch: Any) -> None:
         if getattr(batch, "on_gpu", False):
             return
         view = memoryview(batch).cast("B")
         n = len(view)
-        if n > held["staging"].capacity:
-            pool.release(held["staging"])
-            held["staging"] = pool.acquire(n)
+        if getattr(mine, "staging", None) is None or n > mine.staging.capacity:
+            if getattr(mine, "staging", None) is not None:
+                pool.release(mine.staging)
+            mine.staging = pool.acquire(max(n, chunk_bytes))
             with cupy.cuda.Device(index):
-                target["dev"] = cupy.empty(n, dtype=cupy.uint8)
-        host = held["staging"].array[:n]
+                mine.stream = getattr(mine, "stream", None) or cupy.cuda.Stream(non_blocking=True)
+                mine.target = cupy.empty(mine.staging.capacity, dtype=cupy.uint8)
+        host = mine.staging.array[:n]
         host[:] = np.frombuffer(view, dtype=np.uint8)
-        target["dev"][:n].set(host, stream=stream)
-        stream.synchronize()
+        mine.target[:n].set(host, stream=mine.stream)
+        mine.stream.synchronize()
 
     sink.pool = pool  # type: ignore[attr-defined]  # kept alive with the sink
     return sink
@@ -455,11 +454,16 @@ def run_storage(paths: Sequence[str], *, io: str = "auto", cache: str = "both", 
     dlstore has reading threads (readers x ``io_threads``); every result carries its median. With a
     GPU ``device`` (``--io gds``, or a host engine whose batches are copied through pinned memory),
     kvikio's own ``CuFile.pread`` of the same files is timed in each state too (``kvikio_gb_per_s``,
-    ``ratio_vs_kvikio``). ``metrics`` gets each dlstore pass as it completes.
+    ``ratio_vs_kvikio``); without kvikio (a host engine needs none) that reference is skipped and
+    ``kvikio_skipped`` says why. ``metrics`` gets each dlstore pass as it completes.
     """
 
     chunk = settings.get("chunk_size")
     sink = pinned_copy_sink(device, chunk) if device is not None and io != "gds" else None
+    facts = cuda.cuda_facts() if device is not None else None
+    kvikio_missing = "" if facts is None or facts.kvikio else (facts.kvikio_error or "kvikio is not installed")
+    if kvikio_missing:
+        log(f"note: no kvikio reference read ({kvikio_missing})")
 
     modes = ["cold", "warm"] if cache == "both" else [cache]
     fio_jobs = max(1, min(readers, len(paths))) * settings.get("io_threads")
@@ -486,10 +490,12 @@ def run_storage(paths: Sequence[str], *, io: str = "auto", cache: str = "both", 
                 p["fio_gb_per_s"] = f.gb_per_s
         result = _summary(mode, io, measured, verify, readers, sync)
         if device is not None:
-            ref = kvikio_passes(paths, device, chunk, cache=mode, repeat=repeat, log=log)
-            kv = report.summarize([p["gb_per_s"] for p in ref["passes"]])["median"]
-            result.update(delivery_fields(io, device), kvikio_gb_per_s=kv,
-                          ratio_vs_kvikio=result["gb_per_s"] / kv if kv else None)
+            result.update(delivery_fields(io, device), kvikio_gb_per_s=None, ratio_vs_kvikio=None,
+                          kvikio_skipped=kvikio_missing)
+            if not kvikio_missing:
+                ref = kvikio_passes(paths, device, chunk, cache=mode, repeat=repeat, log=log)
+                kv = report.summarize([p["gb_per_s"] for p in ref["passes"]])["median"]
+                result.update(kvikio_gb_per_s=kv, ratio_vs_kvikio=result["gb_per_s"] / kv if kv else None)
         results.append(result)
     for r in results:
         if fio_runs:
@@ -551,7 +557,10 @@ def format_results(results: Sequence[Dict]) -> str:
     else:
         lines.append(f"\nfio: skipped ({first.get('fio_skipped')})")
     for r in results:
-        if r.get("device"):
+        if r.get("device") and r.get("kvikio_skipped"):
+            lines.append(f"{r['cache']:<5} into {r['device']}: {r['device_path']}; no kvikio reference read "
+                         f"({r['kvikio_skipped']})")
+        elif r.get("device"):
             lines.append(f"{r['cache']:<5} into {r['device']}: {r['device_path']}; kvikio CuFile.pread of the same "
                          f"files {r['kvikio_gb_per_s']:.2f} GB/s, dlstore {r['ratio_vs_kvikio']:.2f}x that")
     for r in results:

@@ -77,7 +77,7 @@ def device_fields(index: Optional[int], path: Optional[str] = None, pinned: bool
 def device_row(fields: Dict[str, Any]) -> Tuple[str, str]:
     """The header's ``device`` row of :func:`device_fields`."""
     name = f" ({fields['device_name']})" if fields.get("device_name") else ""
-    pinned = "; host buffers pinned (cudaHostRegister)" if fields["pinned"] else ""
+    pinned = "; host buffers pinned (cuMemHostRegister)" if fields["pinned"] else ""
     return "device", f"{fields['device']}{name}: {fields['device_path']}{pinned}"
 
 

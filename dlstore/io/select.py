@@ -1,7 +1,11 @@
 """``io="auto"``: pick an engine once, and say why.
 
 - The dataset is larger than the memory the page cache can have: ``direct`` (O_DIRECT), so the
-  read neither thrashes the cache nor pays a copy out of it.
+  read neither thrashes the cache nor pays a copy out of it; ``io_uring`` (O_DIRECT too) where the
+  kernel allows it and records are read one by one in random order (a global shuffle), so that many
+  record reads are in flight at once instead of one per I/O thread.
+- ``io_uring`` refused by the kernel (a seccomp filter, ``kernel.io_uring_disabled``, before 5.6):
+  ``direct``, saying so.
 - It fits: ``buffered``, so every epoch after the first is served from RAM; or ``mmap`` when the
   records are read one by one in random order (a global shuffle): each is copied out of the page
   cache without a system call.
@@ -14,17 +18,19 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence, Tuple
 
+from dlstore import _C
 from dlstore.errors import GdsUnavailableError
 from dlstore.io import cuda  # cuda.cuda_facts looked up at each call: tests stand in for the machine
 from dlstore.io.cuda import gds_verdict, parse_device
 from dlstore.io.system import available_page_cache_bytes, filesystem_of, format_bytes
 
-__all__ = ["ENGINES", "REQUESTS", "EngineChoice", "resolve_engine", "probe_direct"]
+__all__ = ["ENGINES", "REQUESTS", "EngineChoice", "resolve_engine", "probe_direct", "probe_io_uring",
+           "io_uring_depth"]
 
-#: The engines that read into host memory (the C++ core's).
-ENGINES = ("buffered", "mmap", "direct")
+#: The engines that read into host memory: the C++ core's registry (csrc/src/engine_registry.cpp).
+ENGINES = tuple(_C.engine_names())
 # What ``io=`` accepts: the host engines, ``auto``, and ``gds`` (GPU memory, through kvikio), which
 # raises GdsUnavailableError naming what is missing where it cannot run.
 REQUESTS = ("auto",) + ENGINES + ("gds",)
@@ -57,6 +63,27 @@ def probe_direct(path: str) -> Optional[str]:
     return None
 
 
+def probe_io_uring() -> Optional[str]:
+    """None when this kernel lets this process use io_uring, else the reason it does not."""
+    return _C.io_uring_refusal() or None
+
+
+def io_uring_depth(path: str) -> Tuple[int, str]:
+    """The reads io_uring keeps in flight per I/O thread on ``path``'s device (the ``queue_depth``
+    setting, else the device's nr_requests, at most 64), and why that many: what the C++ engine uses."""
+    from dlstore import settings  # settings imports this module
+
+    depth, why = _C.io_uring_queue_depth(path, settings.get("queue_depth"))
+    return int(depth), why
+
+
+def _ring_text(paths: Sequence[str]) -> str:
+    if not paths:
+        return ""
+    depth, why = io_uring_depth(paths[0])
+    return f"; up to {depth} reads in flight per I/O thread ({why})"
+
+
 def resolve_engine(requested: str, paths: Sequence[str], total_bytes: int,
                    available: Optional[int] = None, random_reads: bool = False, device: Optional[str] = None,
                    probe: Optional[Callable[[], object]] = None) -> EngineChoice:
@@ -65,7 +92,7 @@ def resolve_engine(requested: str, paths: Sequence[str], total_bytes: int,
     Parameters
     ----------
     requested : str
-        ``auto``, ``buffered``, ``mmap``, ``direct`` or ``gds`` (GPU memory through kvikio).
+        ``auto``, one of :data:`ENGINES` or ``gds`` (GPU memory through kvikio).
     paths : sequence of str
         The files to be read (the first one is probed for O_DIRECT).
     total_bytes : int
@@ -115,6 +142,15 @@ def _resolve_host(requested: str, paths: Sequence[str], total_bytes: int, availa
     if requested in ("buffered", "mmap"):
         return EngineChoice(requested, requested, "requested")
     refused = probe_direct(paths[0]) if paths else None
+    if requested == "io_uring":
+        no_ring = probe_io_uring()
+        if no_ring is None:
+            return EngineChoice("io_uring", requested, "requested" + (f"; {refused}: through the page cache"
+                                                                      if refused else "") + _ring_text(paths))
+        requested_but = f"io_uring requested, but {no_ring}"
+        if refused:
+            return EngineChoice("buffered", requested, f"{requested_but}, and {refused}: reading buffered")
+        return EngineChoice("direct", requested, f"{requested_but}: reading direct")
     if requested == "direct":
         if refused:
             return EngineChoice("buffered", requested, f"direct requested, but {refused}: reading buffered")
@@ -126,6 +162,14 @@ def _resolve_host(requested: str, paths: Sequence[str], total_bytes: int, availa
                    "page cache")
         if refused:
             return EngineChoice("buffered", requested, f"{exceeds}, but {refused}")
+        if random_reads:
+            no_ring = probe_io_uring()
+            if no_ring is None:
+                return EngineChoice("io_uring", requested,
+                                    f"{exceeds}, and a global shuffle reads record by record: io_uring keeps many "
+                                    "O_DIRECT record reads in flight at once" + _ring_text(paths))
+            return EngineChoice("direct", requested, f"{exceeds}: O_DIRECT avoids thrashing the cache and a copy "
+                                                     f"out of it (not io_uring: {no_ring})")
         return EngineChoice("direct", requested,
                             f"{exceeds}: O_DIRECT avoids thrashing the cache and a copy out of it")
     fits = f"dataset {format_bytes(total_bytes)} fits in the {format_bytes(available)} available to the page cache"

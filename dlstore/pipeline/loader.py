@@ -176,12 +176,13 @@ class Loader:
         self._stalls = StallMeter()
 
         local_rank = (getattr(source, "world", None) or detect_world()).local_rank  # for device="cuda:local"
-        self._device_index, self._copier, self._device_path = memory.device_copier(device, local_rank)
+        self._device_index, self._copier, self._device_path = memory.device_copier(device, local_rank,
+                                                                                    rows=self.batch_size)
         #: ``"cuda:N"`` when batches are yielded on that GPU, else None (the CPU).
         self.device = None if self._device_index is None else f"cuda:{self._device_index}"
         self._pool = None
         if self._copier is not None and allocator is None:
-            self._pool = memory.PinnedPool()
+            self._pool = memory.PinnedPool(device=self._device_index)
             allocator = self._pool.allocator
         self._allocator = allocator
         self._ring: Optional[BatchRing] = None

@@ -27,7 +27,7 @@ from typing import Any, Dict, Iterator, List, Mapping, NamedTuple, Optional, Seq
 import numpy as np
 
 from dlstore import settings
-from dlstore.errors import DlstoreError, DlstoreIOError, PlacementError
+from dlstore.errors import DlstoreIOError, PlacementError
 from dlstore.sources.indexing import index_dataset
 from dlstore.io.cuda import parse_device
 from dlstore.io.failover import MountHealth
@@ -167,9 +167,10 @@ class Dataset(ReadsWithOptions):
                                                    # gds reads TFRecord only: no GPU target for auto otherwise
                                                    device=None if gpu is None or self.format != "tfrecord"
                                                    else f"cuda:{gpu}")
-        if self.engine == "gds" and self.format != "tfrecord":  # GdsUnavailableError was raised above
-            raise DlstoreError(f"io='gds' reads uncompressed TFRecord shards; {first[0]} is {self.format}: "
-                               f"use a host engine", path=first[0])
+        if self.engine == "gds":  # GdsUnavailableError was raised above where it cannot run
+            from dlstore.io.gds import check_source
+
+            check_source(self.format, first)
         #: The CUDA device ``io="gds"`` reads into, else None.
         self.device_index: Optional[int] = gpu if gpu is not None else (0 if self.engine == "gds" else None)
         self._rank_mounts = self._assign(mount_policy, mounts_per_rank, throughput)
@@ -236,7 +237,7 @@ class Dataset(ReadsWithOptions):
     def _read_batch_size(self) -> int:
         if self.batch_size is not None:
             return self.batch_size
-        chunk = self._core_options["chunk_size"]
+        chunk = self._core_options.chunk_size
         return max(1, int(chunk // self.mean_record_bytes)) if self.mean_record_bytes else 1
 
     def read_order(self, epoch: int, emitted: int = 0) -> ReadOrder:
@@ -309,7 +310,7 @@ class Dataset(ReadsWithOptions):
         # bytes (then the oldest chunks' remaining records are copied out and the chunks let go).
         hold = 0
         if plan.emit is not None:
-            hold = max(int(2 * self.buffer_size * self.mean_record_bytes), 2 * self._core_options["chunk_size"])
+            hold = max(int(2 * self.buffer_size * self.mean_record_bytes), 2 * self._core_options.chunk_size)
         # Restarted mid-batch (a resume, a failover), the first batch completes the one under way, so
         # that batches keep the epoch's boundaries.
         batch = self._read_batch_size()
@@ -322,16 +323,14 @@ class Dataset(ReadsWithOptions):
                              first_batch=batch - start % batch, device=plan.device)
 
     def _gds_core(self, plan: _ReaderPlan, batch: int, first_batch: int, hold: int):
-        # As _C.PlanReader: the plan read in read order, records gathered on the device in emission order.
-        from dlstore.io import gds
+        # The same plan and schedule as _C.PlanReader; bytes land in GPU memory.
+        from dlstore.io.gds import GdsPlanReader
 
-        shard_of_file = np.array([s for s, _ in plan.places], dtype=np.int64)
-        return gds.GdsPlanReader(plan.paths, plan.file, plan.offset, plan.size,
-                                 gds.default_backend(self.choice.gds_mode, self.choice.reason, self.device_index),
-                                 emit=plan.emit, batch_size=batch, first_batch=first_batch,
-                                 chunk_size=self._core_options["chunk_size"], depth=self._core_options["depth"],
-                                 verify=self.verify, on_error=self._core_options["on_error"],
-                                 file_sizes=self.index.sizes[shard_of_file].tolist(), hold_bytes=hold)
+        o = self._core_options
+        return GdsPlanReader(plan.paths, plan.file, plan.offset, plan.size, plan.emit, device=self.device_index,
+                             mounts=plan.device, batch_size=batch, first_batch=first_batch, chunk_size=o.chunk_size,
+                             depth=o.depth, hold_bytes=hold, verify=self.verify, on_error=o.on_error,
+                             mode=self.choice.gds_mode)
 
     def batches(self) -> Iterator:
         """Yields RecordBatches of this consumer's records for the current epoch, from the current position

@@ -13,6 +13,8 @@ import os
 import warnings
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
+import numpy as np
+
 from dlstore.errors import DlstoreError, DlstoreIOError
 from dlstore.formats.detect import detect
 from dlstore.formats.index import is_companion_file
@@ -218,14 +220,23 @@ class RecordReader(ReadsWithOptions):
         return self._core
 
     def _new_gds_core(self):
-        # Records into GPU memory (dlstore.io.gds): located from the indexes, checked on the device.
-        from dlstore.io import gds
+        # Every record in file order, located by the indexes (built where missing), through the GPU
+        # executor of the same read schedule the Dataset runs; a batch is about one read of records.
+        from dlstore.io.gds import GdsPlanReader
+        from dlstore.sources.indexing import index_dataset
 
-        file, offset, size = gds.file_plan(self.paths)
-        backend = gds.default_backend(self.choice.gds_mode, self.choice.reason, self.device_index or 0)
-        return gds.GdsCore(self.paths, file, offset, size, backend, chunk_size=self.options.get("chunk_size"),
-                           depth=self.options.get("depth"), verify=self.verify,
-                           on_error="skip" if self.on_error == "warn" else self.on_error)
+        index = index_dataset(self.paths, "tfrecord")
+        counts = index.counts
+        files = np.repeat(np.arange(len(counts)), counts)
+        starts = np.zeros(len(counts), dtype=np.int64)
+        np.cumsum(counts[:-1], out=starts[1:])
+        offset, size = index.frames(files, np.arange(len(files)) - np.repeat(starts, counts))
+        chunk = self.options.get("chunk_size")
+        per_read = max(1, int(chunk * len(files) // max(1, int(index.sizes.sum()))))
+        return GdsPlanReader(self.paths, files, offset, size, None, device=self.device_index or 0,
+                             batch_size=per_read, chunk_size=chunk, depth=self.options.get("depth"),
+                             verify=self.verify, on_error="skip" if self.on_error == "warn" else self.on_error,
+                             mode=self.choice.gds_mode)
 
     # ---- the Source protocol ----
 
@@ -409,11 +420,9 @@ def open_records(paths: PathSpec, *, format: str = "auto", compression: Optional
     fmt, comps = detect_files(files, format, compression)
     choice = resolve_engine(options.get("io"), files, sum(os.path.getsize(f) for f in files), device=device)
     if choice.engine == "gds":
-        refused = [(f, c) for f, c in zip(files, comps) if c != "none"]
-        if fmt != "tfrecord" or refused:
-            what = f"{files[0]} is {fmt}" if fmt != "tfrecord" else f"{refused[0][0]} is {refused[0][1]}-compressed"
-            raise DlstoreError(f"io='gds' reads uncompressed TFRecord files; {what}: use a host engine",
-                               path=files[0] if fmt != "tfrecord" else refused[0][0])
+        from dlstore.io.gds import check_source
+
+        check_source(fmt, files, comps)
     reader = RecordReader(files, format=fmt, compression=comps, choice=choice, options=options)
     from dlstore.io.cuda import parse_device
 

@@ -31,9 +31,11 @@ class ReadOptions:
 
     Parameters
     ----------
-    io : {"auto", "buffered", "mmap", "direct", "gds"}, optional
-        The I/O engine. ``auto`` resolves once and says why (``source.engine_reason``): ``direct``
-        when the data is larger than the memory the page cache can have, else ``buffered``.
+    io : {"auto", "buffered", "mmap", "direct", "io_uring", "gds"}, optional
+        The I/O engine (:data:`dlstore.io.ENGINES`, or ``gds``). ``auto`` resolves once and says why
+        (``source.engine_reason``): ``direct`` when the data is larger than the memory the page cache
+        can have (``io_uring`` for a global shuffle, where the kernel allows it), else ``buffered``
+        (``mmap`` for a global shuffle).
         ``gds`` raises :class:`~dlstore.GdsUnavailableError` saying why it cannot run here.
     verify : bool
         Check TFRecord CRCs (hardware CRC-32C where the CPU has it).
@@ -106,8 +108,10 @@ class ReadOptions:
         """The effective value of option ``name``: the field, else its setting."""
         return settings.get(name, getattr(self, name))
 
-    def core(self, engine: str, *, in_order: bool = True, mounts: int = 1, reorders: bool = False) -> Dict[str, Any]:
-        """The C++ readers' options for ``engine`` (``io="auto"`` resolved), as one dict.
+    def core(self, engine: str, *, in_order: bool = True, mounts: int = 1, reorders: bool = False):
+        """The C++ reader's options for ``engine`` (``io="auto"`` resolved): a ``dlstore._C.ReaderOptions``
+        for files read in order, else a ``dlstore._C.PlanOptions`` (no ``headroom``: a read plan reads
+        whole records, never joining one split between reads).
 
         Parameters
         ----------
@@ -122,14 +126,22 @@ class ReadOptions:
         Explicit values always win; otherwise a few defaults depend on the case, by the rules of
         :data:`dlstore.settings.SETTINGS` (listed with their reasons in docs/settings.md).
         """
+        from dlstore import _C
+
         case = settings.Case(engine, in_order=in_order, mounts=mounts, reorders=reorders)
-        chunk = settings.effective("chunk_size", self.chunk_size, case)
-        verify_threads = settings.effective("verify_threads", self.verify_threads, case)
-        threads, depth = self.get("io_threads"), settings.effective("depth", self.depth, case)
-        return {"engine": engine, "chunk_size": chunk, "headroom": settings.get("headroom"), "depth": depth,
-                "io_threads": threads, "verify_threads": verify_threads, "verify": self.verify,
-                "on_error": "skip" if self.on_error == "warn" else self.on_error,
-                "read_timeout": float(self.get("read_timeout"))}
+        out = _C.ReaderOptions() if in_order else _C.PlanOptions()
+        out.engine = engine
+        out.chunk_size = settings.effective("chunk_size", self.chunk_size, case)
+        out.depth = settings.effective("depth", self.depth, case)
+        out.io_threads = self.get("io_threads")
+        out.read_timeout = float(self.get("read_timeout"))
+        out.queue_depth = settings.get("queue_depth")
+        out.verify = self.verify
+        out.on_error = "skip" if self.on_error == "warn" else self.on_error
+        if in_order:
+            out.headroom = settings.get("headroom")
+            out.verify_threads = settings.effective("verify_threads", self.verify_threads, case)
+        return out
 
 
 class ReadsWithOptions:

@@ -108,9 +108,8 @@ def _gpu_rows(facts: CudaFacts) -> List[Tuple[str, str]]:
     verdict = gds_verdict(facts)
     rows = [("CUDA driver", facts.driver_error if facts.driver is None else
              f"{facts.driver}" + (f" ({facts.driver_error})" if facts.driver_error else ""))]
-    rows.append(("GPUs", ", ".join(f"{i}: {n}" for i, n in enumerate(facts.devices)) if facts.devices
-                 else f"none ({facts.driver_error or 'not counted'})"))
-    rows.append(("CUDA runtime", facts.runtime or facts.runtime_error))
+    rows.append(("GPUs", ", ".join(f"{i}: {n}" for i, n in enumerate(facts.devices)) + f" ({facts.devices_how})"
+                 if facts.devices else f"none ({facts.driver_error or 'not counted'})"))
     rows.append(("kvikio", facts.kvikio or facts.kvikio_error))
     rows.append(("CuPy", facts.cupy or facts.cupy_error))
     rows.append(("libcufile", facts.libcufile or "not found"))
@@ -120,7 +119,8 @@ def _gpu_rows(facts: CudaFacts) -> List[Tuple[str, str]]:
         compat += f", kvikio prefers {'compat' if facts.kvikio_compat_preferred else 'GDS'}"
     if facts.cufile_json:
         allow = {True: "true", False: "false", None: "not set (true)"}[facts.cufile_allow_compat]
-        compat += f"; {facts.cufile_json}: allow_compat_mode {allow}"
+        p2pdma = {True: "true", False: "false", None: "not set (false)"}[facts.cufile_p2pdma]
+        compat += f"; {facts.cufile_json}: allow_compat_mode {allow}, use_pci_p2pdma {p2pdma}"
     else:
         compat += "; no cufile.json (cuFile's defaults: allow_compat_mode true)"
     rows.append(("compat mode", compat))
@@ -131,7 +131,7 @@ def _gpu_rows(facts: CudaFacts) -> List[Tuple[str, str]]:
 def collect_info(paths: Sequence[str] = (), facts: Optional[CudaFacts] = None) -> Dict[str, object]:
     """The report as a dict (``dlstore info --json``); ``facts`` defaults to a fresh :func:`probe_cuda`."""
 
-    facts = probe_cuda() if facts is None else facts
+    facts = probe_cuda(init=True) if facts is None else facts
     verdict = gds_verdict(facts)
     return {
         "dlstore": __version__,

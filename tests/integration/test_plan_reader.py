@@ -14,7 +14,8 @@ import dlstore
 from dlstore.sources.dataset import Dataset
 from dlstore.sources.indexing import ensure_index
 from dlstore.placement.world import World
-from tests.helpers import ENGINES, batch_records, flip_data_byte, records_until_error, write_tfrecord
+from dlstore.placement import SHUFFLES
+from tests.helpers import ENGINES, batch_records, check_engine, flip_data_byte, records_until_error, write_tfrecord
 
 
 def _shards(directory, counts, seed=0, size=(100, 20_000)):
@@ -149,3 +150,19 @@ def test_batches_in_read_order_are_views_not_copies(tmp_path, shuffle):
     n = len(_read(ds))
     stats = ds.stats()
     assert n == 100 and stats["gathered_batches"] == 0 and stats["records"] == 100
+
+
+@pytest.mark.parametrize("shuffle", sorted(SHUFFLES))
+def test_every_engine_hands_out_the_batches_buffered_does(engine_dir, engine, shuffle):
+    # Records at every alignment and of awkward sizes, chunks of 64 KiB: the same batches, byte for byte
+    # and in the same order, whichever engine reads them (io_uring with many reads in flight).
+    _shards(engine_dir, [40, 33, 1], seed=9, size=(0, 70_000))
+
+    def batches(io):
+        ds = Dataset(engine_dir, io=io, shuffle=shuffle, batch_size=6, seed=3, buffer_size=10,
+                     block_size=64 << 10, chunk_size=64 << 10, remainder="uneven")
+        got = [batch_records(b) for b in ds.batches()]
+        check_engine(ds, io)
+        return got
+
+    assert batches(engine) == batches("buffered")

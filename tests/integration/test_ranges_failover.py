@@ -112,7 +112,6 @@ def no_delay(monkeypatch):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("engine", ["buffered", "mmap", "direct"])
 def test_a_missing_shard_fails_over_to_the_replica(tmp_path, engine):
     data, roots = _replicated(tmp_path)
     ds = _in_order(roots, io=engine)

@@ -65,10 +65,12 @@ def test_losing_a_mount_mid_epoch_fails_over_and_loses_nothing(testbed, how):
     tb.restore()
 
 
-def test_a_stalled_mount_times_out_and_fails_over(testbed):
+@pytest.mark.parametrize("io", ["direct", "io_uring"])  # io_uring: the read stalls inside the ring's wait
+def test_a_stalled_mount_times_out_and_fails_over(testbed, io):
     tb, records = testbed
     ds = Dataset("*.tfrecord", mounts=tb.mountpoints, world=World(rank=0, size=1), remainder="uneven",
-                 io="direct", chunk_size=256 << 10, block_size=256 << 10, read_timeout=1.0, seed=2)
+                 io=io, chunk_size=256 << 10, block_size=256 << 10, read_timeout=1.0, seed=2)
+    assert ds.engine == io, ds.engine_reason
     tb.evict()
     tb.break_mount(0, "stall")  # reads from mnt0 crawl at 4 KiB/s
     try:
@@ -80,9 +82,10 @@ def test_a_stalled_mount_times_out_and_fails_over(testbed):
     assert stats["failovers"] == 1 and "timed out" in stats["failover_events"][0]
 
 
-def test_without_a_replica_the_error_names_mount_file_and_offset(testbed):
+@pytest.mark.parametrize("io", ["buffered", "io_uring"])  # io_uring: EIO comes back in a completion
+def test_without_a_replica_the_error_names_mount_file_and_offset(testbed, io):
     tb, _ = testbed
-    ds = Dataset("part-1.tfrecord", mounts=tb.mountpoints[:1], world=World(rank=0, size=1), io="buffered",
+    ds = Dataset("part-1.tfrecord", mounts=tb.mountpoints[:1], world=World(rank=0, size=1), io=io,
                  chunk_size=256 << 10, max_retries=1)
     tb.evict()
     tb.break_mount(0, "eio")

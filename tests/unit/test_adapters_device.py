@@ -1,6 +1,7 @@
-"""The adapters over a loader that yields on a GPU (``Loader(device="cuda:N")``), through the stand-ins of
-tests/gpu_stand_ins.py: torch shares the device arrays through DLPack (no host copy), TensorFlow refuses
-with the reason. The real GPU is the ``gpu``-marked test."""
+"""The adapters over a loader that yields on a GPU (``Loader(device="cuda:N")``), through the CuPy stand-in
+(``gpu_libraries``): torch takes the device arrays through DLPack (no host copy), passing its current
+stream, which CuPy makes wait for the copies; TensorFlow refuses with the reason. The torch here has no
+CUDA, so its half of the hand-off stops where it needs CUDA; the real GPU is the ``gpu``-marked test."""
 from __future__ import annotations
 
 import numpy as np
@@ -11,7 +12,6 @@ from dlstore.errors import DlstoreError
 from dlstore.io import cuda
 from dlstore.pipeline.bert import Bert
 from dlstore.pipeline.loader import Loader
-from tests.gpu_stand_ins import StandInCudaArray, use_gpu_stand_in
 from tests.unit.test_memory import bert_file
 
 torch = pytest.importorskip("torch", reason="the torch adapter's tests need torch")
@@ -22,37 +22,47 @@ def cpu_batches(path, n_batches=None):
             for b in Loader(dlstore.open_records(path), Bert(16, 4), 8, last_batch="PARTIAL")][:n_batches]
 
 
-def test_torch_loader_shares_the_gpu_loaders_arrays_through_dlpack(tmp_path, monkeypatch):
+class TorchCudaStream:
+    """What ``torch.cuda.current_stream()`` gives on a GPU: ``cuda_stream`` is the stream's pointer."""
+
+    cuda_stream = 0x7000
+
+
+def test_torch_loader_hands_the_gpu_loaders_arrays_over_through_dlpack(tmp_path, monkeypatch, gpu_libraries):
     from dlstore.adapters.torch import TorchLoader
 
+    cp = gpu_libraries.cupy
     path = bert_file(tmp_path, 37)
     want = cpu_batches(path)
-    reg = use_gpu_stand_in(monkeypatch)
     loader = Loader(dlstore.open_records(path), Bert(16, 4), 8, last_batch="PARTIAL", device="cuda:0")
     adapter = TorchLoader(loader)
     assert adapter.device == torch.device("cuda:0") and not adapter.to_cuda  # no copy of its own to make
-    log = reg.device.log
-    seen = []
-    for batch, w in zip(adapter, want):
-        # The loader's device arrays of this batch: the tensors are them, not copies.
+    # This torch has no CUDA: from_dlpack reads the arrays' device (cuda:0) and stops asking for its stream.
+    with pytest.raises((AssertionError, RuntimeError), match="CUDA"):
+        next(iter(adapter))
+    # As far as a torch with CUDA goes: the tensor is the device array's memory, and CuPy made torch's
+    # stream wait for the copier's stream before handing it over.
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: TorchCudaStream())
+    loader = Loader(dlstore.open_records(path), Bert(16, 4), 8, last_batch="PARTIAL", device="cuda:0")
+    seen = 0
+    for batch, w in zip(TorchLoader(loader), want):
         device_arrays = loader._copier._arrays[(loader._copier._next - 1) % loader._copier.sets]
         assert batch.keys() == w.keys()
         for name, tensor in batch.items():
-            assert isinstance(tensor, torch.Tensor)
             assert np.array_equal(tensor.numpy(), w[name])
-            assert tensor.data_ptr() == device_arrays[name].data_ptr
-        seen.append(len(batch))
-    assert len(seen) == len(want) == 5
-    dlpack_calls = [entry for entry in log if entry[0] == "dlpack"]
-    assert len(dlpack_calls) == 5 * len(want[0])  # one DLPack hand-off per array, nothing through numpy
+            assert tensor.data_ptr() == device_arrays[name].data.ptr
+        seen += 1
+    assert seen == len(want) == 5
+    handed = [e for e in cp.log if e[0] == "dlpack"]
+    assert handed == [("dlpack", TorchCudaStream.cuda_stream)] * (5 * len(want[0]))  # one per array
+    assert ("wait_event", TorchCudaStream.cuda_stream) in [e[:2] for e in cp.log]
     assert loader.stats()["device_copies"] == 5
 
 
-def test_torch_loader_over_a_gpu_loader_keeps_its_device(tmp_path, monkeypatch):
+def test_torch_loader_over_a_gpu_loader_keeps_its_device(tmp_path, gpu_libraries):
     from dlstore.adapters.torch import TorchLoader
 
     path = bert_file(tmp_path, 8)
-    use_gpu_stand_in(monkeypatch)
     loader = Loader(dlstore.open_records(path), Bert(16, 4), 8, device="cuda:0")
     assert TorchLoader(loader, device="cuda:0").device == torch.device("cuda:0")
     assert TorchLoader(loader, device=torch.device("cuda", 0)).device == torch.device("cuda:0")
@@ -74,11 +84,10 @@ def test_torch_loader_on_the_cpu_is_unchanged(tmp_path):
     assert len(got) == len(want) and all(np.array_equal(g[k], w[k]) for g, w in zip(got, want) for k in w)
 
 
-def test_tensorflow_adapter_refuses_a_gpu_loader_saying_why(tmp_path, monkeypatch):
+def test_tensorflow_adapter_refuses_a_gpu_loader_saying_why(tmp_path, gpu_libraries):
     from dlstore.adapters.tensorflow import TensorFlowAdapter, as_tf_dataset
 
     path = bert_file(tmp_path, 8)
-    use_gpu_stand_in(monkeypatch)
     loader = Loader(dlstore.open_records(path), Bert(16, 4), 8, device="cuda:0")
     for make in (as_tf_dataset, TensorFlowAdapter):
         with pytest.raises(DlstoreError) as e:
@@ -88,18 +97,18 @@ def test_tensorflow_adapter_refuses_a_gpu_loader_saying_why(tmp_path, monkeypatc
     assert loader.stats()["device_copies"] == 0  # refused before anything was read
 
 
-def test_the_stand_in_array_is_no_numpy_array():
+def test_the_stand_in_array_is_no_numpy_array_and_reports_a_cuda_device(gpu_libraries):
     # Else the tests above would pass through torch.from_numpy, not the DLPack path a CuPy array takes.
-    log = []
-    a = StandInCudaArray(np.arange(4), log)
-    assert not isinstance(a, np.ndarray) and not hasattr(a, "__array__")
-    assert torch.from_dlpack(a)[3] == 3 and log and log[0][0] == "dlpack"
+    a = gpu_libraries.cupy.asarray(np.arange(4))
+    assert not isinstance(a, np.ndarray) and a.__dlpack_device__() == (2, 0)
+    with pytest.raises(TypeError, match="Implicit conversion to a NumPy array is not allowed"):
+        np.asarray(a)
 
 
 @pytest.mark.gpu
 def test_torch_loader_yields_cuda_tensors_from_a_gpu_loader(tmp_path):
-    missing = cuda.device_missing(cuda.cuda_facts())
-    if missing or cuda.cuda_facts().cupy is None:
+    missing = cuda.device_missing(cuda.cuda_facts(init=True))
+    if missing or cuda.cuda_facts(init=True).cupy is None:
         pytest.skip(missing or "CuPy is not installed")
     if not torch.cuda.is_available():
         pytest.skip("this torch has no CUDA")

@@ -1,7 +1,8 @@
 """``python -m dlstore.bench storage --io gds``, ``storage --device cuda:0`` and ``resnet50`` / ``bert
 --device cuda:0`` where they cannot run: exit 2 with one line naming what is missing, before any data is
-generated; and ``bert --device`` through the GPU stand-ins (tests/gpu_stand_ins.py): the header's and
-the JSON's device fields, and the loader synchronized at the end of each timed step."""
+generated; and ``storage`` and ``bert --device`` through the GPU stand-ins (the ``gpu_libraries``
+fixture): the header's and the JSON's device fields, the loader synchronized at the end of each timed
+step, a staging buffer per reader thread, and no kvikio reference read without kvikio."""
 from __future__ import annotations
 
 import json
@@ -19,7 +20,6 @@ from dlstore.bench.__main__ import main
 from dlstore.bench.steps import run_steps
 from dlstore.io import cuda
 from dlstore.pipeline.loader import Loader
-from tests.gpu_stand_ins import STAND_IN_FACTS, use_gpu_stand_in
 from tests.helpers import REPO
 
 NO_DRIVER = cuda.CudaFacts(driver_error="no CUDA driver (libcuda.so.1 cannot be loaded)",
@@ -33,7 +33,7 @@ NO_DRIVER = cuda.CudaFacts(driver_error="no CUDA driver (libcuda.so.1 cannot be 
     (["--device", "gpu"], "device must be 'cpu', 'cuda', 'cuda:N' or 'cuda:local'"),
 ])
 def test_gpu_requests_without_a_gpu_exit_2_with_the_reason(monkeypatch, capsys, args, line):
-    monkeypatch.setattr(cuda, "cuda_facts", lambda: NO_DRIVER)
+    monkeypatch.setattr(cuda, "cuda_facts", lambda init=False: NO_DRIVER)
     monkeypatch.setattr(storage, "dataset_paths", lambda *a, **k: pytest.fail("data generated before the check"))
     assert main(["storage", "--size", "tiny", *args]) == 2
     err = capsys.readouterr().err
@@ -64,7 +64,7 @@ def test_bench_gds_here_exits_2_without_a_traceback():
 ])
 def test_pipeline_bench_device_without_a_gpu_exits_2_before_any_data(monkeypatch, capsys, scenario, facts, device,
                                                                      line):
-    monkeypatch.setattr(cuda, "cuda_facts", lambda: facts)
+    monkeypatch.setattr(cuda, "cuda_facts", lambda init=False: facts)
     monkeypatch.setattr(pipeline_bench, "dataset_paths", lambda *a, **k: pytest.fail("data generated before the check"))
     assert main([scenario, "--size", "tiny", "--device", device]) == 2
     captured = capsys.readouterr()
@@ -120,10 +120,10 @@ def test_run_steps_synchronizes_a_gpu_loader_before_each_step_ends():
     assert log == ["clock"] + ["batch", "batch", "synchronize", "clock"] * 2 + ["batch", "synchronize", "clock"]
 
 
-def test_bench_bert_on_a_stand_in_gpu_reports_the_device_and_synchronizes_each_step(tmp_path, monkeypatch, capsys):
+def test_bench_bert_on_a_stand_in_gpu_reports_the_device_and_synchronizes_each_step(tmp_path, monkeypatch, capsys,
+                                                                                    gpu_libraries):
     monkeypatch.setenv("DLSTORE_CACHE", os.fspath(tmp_path / "cache"))
     monkeypatch.setenv("DLSTORE_NO_PROGRESS", "1")
-    reg = use_gpu_stand_in(monkeypatch)
     synced = []
     real_sync = Loader.synchronize
 
@@ -138,7 +138,7 @@ def test_bench_bert_on_a_stand_in_gpu_reports_the_device_and_synchronizes_each_s
     stdout = capsys.readouterr().out
     header = [line.split(None, 1)[1] for line in stdout.splitlines() if line.startswith("device ")]
     assert header == ["cuda:0 (stand-in GPU): batches in pinned memory, copied to cuda:0 on a stream; "
-                      "host buffers pinned (cudaHostRegister)"]
+                      "host buffers pinned (cuMemHostRegister)"]
     with open(out) as f:
         doc = json.load(f)
     config = doc["config"]
@@ -148,12 +148,11 @@ def test_bench_bert_on_a_stand_in_gpu_reports_the_device_and_synchronizes_each_s
     stats = tier["loader_stats"]
     assert stats["device"] == "cuda:0" and stats["device_copies"] >= tier["batches"] and stats["pinned"]["buffers"]
     assert synced == ["cuda:0"] * len(tier["step_details"]) and len(synced) == 3
-    assert any(kind == "synchronize" for kind, _ in reg.device.log)
-    assert reg.live == {}  # every pinned buffer unregistered when its loader went
+    assert any(entry[0] == "event synchronize" for entry in gpu_libraries.cupy.log)
+    assert gpu_libraries.driver.registered == {}  # every pinned buffer unregistered when its loader went
 
 
-def test_bench_storage_device_header_shares_the_device_fields(monkeypatch):
-    monkeypatch.setattr(cuda, "cuda_facts", lambda: STAND_IN_FACTS)
+def test_bench_storage_device_header_shares_the_device_fields(gpu_libraries):
     from dlstore.bench import sysinfo
 
     host = storage.delivery_fields("direct", 0)
@@ -171,3 +170,56 @@ def test_the_mpi_line_says_where_each_ranks_batches_go():
     assert _ranks_devices(None, "cpu") == ""
     assert "each onto the GPU numbered as its local rank (rank 0: cuda:0)" in _ranks_devices("cuda:local", "cuda:0")
     assert _ranks_devices("cuda:1", "cuda:1").startswith(", all onto cuda:1 (--device cuda:local")
+
+
+def test_storage_device_without_kvikio_runs_and_says_there_is_no_kvikio_reference(tmp_path, monkeypatch, capsys,
+                                                                                    gpu_libraries):
+    # --io direct --device needs CuPy, not kvikio: it imported kvikio for its reference read and failed.
+    from dlstore.io.cuda import CudaFacts
+    from tests.helpers import write_tfrecord
+
+    monkeypatch.setitem(__import__("sys").modules, "kvikio", None)  # import kvikio raises ImportError
+    facts = CudaFacts(**dict(gpu_libraries.facts.as_dict(), kvikio=None, kvikio_error="kvikio is not installed"))
+    monkeypatch.setattr(cuda, "cuda_facts", lambda init=False: facts)
+    data = write_tfrecord(tmp_path / "a.tfrecord", [bytes(100)] * 50)
+    out = tmp_path / "s.json"
+    assert main(["storage", "--data", os.fspath(data), "--io", "buffered", "--device", "cuda:0", "--cache", "warm",
+                 "--repeat", "1", "--no-fio", "--quiet", "--json", os.fspath(out)]) == 0
+    captured = capsys.readouterr()
+    assert "warm  into cuda:0: host batches staged in pinned memory, then copied to the GPU; no kvikio reference " \
+           "read (kvikio is not installed)" in captured.out
+    assert "note: no kvikio reference read (kvikio is not installed)" in captured.err
+    with open(out) as f:
+        doc = json.load(f)
+    assert doc["kvikio_skipped"] == "kvikio is not installed" and doc["kvikio_gb_per_s"] is None
+    assert doc["records"] == 50
+
+
+def test_pinned_copy_sink_gives_each_reader_thread_its_own_staging_buffer(gpu_libraries):
+    import threading
+
+    sink = storage.pinned_copy_sink(0, 4096)
+    arrived = threading.Barrier(3)
+    batches = [np.full(1000 + i, i, dtype=np.uint8) for i in range(3)]
+
+    def reader(batch):
+        arrived.wait()  # all three inside the sink's reach at once
+        sink(batch)
+
+    threads = [threading.Thread(target=reader, args=(b,)) for b in batches]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    stats = sink.pool.stats()
+    assert stats["in_use"] == 3 and stats["buffers"] == 3  # not one buffer shared by three threads
+    sets = [e for e in gpu_libraries.cupy.log if e[0] == "set"]
+    assert sorted(e[3] for e in sets) == [1000, 1001, 1002] and len({e[1] for e in sets}) == 3  # own streams
+
+
+def test_the_dali_install_hint_names_the_cuda_13_package(monkeypatch):
+    from dlstore.adapters import dali
+
+    monkeypatch.setitem(__import__("sys").modules, "nvidia.dali", None)
+    with pytest.raises(ImportError, match=r"pip install nvidia-dali-cuda130 \(or the build for your CUDA\)"):
+        dali.dali_pipeline(["x"], 2)

@@ -1,7 +1,6 @@
 """The run-time CUDA/GDS probe and what its facts allow, with stand-in libraries: no GPU needed."""
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import subprocess
@@ -9,61 +8,27 @@ import sys
 
 import pytest
 
-from dlstore.io.cuda import (CudaFacts, cufile_allows_compat, device_missing, gds_verdict, kvikio_compat_env,
+from dlstore.io.cuda import (CudaFacts, cufile_property, device_missing, gds_verdict, kvikio_compat_env,
                              parse_device, probe_cuda)
+from tests.stand_ins.cuda_driver_stand_in import CudaDriver, loader
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-class FakeDriver:
-    """libcuda.so.1 as ctypes sees it: functions taking byref() arguments and returning CUresult."""
-
-    def __init__(self, names, init_rc=0):
-        self.names, self.init_rc = names, init_rc
-
-    @staticmethod
-    def _set(ref, value):
-        ctypes.cast(ref, ctypes.POINTER(ctypes.c_int))[0] = value
-
-    def cuDriverGetVersion(self, ref):
-        self._set(ref, 13000)
-        return 0
-
-    def cuInit(self, flags):
-        return self.init_rc
-
-    def cuDeviceGetCount(self, ref):
-        self._set(ref, len(self.names))
-        return 0
-
-    def cuDeviceGet(self, ref, i):
-        self._set(ref, i)
-        return 0
-
-    def cuDeviceGetName(self, buf, n, dev):
-        ctypes.memmove(buf, self.names[dev.value].encode() + b"\0", len(self.names[dev.value]) + 1)
-        return 0
-
-
-def loader(libs):
-    def load(name):
-        for stem, lib in libs.items():
-            if stem in os.path.basename(name):
-                return lib
-        raise OSError(f"{name}: cannot open shared object file: No such file or directory")
-    return load
-
-
-def probe(tmp_path, libs, env=None, nvfs=False):
+def probe(tmp_path, driver, env=None, nvfs=False, gpus=(), init=True):
     nvfs_path = tmp_path / "nvidia-fs"
     if nvfs:
         nvfs_path.mkdir()
-    return probe_cuda(load=loader(libs), environ=env or {}, proc_nvfs=str(nvfs_path),
-                      proc_modules=str(tmp_path / "modules"), import_modules=False)
+    for i, name in enumerate(gpus):  # /proc/driver/nvidia/gpus/<bus id>/information
+        (tmp_path / "gpus" / f"0000:{i:02x}:00.0").mkdir(parents=True)
+        (tmp_path / "gpus" / f"0000:{i:02x}:00.0" / "information").write_text(
+            f"Model: \t {name}\nIRQ: 1\nGPU UUID: \t GPU-{i}f0e2a7c-0000-0000-0000-00000000000{i}\n")
+    return probe_cuda(init=init, load=loader(driver), environ=env or {}, proc_nvfs=str(nvfs_path),
+                      proc_modules=str(tmp_path / "modules"), proc_gpus=str(tmp_path / "gpus"))
 
 
 def test_no_driver_names_what_is_missing(tmp_path):
-    facts = probe(tmp_path, {})
+    facts = probe(tmp_path, None)
     assert facts.driver is None and facts.devices == []
     assert "libcuda.so.1" in device_missing(facts)
     verdict = gds_verdict(facts)
@@ -72,7 +37,7 @@ def test_no_driver_names_what_is_missing(tmp_path):
 
 
 def test_driver_devices_are_counted_and_named(tmp_path):
-    facts = probe(tmp_path, {"libcuda.so": FakeDriver(["NVIDIA H100 80GB HBM3", "NVIDIA H100 80GB HBM3"])})
+    facts = probe(tmp_path, CudaDriver(["NVIDIA H100 80GB HBM3", "NVIDIA H100 80GB HBM3"]))
     assert facts.driver == "13.0" and facts.driver_error == ""
     assert facts.devices == ["NVIDIA H100 80GB HBM3"] * 2
     assert device_missing(facts, 1) == ""
@@ -80,7 +45,7 @@ def test_driver_devices_are_counted_and_named(tmp_path):
 
 
 def test_driver_without_device_says_no_gpu(tmp_path):
-    facts = probe(tmp_path, {"libcuda.so": FakeDriver([], init_rc=100)})
+    facts = probe(tmp_path, CudaDriver([], init_rc=100))
     assert facts.driver == "13.0"
     assert "no GPU" in device_missing(facts)
     assert "no GPU" in gds_verdict(facts).missing
@@ -123,16 +88,16 @@ def test_compat_settings_are_read():
     assert kvikio_compat_env({"KVIKIO_COMPAT_MODE": "ON"}) == "on"
     assert kvikio_compat_env({"KVIKIO_COMPAT_MODE": "false"}) == "off"
     text = '{\n // comment\n "properties": {\n  "allow_compat_mode": false // off\n }\n}'
-    assert cufile_allows_compat(text) is False
-    assert cufile_allows_compat('{"properties": {}}') is None
-    assert cufile_allows_compat("not json") is None
+    assert cufile_property(text, "allow_compat_mode") is False
+    assert cufile_property('{"properties": {}}', "allow_compat_mode") is None
+    assert cufile_property("not json", "use_pci_p2pdma") is None
 
 
 def test_cufile_json_from_the_environment(tmp_path):
     conf = tmp_path / "cufile.json"
-    conf.write_text('{"properties": {"allow_compat_mode": false}}')
-    facts = probe(tmp_path, {"libcuda.so": FakeDriver(["GPU"])}, env={"CUFILE_ENV_PATH_JSON": str(conf)}, nvfs=True)
-    assert facts.cufile_json == str(conf) and facts.cufile_allow_compat is False
+    conf.write_text('{"properties": {"allow_compat_mode": false, "use_pci_p2pdma": true}}')
+    facts = probe(tmp_path, CudaDriver(["GPU"]), env={"CUFILE_ENV_PATH_JSON": str(conf)}, nvfs=True)
+    assert facts.cufile_json == str(conf) and facts.cufile_allow_compat is False and facts.cufile_p2pdma is True
     assert facts.nvidia_fs
 
 
@@ -159,3 +124,94 @@ def test_dlstore_info_reports_the_gpu_path(tmp_path):
     doc = json.loads(done.stdout)
     assert set(doc["gds"]) == {"runs", "mode", "reason", "missing"}
     assert doc["gds"]["runs"] == (doc["gds"]["missing"] == "")
+
+
+# ---- fork safety: a verdict initialises nothing ----------------------------------------------------------
+
+def test_the_probe_without_init_calls_no_cuinit_and_starts_no_kvikio_pool(tmp_path, gpu_libraries):
+    driver = gpu_libraries.driver  # libcuda.so.1 for the probe, as for the pinned memory
+    facts = probe(tmp_path, driver, gpus=["NVIDIA H100 80GB HBM3"] * 3, init=False,
+                  env={"CUDA_VISIBLE_DEVICES": "2,0,7,1"})
+    assert driver.calls == ["cuDriverGetVersion"] and not driver.initialized
+    assert not gpu_libraries.kvikio.thread_pool_started()
+    # The kernel driver's list, narrowed as CUDA narrows it (up to the first ordinal it cannot use).
+    assert facts.devices == ["NVIDIA H100 80GB HBM3"] * 2 and "CUDA_VISIBLE_DEVICES=2,0,7,1" in facts.devices_how
+    assert facts.kvikio == "26.10.00" and facts.kvikio_compat_preferred is None and device_missing(facts, 1) == ""
+    # UUIDs (a unique prefix) and MIG instances as CUDA takes them; an ambiguous or unknown one ends the list.
+    for n, (visible, count) in enumerate((("GPU-2f0e,GPU-0", 2), ("GPU-1f0e2a7c-0000-0000-0000-000000000001,-1", 1),
+                                          ("MIG-4b4d,GPU-9", 1), ("", 0), ("0,1,2", 3), ("GPU-,1", 0))):
+        facts = probe(tmp_path / f"v{n}", driver, gpus=["H100"] * 3, init=False, env={"CUDA_VISIBLE_DEVICES": visible})
+        assert len(facts.devices) == count, visible
+    assert "no GPU (none in" in device_missing(probe(tmp_path / "none", driver, init=False))
+
+
+def test_the_probe_with_init_asks_the_driver_and_kvikio(tmp_path, gpu_libraries):
+    driver = gpu_libraries.driver
+    facts = probe(tmp_path, driver, init=True)
+    assert driver.calls[:2] == ["cuDriverGetVersion", "cuInit"] and facts.devices == ["stand-in GPU"] * 2
+    assert facts.devices_how == "cuInit" and facts.kvikio_compat_preferred is True
+    assert gpu_libraries.kvikio.thread_pool_started()  # asking kvikio starts its pool: only where it reads
+
+
+def test_dataset_loader_and_readers_probe_cuda_without_init(tmp_path, monkeypatch):
+    # Made in a DataLoader's parent, they must leave CUDA and kvikio untouched for the workers it forks.
+    import dlstore
+    from dlstore.io import cuda
+    from dlstore.pipeline.bert import Bert
+    from dlstore.pipeline.loader import Loader
+    from tests.helpers import write_tfrecord
+    from tests.unit.test_memory import bert_file
+
+    inits = []
+
+    def recording_probe(**kwargs):
+        inits.append(kwargs.get("init", "the default"))
+        return CudaFacts(driver="13.0", devices=["GPU"], kvikio="26.10", cupy="14.2", nvidia_fs=True,
+                         libcufile="libcufile.so.0")
+    monkeypatch.setattr(cuda, "probe_cuda", recording_probe)
+    cuda.cuda_facts.cache_clear()
+    try:
+        path = write_tfrecord(tmp_path / "a.tfrecord", [b"x"] * 4)
+        dlstore.Dataset(path, io="gds", batch_size=2)
+        dlstore.open_records(path, io="gds")
+        Loader(dlstore.open_records(bert_file(tmp_path, 4)), Bert(16, 4), 2, device="cuda:0")
+    finally:
+        cuda.cuda_facts.cache_clear()
+    assert inits == [False]  # one probe for the process, without init
+
+
+# ---- what kvikio did -------------------------------------------------------------------------------------
+
+def test_gds_without_nvidia_fs_through_pci_p2pdma():
+    v = gds_verdict(usable(nvidia_fs=False, cufile_p2pdma=True, cufile_json="/etc/cufile.json"))
+    assert v.mode == "gds" and "PCI P2PDMA (/etc/cufile.json: use_pci_p2pdma)" in v.reason
+    assert "kvikio decides per file" in v.reason
+    v = gds_verdict(usable(nvidia_fs=False))
+    assert v.mode == "compat" and "nvidia-fs not loaded, and no cufile.json does not set use_pci_p2pdma" in v.reason
+
+
+def test_kvikio_backends_reports_what_moved_the_bytes(tmp_path, gpu_libraries):
+    from dlstore.io.cuda import kvikio_backends, kvikio_monitor
+
+    kvikio, cp = gpu_libraries.kvikio, gpu_libraries.cupy
+    path = tmp_path / "f.bin"
+    path.write_bytes(bytes(range(256)) * 1024)  # 256 KiB
+    assert kvikio_backends(None)["gds_mode"] == "unknown"
+    monitor = kvikio_monitor()
+    assert kvikio_backends(monitor)["gds_mode"] == "none"
+    buf = cp.empty(1 << 20, dtype=cp.uint8)
+    with kvikio.CuFile(path, "r") as f:  # compat mode (no libcufile): everything through POSIX
+        f.pread(buf, 65536, 0).get()
+    report = kvikio_backends(monitor)
+    assert report["gds_mode"] == "compat" and report["bytes"] == {"GDS": 0, "POSIX": 65536}
+    kvikio.CUFILE_AVAILABLE = True  # a GDS machine: cuFile for reads at or over gds_threshold, POSIX under it
+    monitor = kvikio_monitor()
+    with kvikio.CuFile(path, "r") as f:
+        if not f.is_direct_io_supported():
+            pytest.skip(f"{tmp_path} refuses O_DIRECT: kvikio would read it in compat mode")
+        f.pread(buf, 65536, 0).get()
+        assert kvikio_backends(monitor)["gds_mode"] == "gds"
+        f.pread(buf, 4096, 0).get()
+    report = kvikio_backends(monitor)
+    assert report["gds_mode"] == "gds+compat" and report["reads"] == {"GDS": 1, "POSIX": 1}
+    assert report["reason"].startswith("kvikio's statistics: 65536 bytes in 1 reads through cuFile (GDS), 4096 bytes")

@@ -60,9 +60,22 @@ def test_an_environment_variable_counts_as_a_choice(cores, monkeypatch):
 @pytest.mark.parametrize("cores", [16], indirect=True)
 def test_read_options_use_the_table(cores):
     core = ReadOptions().core("direct", in_order=False, mounts=2, reorders=True)
-    assert (core["depth"], core["verify_threads"], core["chunk_size"]) == (8, 0, 8 << 20)
-    core = ReadOptions(verify_threads=3).core("mmap")
-    assert (core["depth"], core["verify_threads"], core["chunk_size"]) == (4, 3, 64 << 20)
+    assert (core.engine, core.depth, core.chunk_size, core.queue_depth) == ("direct", 8, 8 << 20, 0)
+    assert not hasattr(core, "headroom")  # a read plan never joins a record split between reads
+    core = ReadOptions(verify_threads=3, on_error="warn").core("mmap")
+    assert (core.depth, core.verify_threads, core.chunk_size, core.headroom) == (4, 3, 64 << 20, 1 << 20)
+    assert core.on_error == "skip"
+    assert ReadOptions().core("io_uring").verify_threads == 0
+
+
+def test_core_options_are_typed():
+    from dlstore import _C
+
+    core = _C.PlanOptions()
+    with pytest.raises(TypeError):
+        core.chunk_size = "8M"
+    with pytest.raises(ValueError, match="on_error must be"):
+        core.on_error = "warn"
 
 
 @pytest.mark.parametrize("text, on", [("", False), ("0", False), ("off", False), ("1", True), ("yes", True)])

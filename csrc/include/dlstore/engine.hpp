@@ -1,10 +1,12 @@
-// How bytes reach memory: a stream of large chunks over a list of files, read by one of the engines
-// with several chunks in flight on a thread pool, in file order.
+// How bytes reach memory: the engine interface (open files, read lists of byte ranges into slots), its
+// registry, and ChunkReader, a stream of large chunks over a list of files read through an engine with
+// several chunks in flight on a thread pool, in file order.
 #pragma once
 
 #include <cstdint>
-#include <deque>
 #include <chrono>
+#include <deque>
+#include <exception>
 #include <future>
 #include <memory>
 #include <string>
@@ -16,24 +18,26 @@
 
 namespace dlstore {
 
-enum class EngineKind { Buffered, Mmap, Direct };
-EngineKind parse_engine(const std::string& name);
-const char* engine_name(EngineKind kind);
+class Engine;
 
-// The values come from dlstore/settings.py (its table holds the defaults and their reasons) through
-// the binding, which sets every field; ChunkReader raises the zeros here to its minimums (64 KiB
-// chunks and headroom, depth 1) and refuses zero threads.
+// What reads need from dlstore/settings.py, set by the binding from ReadOptions.core(); ChunkReader and
+// the plan reader raise the zeros to their minimums (64 KiB chunks, depth 1) and refuse zero threads.
 struct EngineOptions {
-  EngineKind kind = EngineKind::Buffered;
+  std::string engine = "buffered";  // a name in the engine registry (engine_names())
   size_t chunk_size = 0;  // bytes per read
-  size_t headroom = 0;    // space before each chunk where a record's start is moved so the record
-                          // becomes contiguous without a separate allocation
   size_t depth = 0;       // chunks in flight
   size_t threads = 0;     // I/O threads
   // A chunk not read within this many seconds fails with an I/O error naming file and offset (a
   // hung NFS mount). 0: wait forever. The stuck read cannot be cancelled: its thread is abandoned.
   double timeout_s = 0;
+  // Engines that keep several reads in flight in one call (io_uring): at most this many per I/O
+  // thread; 0: the device's own limit (its nr_requests), at most kMaxQueueDepth.
+  size_t queue_depth = 0;
 };
+
+// The most reads an engine keeps in flight per thread when the device's limit decides: past about 64
+// outstanding reads per submitter, NVMe and virtio disks gain nothing but queueing delay.
+constexpr size_t kMaxQueueDepth = 64;
 
 constexpr uint64_t kUnknownSize = ~uint64_t(0);
 
@@ -60,25 +64,105 @@ struct Chunk {
   bool last = false;            // last chunk of its file
 };
 
-// A file opened for one engine: a descriptor (buffered, direct) or a mapping (mmap), with what
-// direct I/O needs. Shared by the readers and by the read tasks in flight, which own a reference
-// each, so a task abandoned on a hung mount never touches a freed file.
+// A file opened by an engine: a descriptor or a mapping, what direct I/O needs, and the engine that
+// reads it (not always the one that opened it: direct falls back to buffered per file). Shared by
+// the readers and by the read tasks in flight, which own a reference each, so a task abandoned on a
+// hung mount never touches a freed file or engine.
 struct OpenedFile {
   std::string path;
-  EngineKind kind = EngineKind::Buffered;  // what runs: direct may have fallen back to buffered
-  std::shared_ptr<FileHandle> fh;          // buffered and direct
+  std::shared_ptr<const Engine> engine;    // the engine that reads this file
+  std::shared_ptr<FileHandle> fh;          // engines that read a descriptor
   std::shared_ptr<Mapping> map;            // mmap
   uint64_t size = 0;
-  uint32_t offset_align = 1;               // direct: file offsets and lengths are multiples of this
-  uint32_t memory_align = 1;               // direct: buffer addresses are multiples of this
+  uint32_t offset_align = 1;               // O_DIRECT: file offsets and lengths are multiples of this
+  uint32_t memory_align = 1;               // O_DIRECT: buffer addresses are multiples of this
+  uint32_t queue_depth = 1;                // reads in flight one call keeps on this file's device
+
+  // Bytes a slot needs to receive [offset, offset + len): O_DIRECT reads the whole aligned blocks
+  // around the range. A slot's address is a multiple of memory_align.
+  size_t slot_bytes(uint64_t offset, size_t len) const {
+    return static_cast<size_t>(align_up(offset + len, offset_align) - align_down(offset, offset_align));
+  }
 };
 
-// Opens `path` for `kind`: direct falls back to buffered when the filesystem refuses O_DIRECT or
-// needs an alignment above 64 KiB (or one `chunk_size` is not a multiple of), saying why in `note`.
-// `sequential` sets the mapping's access advice for mmap. Touches no shared state, so it may run
-// on a thread that a hung mount never gives back.
-std::shared_ptr<OpenedFile> open_for_engine(const std::string& path, EngineKind kind, size_t chunk_size,
-                                            std::string* note, bool sequential = true);
+// What opening needs besides the path. `chunk_size` must be a multiple of a direct file's alignment
+// (else the file is read buffered); `sequential` sets a mapping's access advice.
+struct OpenHints {
+  size_t chunk_size = 64u << 10;
+  bool sequential = true;
+};
+
+// One read of a list handed to Engine::read: bytes [offset, offset + len) of `file` into `slot`
+// (at least file->slot_bytes(offset, len) bytes at a multiple of file->memory_align), or, with no
+// slot, a view into the file's mapping (engines with views() only).
+struct ReadRequest {
+  const OpenedFile* file = nullptr;
+  uint64_t offset = 0;
+  size_t len = 0;
+  uint8_t* slot = nullptr;
+  // Set by the read:
+  const uint8_t* data = nullptr;  // where byte `offset` is: in the slot (after the aligned lead) or the mapping
+  uint64_t bytes_read = 0;        // bytes read from the file (O_DIRECT: whole blocks, to the file's end)
+  std::exception_ptr error;       // this read failed (an Error naming file and offset); others may not have
+};
+
+// How bytes reach memory. An engine opens files and reads lists of byte ranges into slots the caller
+// gives; both readers (ChunkReader here, the plan reader's I/O tasks) use nothing else, so a new
+// engine is one .cpp with a factory plus its line in the registry (engine_registry.cpp).
+// Engines are immutable once made and shared by the threads reading through them.
+class Engine : public std::enable_shared_from_this<Engine> {
+ public:
+  virtual ~Engine() = default;
+  virtual const char* name() const = 0;
+  // Opens `path` for reading. The file's `engine` says what reads it: another engine where this one
+  // cannot (direct -> buffered when the filesystem refuses O_DIRECT), saying why in `note`. Touches
+  // no shared state, so it may run on a thread that a hung mount never gives back.
+  virtual std::shared_ptr<OpenedFile> open(const std::string& path, const OpenHints& hints,
+                                           std::string* note) const = 0;
+  // Reads requests [0, n) of one file engine each (see read_all), as this engine can: one after the
+  // other, or all in flight at once. A failed or short read sets its request's error and leaves the
+  // others be. Returns when every request is done: no read still writes into a slot.
+  virtual void read(ReadRequest* reqs, size_t n) const;
+  // Whether a request without a slot gets a view of the file's bytes (a mapping) instead of a copy.
+  virtual bool views() const { return false; }
+  // Why this engine reads otherwise than asked on some thread (a ring the kernel refused there): notes
+  // the readers report beside their per-file ones.
+  virtual std::vector<std::string> notes() const { return {}; }
+
+ protected:
+  // One request by pread into its slot: whole blocks for an O_DIRECT file, then check_read.
+  static void pread_one(ReadRequest& r);
+  // Sets r.data and r.bytes_read from `got` bytes read into the slot from the aligned start, or
+  // r.error when they do not cover the request (a file truncated while read).
+  static void check_read(ReadRequest& r, size_t got);
+};
+
+// Reads every request through its file's engine, consecutive requests of one engine in one call.
+void read_all(ReadRequest* reqs, size_t n);
+
+// The engine registered as `opts.engine`, made for these options. An engine the kernel refuses here
+// (io_uring under a seccomp filter) gives the one that replaces it, saying why in `note`. Unknown
+// names are an error listing the registered ones.
+std::shared_ptr<const Engine> make_engine(const EngineOptions& opts, std::string* note);
+// Why io_uring cannot run here ("" when it can): io_uring_setup refused (seccomp, sysctl), or a kernel
+// without IORING_OP_READ. Probed at each call (one setup and close), so it is never stale.
+std::string io_uring_refusal();
+// Reads io_uring keeps in flight per I/O thread on `path`'s device for the queue_depth setting (0: the
+// device's nr_requests, at most kMaxQueueDepth), and why that many.
+size_t io_uring_queue_depth(const std::string& path, size_t setting, std::string* why);
+// For tests: makes io_uring_refusal() give `why` (empty: probe the kernel again), as a kernel that
+// refuses io_uring would.
+void simulate_io_uring_refusal(const std::string& why);
+// The buffered engine, which others fall back to for a file they cannot read their way.
+std::shared_ptr<const Engine> buffered_engine();
+// The registered names, in registry order.
+std::vector<std::string> engine_names();
+
+// O_DIRECT for `path` with the alignment the filesystem asks for: the handle, or null with `note`
+// saying why not (the filesystem refuses O_DIRECT, or asks for an alignment above 64 KiB or one that
+// `chunk_size` is not a multiple of). For the engines that read O_DIRECT where it can be had.
+std::shared_ptr<FileHandle> open_direct(const std::string& path, size_t chunk_size, uint32_t* offset_align,
+                                        uint32_t* memory_align, std::string* note);
 
 class ChunkStream {
  public:
@@ -91,14 +175,18 @@ class ChunkReader : public ChunkStream {
  public:
   // ranges: empty (every file whole) or one per path; a path may appear several times with
   // different ranges, and consecutive entries of one path share its open file.
-  ChunkReader(std::vector<std::string> paths, EngineOptions opts, std::vector<ByteRange> ranges = {});
+  // headroom: space before each chunk where a record's start is moved so the record becomes
+  // contiguous without a separate allocation (raised to 64 KiB at least).
+  ChunkReader(std::vector<std::string> paths, EngineOptions opts, size_t headroom,
+              std::vector<ByteRange> ranges = {});
   ~ChunkReader() override;
   bool next(Chunk& out) override;
-  // Per-file notes such as "direct -> buffered: the filesystem refuses O_DIRECT".
-  const std::vector<std::string>& notes() const { return notes_; }
+  // Notes such as "direct -> buffered for PATH: the filesystem refuses O_DIRECT", the engine's included.
+  std::vector<std::string> notes() const;
   uint64_t bytes_read() const { return bytes_read_; }
   const std::shared_ptr<BufferPool>& pool() const { return pool_; }
   const EngineOptions& options() const { return opts_; }
+  size_t headroom() const { return headroom_; }
 
  private:
   struct OpenFile;
@@ -107,6 +195,8 @@ class ChunkReader : public ChunkStream {
   std::vector<std::string> paths_;
   std::vector<ByteRange> ranges_;
   EngineOptions opts_;
+  size_t headroom_ = 0;
+  std::shared_ptr<const Engine> engine_;
   std::shared_ptr<BufferPool> pool_;
   std::unique_ptr<ThreadPool> threads_;
   std::unique_ptr<ThreadPool> opener_;  // one thread for opens under a timeout, apart from the reads

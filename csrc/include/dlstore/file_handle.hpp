@@ -35,6 +35,9 @@ class FileHandle {
   // Reads up to n bytes at offset, retrying EINTR and short reads; stops early only at end of file.
   size_t pread_full(void* dst, size_t n, uint64_t offset) const;
   DirectAlignment direct_alignment() const;
+  // Requests the file's block device queues at once (sysfs queue/nr_requests); 0 when the file lies
+  // on no block device (tmpfs, NFS, an overlay) or sysfs does not say.
+  uint32_t device_requests() const;
 
  private:
   int fd_ = -1;

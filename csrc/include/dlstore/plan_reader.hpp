@@ -1,20 +1,13 @@
-// Reads an epoch's read plan: records an index located, read in planned order with large reads and
-// several in flight, handed out in batches of exactly batch_size records in the planned emission order.
+// Reads an epoch's read plan into host memory: the host executor of a ReadSchedule (read_schedule.hpp),
+// which decides what is read together, what each batch takes and when memory is let go.
 //
-// The plan crosses into C++ once, as arrays: per record (its *read position*) the file, the frame's
-// offset and its size, in the order the records are read; and, when records are emitted in another
-// order than they are read (a shuffle buffer), that emission order. Neighbouring records are read
-// together: a *chunk* is a run of read positions of about chunk_size bytes whose records are read with
-// one read per contiguous piece, on an I/O thread that also checks every frame. Batches are views into
-// a chunk when all their records lie in one (no copy), else the records are gathered by copy into a
-// reused buffer. Chunks still holding records not yet emitted are kept; under a reordering emission
-// the oldest are let go past `hold_bytes`, their last records copied out first, so a record lingering
-// in a shuffle buffer never pins a whole chunk.
+// A chunk's pieces are read on an I/O thread of its device, which also checks every frame. Batches are
+// views into a chunk when all their records lie in one (no copy), else the records are gathered by copy
+// into a reused buffer. Records the schedule spills are copied out of their chunk before it goes.
 #pragma once
 
 #include <cstdint>
 #include <deque>
-#include <exception>
 #include <future>
 #include <memory>
 #include <string>
@@ -23,24 +16,14 @@
 
 #include "dlstore/aligned_buffer.hpp"
 #include "dlstore/engine.hpp"
+#include "dlstore/read_schedule.hpp"
 #include "dlstore/record_scan.hpp"
 #include "dlstore/thread_pool.hpp"
 
 namespace dlstore {
 
-struct ReadPlan {
-  std::vector<std::string> paths;
-  // Per file: the device it lies on (a mount point). Each device has threads of its own, so that a
-  // slow one cannot hold the threads the others need; empty: one for all.
-  std::vector<uint32_t> device;
-  std::vector<uint32_t> file;    // per read position: index into paths
-  std::vector<uint64_t> offset;  // where the record's frame starts in its file
-  std::vector<uint64_t> size;    // the frame's bytes (header, payload, footer; every RecordIO part)
-  std::vector<int64_t> emit;     // read positions in emission order (each at most once); empty: read order
-};
-
 struct PlanOptions {
-  EngineOptions engine;          // kind, chunk_size, depth, threads (per device), timeout_s (headroom unused)
+  EngineOptions engine;          // engine, chunk_size, depth, threads (per device), timeout_s, queue_depth
   Format format = Format::TFRecord;
   bool verify = true;
   OnError on_error = OnError::Raise;
@@ -51,20 +34,6 @@ struct PlanOptions {
   uint64_t hold_bytes = 0;
   bool sequential = true;        // mmap access advice: reads mostly in file order
   size_t max_open_files = 1024;  // descriptors and mappings kept open at once (least recently used go)
-};
-
-struct PlanStats {
-  uint64_t records = 0;          // emitted
-  uint64_t payload_bytes = 0;
-  uint64_t file_bytes_read = 0;  // bytes read from files (direct: whole aligned blocks)
-  uint64_t skipped = 0;          // corrupt records skipped under OnError::Skip
-  uint64_t chunks = 0;           // chunks read
-  uint64_t gathered_batches = 0;  // batches whose records were copied together
-  uint64_t gathered_bytes = 0;
-  uint64_t spilled_records = 0;  // records copied out of a chunk let go before they were emitted
-  uint64_t spilled_bytes = 0;
-  uint64_t peak_held_bytes = 0;  // the most chunk bytes held at once
-  size_t buffers_allocated = 0;
 };
 
 class FileCache;
@@ -81,74 +50,40 @@ class PlanReader {
   // that error); false at the end.
   bool next_batch(RecordBatch& out);
   // Emission positions consumed so far (records handed out, plus corrupt ones skipped).
-  size_t position() const { return k_; }
-  size_t size() const { return n_emit_; }
+  size_t position() const { return schedule_.position(); }
+  size_t size() const { return schedule_.size(); }
   PlanStats stats() const;
   std::vector<std::string> notes() const;
-  const std::vector<CorruptionReport>& corruptions() const { return corruptions_; }
-  const std::vector<std::string>& paths() const { return plan_->paths; }
+  const std::vector<CorruptionReport>& corruptions() const { return schedule_.corruptions(); }
+  const std::vector<std::string>& paths() const { return schedule_.plan().paths; }
 
   struct Loaded;    // a chunk's bytes and its records' payloads, as an I/O task returns them
   struct Progress;  // what an I/O task is doing, for a timeout's message
 
  private:
-  int64_t emit_at(size_t k) const { return emit_.empty() ? static_cast<int64_t>(k) : emit_[k]; }
-  size_t chunk_of(int64_t pos) const;
-  void plan_chunks();
-  void fill();
-  void arrive();
-  void ensure(size_t chunk);
-  void release(size_t chunk);
-  void spill_oldest();
-  void done_with(int64_t pos);
-  const uint8_t* data_of(int64_t pos, uint64_t* len) const;
-  void build(RecordBatch& out);
+  void submit(size_t chunk);
+  Arrival wait(size_t chunk);
+  void spill(size_t chunk, const std::vector<int64_t>& positions);
+  const uint8_t* data_of(int64_t pos, int64_t chunk, uint64_t* len) const;
+  void build(const Step& batch, RecordBatch& out);
 
-  std::shared_ptr<const ReadPlan> plan_;
-  std::shared_ptr<const std::vector<std::string>> paths_;
+  ReadSchedule schedule_;
   PlanOptions opts_;
-  std::vector<int64_t> emit_;
-  size_t n_emit_ = 0;
-  size_t k_ = 0;
-
-  // Chunks: chunk c holds read positions [begin_[c], begin_[c + 1]), of which those flagged in
-  // `needed_` are emitted (all, unless a resumed emission order leaves some out); `left_[c]` of them
-  // are still to be. The I/O tasks share the (immutable) flags.
-  std::vector<size_t> begin_;
-  std::vector<uint32_t> left_;
-  std::shared_ptr<const std::vector<uint8_t>> needed_;
-  std::vector<uint8_t> done_;    // per read position: emitted (or skipped)
-  std::vector<std::unique_ptr<Loaded>> loaded_;  // per chunk, while held
-  std::vector<int64_t> picked_;  // the batch being built
-  struct Corrupt {
-    uint64_t offset;
-    std::string what;
-  };
-  std::unordered_map<int64_t, Corrupt> bad_;  // corrupt records of the chunks arrived, by read position
-  // Chunks cut short by a file that would not open or read: from which read position, and why.
-  std::unordered_map<size_t, std::pair<size_t, std::exception_ptr>> failures_;
-  std::deque<size_t> held_;      // arrived chunks not yet let go, oldest first
-  uint64_t held_bytes_ = 0;
-  size_t next_schedule_ = 0;     // the next chunk to queue a read for
-  size_t next_arrive_ = 0;       // the next chunk whose read is taken from the queue
+  std::shared_ptr<FileCache> files_;
+  std::shared_ptr<BufferPool> chunk_pool_;
+  std::shared_ptr<BufferPool> batch_pool_;
+  std::vector<std::unique_ptr<ThreadPool>> threads_;  // per device
+  std::vector<std::unique_ptr<Loaded>> loaded_;       // per chunk, while held
   struct InFlight {
     size_t chunk;
     std::future<std::unique_ptr<Loaded>> result;
     std::shared_ptr<Progress> progress;
   };
   std::deque<InFlight> inflight_;
-  // Records whose chunk was let go before they were emitted: copies (and lengths), until emitted.
+  // Records the schedule spilled: copies (and lengths), until they are handed out.
   std::unordered_map<int64_t, std::pair<std::shared_ptr<AlignedBuffer>, uint64_t>> spilled_;
-
-  std::shared_ptr<FileCache> files_;
-  std::shared_ptr<BufferPool> chunk_pool_;
-  std::shared_ptr<BufferPool> batch_pool_;
-  std::vector<size_t> chunk_device_;  // the device of each chunk's first record
-  std::vector<std::unique_ptr<ThreadPool>> threads_;  // per device
-  std::exception_ptr pending_error_;
   bool abandoned_ = false;  // a read timed out: its thread may never return, so it is not joined
-  std::vector<CorruptionReport> corruptions_;
-  PlanStats stats_;
+  PlanStats moved_;         // the executor's counters: payload, gathered and spilled bytes
 };
 
 }  // namespace dlstore

@@ -13,6 +13,7 @@ namespace dlstore {
 
 struct ReaderOptions {
   EngineOptions engine;
+  size_t headroom = 0;  // space before each chunk that joins a record split across two reads (ChunkReader)
   ScanOptions scan;
   std::vector<Compression> compression;  // one per file; empty: none for all
   std::vector<ByteRange> ranges;         // one per file; empty: every file whole
@@ -33,7 +34,7 @@ class Reader {
   Reader(std::vector<std::string> paths, ReaderOptions opts);
   bool next_batch(RecordBatch& out) { return scanner_->next_batch(out); }
   ReaderStats stats() const;
-  const std::vector<std::string>& notes() const { return chunks_->notes(); }
+  std::vector<std::string> notes() const { return chunks_->notes(); }
   const std::vector<CorruptionReport>& corruptions() const { return scanner_->stats().corruptions; }
   const std::vector<std::string>& paths() const { return *paths_; }
 

@@ -1,29 +1,67 @@
-"""A batch of records in device memory (:class:`DeviceBatch`): the buffer and the records' host offsets."""
+"""A batch of records in GPU memory (:class:`DeviceBatch`), and when its memory may be read into again."""
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Sequence
+from collections import deque
+from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-__all__ = ["DeviceBatch"]
+__all__ = ["DeviceBatch", "Quarantine"]
+
+
+class Quarantine:
+    """Device buffers that consumers may still read on their own streams, kept until those streams pass
+    the point where the buffer was let go.
+
+    CuPy's pool hands a freed buffer out again at once, in the order of the stream that allocated it; a
+    ``CuFile.pread`` into it is not ordered on any stream. A consumer that read a batch on its own
+    stream (the ``stream`` it gave ``__dlpack__``, e.g. torch's) may have kernels queued on it when it
+    drops the batch. So a dropped batch's buffer comes here with an event recorded on each such stream,
+    and goes back to CuPy only once the events have completed.
+    """
+
+    def __init__(self, cupy: Any):
+        self._cp = cupy
+        self._held: Deque[Tuple[Any, List[Any]]] = deque()
+
+    def hold(self, buffer: Any, streams: Sequence[int]) -> None:
+        events = []
+        for s in streams:
+            stream = self._cp.cuda.Stream.null if s in (None, 1) else self._cp.cuda.ExternalStream(int(s))
+            events.append(stream.record())
+        self._held.append((buffer, events))
+
+    def purge(self) -> None:
+        """Lets go the buffers whose consumers are done with them (call before reading into new memory)."""
+        left: Deque[Tuple[Any, List[Any]]] = deque()
+        for buffer, events in self._held:
+            if not all(e.done for e in events):
+                left.append((buffer, events))
+        self._held = left
+
+    def __len__(self) -> int:
+        return len(self._held)
 
 
 class DeviceBatch:
-    """Records of one read, in one buffer: on the GPU (a CuPy array) or, with the host stand-in, numpy.
+    """Records in one device buffer (a CuPy uint8 array): record ``i`` is
+    ``buffer[offsets[i]:offsets[i] + lengths[i]]``; ``offsets``, ``lengths``, ``file_offsets`` and
+    ``file_indices`` are host numpy arrays.
 
-    Record ``i`` is ``buffer[offsets[i]:offsets[i] + lengths[i]]``. The buffer goes to any framework
-    without a copy: ``torch.from_dlpack(batch)`` or ``cupy.asarray(batch)``.
+    Frameworks take it without a copy: ``torch.from_dlpack(batch)`` or ``cupy.asarray(batch)``. The
+    exported array keeps this batch alive, and the consumer's stream named to ``__dlpack__`` is waited
+    for before the memory is read into again (:class:`Quarantine`).
     """
 
     def __init__(self, buffer: Any, offsets: np.ndarray, lengths: np.ndarray, file_offsets: np.ndarray,
-                 file_index: int, paths: Sequence[str], file_indices: Optional[np.ndarray] = None):
+                 file_indices: np.ndarray, paths: Sequence[str], quarantine: Optional[Quarantine] = None):
         self.buffer = buffer
         self.offsets, self.lengths, self.file_offsets = offsets, lengths, file_offsets
-        # A batch of one read has one file; one gathered from several reads has a file per record.
-        self.file_indices = (np.full(len(offsets), int(file_index), dtype=np.int64) if file_indices is None
-                             else np.asarray(file_indices, dtype=np.int64))
-        self.file_index = int(self.file_indices[0]) if len(self.file_indices) else int(file_index)
+        self.file_indices = np.asarray(file_indices, dtype=np.int64)
+        self.file_index = int(self.file_indices[0]) if len(self.file_indices) else 0
         self._paths = paths
+        self._quarantine = quarantine
+        self._streams: List[int] = []
 
     @property
     def num_records(self) -> int:
@@ -38,27 +76,38 @@ class DeviceBatch:
 
     @property
     def on_gpu(self) -> bool:
-        return hasattr(self.buffer, "__cuda_array_interface__")
+        return True
 
     @property
     def __cuda_array_interface__(self) -> Dict[str, Any]:
-        if not self.on_gpu:
-            raise AttributeError("__cuda_array_interface__: this batch's buffer is in host memory")
         return self.buffer.__cuda_array_interface__
 
-    def __dlpack__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.buffer.__dlpack__(*args, **kwargs)
+    def __dlpack__(self, *, stream: Optional[int] = None, **kwargs: Any) -> Any:
+        import cupy
+
+        if stream not in self._streams:
+            self._streams.append(stream)
+        # A view whose memory names this batch as its owner: the consumer's tensor keeps the batch (and so
+        # the buffer) alive, and its end is when the buffer is quarantined.
+        memory = cupy.cuda.UnownedMemory(self.buffer.data.ptr, self.buffer.nbytes, self,
+                                         device_id=self.buffer.device.id)
+        view = cupy.ndarray(self.buffer.shape, self.buffer.dtype, cupy.cuda.MemoryPointer(memory, 0))
+        return view.__dlpack__(stream=stream, **kwargs)
 
     def __dlpack_device__(self) -> Any:
         return self.buffer.__dlpack_device__()
+
+    def __del__(self):
+        if self._quarantine is not None and self._streams:
+            self._quarantine.hold(self.buffer, self._streams)
 
     def path(self, i: int) -> Optional[str]:
         return self._paths[int(self.file_indices[i])] if 0 <= i < self.num_records else None
 
     def slice(self, start: int, stop: int) -> "DeviceBatch":
-        return DeviceBatch(self.buffer, self.offsets[start:stop], self.lengths[start:stop],
-                           self.file_offsets[start:stop], self.file_index, self._paths, self.file_indices[start:stop])
+        return self.take(slice(start, stop))
 
-    def take(self, keep: np.ndarray) -> "DeviceBatch":
+    def take(self, keep: Any) -> "DeviceBatch":
+        """The records ``keep`` selects (a slice, a boolean mask or indices), sharing the buffer."""
         return DeviceBatch(self.buffer, self.offsets[keep], self.lengths[keep], self.file_offsets[keep],
-                           self.file_index, self._paths, self.file_indices[keep])
+                           self.file_indices[keep], self._paths, self._quarantine)

@@ -1,85 +1,75 @@
-"""What a TFRecord frame is on the device: the frame status codes and the CUDA source of the frame check and
-the gather (plain-C device functions, so that tests compile the same text for the host)."""
+"""The CUDA kernels of io="gds" as Python sees them: their source (``kernels.cu``, shipped beside this
+module), their names, frame status codes and launch configurations.
+
+Kernels, launched with CuPy's ``RawModule(code=CUDA_SOURCE).get_function(name)(grid, block, args,
+shared_mem=...)``; every pointer is a device array (``unsigned char*``: uint8, ``long long*``: int64,
+``unsigned long long*``: uint64), every scalar a numpy scalar of the type named:
+
+``dlstore_tfrecord_frames(buf, rel, size, n, verify, status)``
+    ``buf`` (uint8*) a read; ``rel``, ``size`` (int64*, n each) where each frame starts in ``buf`` and its
+    frame size from the index; ``n`` (np.int32) the number of frames; ``verify`` (np.int32) 1 to check
+    the CRCs, 0 for the length only; ``status`` (uint8*, n) gets one of the ``FRAME_*`` codes. Launch:
+    :func:`frames_launch`.
+``dlstore_gather(sources, src_buf, src_at, len, dst_at, n, dst)``
+    ``sources`` (uint64*) the device addresses of the source buffers; record r, r < ``n`` (np.int64):
+    ``len[r]`` bytes at ``src_at[r]`` of buffer ``src_buf[r]`` go to ``dst + dst_at[r]`` (int64* each;
+    ``dst`` uint8*). Launch: :func:`gather_launch`.
+"""
 from __future__ import annotations
 
+import functools
+import os
+from typing import Tuple
+
+
+from dlstore.formats.tfrecord import FOOTER_BYTES, HEADER_BYTES
+
 __all__ = ["FRAME_OK", "FRAME_LENGTH", "FRAME_LENGTH_CRC", "FRAME_DATA_CRC", "FRAME_HEADER", "FRAME_FOOTER",
-           "FRAME_KERNEL", "GATHER_KERNEL", "CUDA_SOURCE"]
+           "FRAMES_KERNEL_NAME", "GATHER_KERNEL_NAME", "FRAME_THREADS", "GATHER_THREADS", "CUDA_SOURCE_PATH",
+           "CUDA_SOURCE", "cuda_source", "frames_launch", "gather_launch"]
 
-
-#: Frame status codes, the same from the CUDA kernel and the host stand-in.
+#: Frame status codes, the same from the CUDA kernel (``DLSTORE_FRAME_*`` in kernels.cu) and its host twin.
 FRAME_OK, FRAME_LENGTH, FRAME_LENGTH_CRC, FRAME_DATA_CRC = 0, 1, 2, 3
-FRAME_HEADER, FRAME_FOOTER = 12, 4  # TFRecord: u64 length + u32 masked CRC of it; u32 masked CRC of the data
+FRAME_HEADER, FRAME_FOOTER = HEADER_BYTES, FOOTER_BYTES
 
-# One thread per record; the CRC-32C table is built in shared memory by each block. The device
-# functions are plain C so that tests compile the same text for the host (tests/unit/test_gds.py).
-FRAME_KERNEL = r"""
-DLSTORE_DEVICE void dlstore_crc_table(unsigned int* table, int first, int step) {
-  for (int i = first; i < 256; i += step) {
-    unsigned int c = (unsigned int)i;
-    for (int k = 0; k < 8; ++k) c = (c >> 1) ^ (0x82F63B78u & (0u - (c & 1u)));
-    table[i] = c;
-  }
-}
+FRAMES_KERNEL_NAME = "dlstore_tfrecord_frames"
+GATHER_KERNEL_NAME = "dlstore_gather"
 
-DLSTORE_DEVICE unsigned int dlstore_masked_crc(const unsigned int* table, const unsigned char* p,
-                                               unsigned long long n) {
-  unsigned int c = 0xFFFFFFFFu;
-  for (unsigned long long i = 0; i < n; ++i) c = table[(c ^ p[i]) & 0xFFu] ^ (c >> 8);
-  c ^= 0xFFFFFFFFu;
-  return ((c >> 15) | (c << 17)) + 0xA282EAD8u;
-}
+#: Threads per block: a frame-check block takes one record at a time (DLSTORE_FRAME_THREADS, the most its
+#: shared memory and __launch_bounds__ allow); a gather block one record, a 16-byte word per thread.
+FRAME_THREADS = 256
+GATHER_THREADS = 256
+# Grid caps: blocks beyond what the GPU runs at once (132 SMs x 8 blocks of 256 threads on an H100) only
+# queue, and each frame-check block builds its 8 KB of CRC tables once for all the records it takes.
+_FRAME_MAX_BLOCKS = 2048
+_GATHER_MAX_BLOCKS = 4096
 
-DLSTORE_DEVICE unsigned int dlstore_load_u32(const unsigned char* p) {
-  return (unsigned int)p[0] | ((unsigned int)p[1] << 8) | ((unsigned int)p[2] << 16) | ((unsigned int)p[3] << 24);
-}
+CUDA_SOURCE_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels.cu")
 
-/* rel: where each frame starts in buf; size: its frame size from the index. */
-DLSTORE_DEVICE unsigned char dlstore_frame_status(const unsigned int* table, const unsigned char* buf,
-                                                  long long rel, long long size, int verify) {
-  const unsigned char* p = buf + rel;
-  if (size < 16) return 1; /* not even a header and footer: read none of it (it may end the buffer) */
-  unsigned long long len = 0;
-  for (int k = 0; k < 8; ++k) len |= (unsigned long long)p[k] << (8 * k);
-  if (len != (unsigned long long)(size - 16)) return 1;
-  if (!verify) return 0;
-  if (dlstore_masked_crc(table, p, 8) != dlstore_load_u32(p + 8)) return 2;
-  if (dlstore_masked_crc(table, p + 12, len) != dlstore_load_u32(p + 12 + len)) return 3;
-  return 0;
-}
-"""
 
-# Gathers records from several device buffers into one (a batch in emission order, or a chunk's
-# stragglers): record r's bytes [src_at[r], src_at[r] + len[r]) of buffer sources[src_buf[r]] go to
-# dst + dst_at[r]. On the GPU a block per record, its threads copying every blockDim.x-th byte; plain C
-# too, so that tests compile it for the host (tests/unit/test_gds.py).
-GATHER_KERNEL = r"""
-DLSTORE_DEVICE void dlstore_copy_record(const unsigned char* const* sources, const long long* src_buf,
-                                        const long long* src_at, const long long* len, const long long* dst_at,
-                                        unsigned char* dst, long long r, long long first, long long step) {
-  const unsigned char* s = sources[src_buf[r]] + src_at[r];
-  unsigned char* d = dst + dst_at[r];
-  for (long long i = first; i < len[r]; i += step) d[i] = s[i];
-}
-"""
+@functools.lru_cache(maxsize=None)
+def cuda_source() -> str:
+    """The text of ``kernels.cu``: both kernels, for NVRTC (CuPy ``RawModule(code=...)``)."""
+    with open(CUDA_SOURCE_PATH, encoding="utf-8") as f:
+        return f.read()
 
-CUDA_SOURCE = r"""
-#define DLSTORE_DEVICE __device__
-""" + FRAME_KERNEL + GATHER_KERNEL + r"""
-extern "C" __global__ void dlstore_tfrecord_frames(const unsigned char* buf, const long long* rel,
-                                                   const long long* size, int n, int verify,
-                                                   unsigned char* status) {
-  __shared__ unsigned int table[256];
-  dlstore_crc_table(table, threadIdx.x, blockDim.x);
-  __syncthreads();
-  int r = blockIdx.x * blockDim.x + threadIdx.x;
-  if (r < n) status[r] = dlstore_frame_status(table, buf, rel[r], size[r], verify);
-}
 
-extern "C" __global__ void dlstore_gather(const unsigned long long* sources, const long long* src_buf,
-                                          const long long* src_at, const long long* len, const long long* dst_at,
-                                          long long n, unsigned char* dst) {
-  for (long long r = blockIdx.x; r < n; r += gridDim.x)
-    dlstore_copy_record((const unsigned char* const*)sources, src_buf, src_at, len, dst_at, dst, r,
-                        threadIdx.x, blockDim.x);
-}
-"""
+CUDA_SOURCE = cuda_source()
+
+Launch = Tuple[Tuple[int], Tuple[int], int]
+
+
+def frames_launch(n_records: int) -> Launch:
+    """``(grid, block, shared_mem_bytes)`` for ``dlstore_tfrecord_frames`` over ``n_records`` frames.
+
+    A block of :data:`FRAME_THREADS` per record (up to a cap; each block then takes every grid-th record),
+    its shared memory static (9 KB: the CRC tables and the slices' registers), so no dynamic shared
+    memory. ``n_records`` 0 gives one block that does nothing.
+    """
+    return (max(1, min(int(n_records), _FRAME_MAX_BLOCKS)),), (FRAME_THREADS,), 0
+
+
+def gather_launch(n_records: int) -> Launch:
+    """``(grid, block, shared_mem_bytes)`` for ``dlstore_gather`` of ``n_records`` records: a block per
+    record up to a cap (each block then takes every grid-th record), no shared memory."""
+    return (max(1, min(int(n_records), _GATHER_MAX_BLOCKS)),), (GATHER_THREADS,), 0
