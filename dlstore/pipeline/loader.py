@@ -303,7 +303,7 @@ class Loader:
                     self._counts["empty_batches"] += 1
                     if not warned_empty:
                         warned_empty = True
-                        warnings.warn(_empty_batch_note(self, item.epoch), RuntimeWarning, stacklevel=2)
+                        warnings.warn(_empty_batch_note(self), RuntimeWarning, stacklevel=2)
                 arrays = ring.slots[item.slot]
                 if item.rows != self.batch_size:
                     arrays = {name: a[:item.rows] for name, a in arrays.items()}
@@ -769,8 +769,9 @@ def _no_batch_note(loader: Loader, epoch: int, samples: int) -> str:
             f"short batch: use a batch_size of at most {samples}, or last_batch='PARTIAL' (or 'FILL')")
 
 
-def _empty_batch_note(loader: Loader, epoch: int) -> str:
-    return (f"dlstore loader: {_share(loader)} yields an empty batch (0 rows) in epoch {epoch}: its share ran out "
+def _empty_batch_note(loader: Loader) -> str:
+    # The same text every epoch: Python's default filter shows it once.
+    return (f"dlstore loader: {_share(loader)} yields an empty batch (0 rows): its share ran out "
             f"before the batch count all consumers agree on (remainder 'uneven'), so that none waits for another "
             f"in a collective. A loss over 0 samples is NaN: skip empty batches in the training step, or read "
             f"with remainder='pad' (equal shares)")
