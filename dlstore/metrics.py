@@ -33,6 +33,7 @@ in other processes (DataLoader workers) are exported by those processes only.
 """
 from __future__ import annotations
 
+import multiprocessing
 import threading
 import weakref
 from typing import Any, Dict, Iterator, Optional, Tuple
@@ -78,13 +79,18 @@ def prometheus():
 def track(loader: Any) -> None:
     """Exports ``loader`` (anything with ``stats()`` and ``wait_histogram()``, a Loader) while it lives.
 
-    Loaders call this when made; with ``DLSTORE_METRICS_PORT`` set, the first one starts the exporter.
+    Loaders call this when made; with ``DLSTORE_METRICS_PORT`` set, the first one starts the exporter
+    (in a process started by the launcher, not in one started through ``multiprocessing``, such as a
+    DataLoader worker).
     """
     with _lock:
         name = f"{getattr(getattr(loader, 'pipeline', None), 'name', 'loader')}-{_made[0]}"
         _made[0] += 1
         _live[loader] = name
-    if _state["server"] is None and settings.get("metrics_port") is not None:
+    # Only a launched process serves by itself: processes it starts through multiprocessing (DataLoader
+    # workers) would all ask for its port.
+    if _state["server"] is None and settings.get("metrics_port") is not None and \
+            multiprocessing.parent_process() is None:
         serve()
 
 

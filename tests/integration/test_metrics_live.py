@@ -2,6 +2,7 @@
 records, bytes, the wait histogram, failovers and skipped records; DLSTORE_METRICS_PORT alone turns it on."""
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -100,3 +101,22 @@ def test_the_environment_variable_alone_serves_every_loader(tmp_path):
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("4 ['dlstore_batches_total{") and out.stdout.rstrip().endswith("4.0']")
+
+
+def test_the_environment_variable_does_not_make_dataloader_workers_serve(tmp_path):
+    """Processes started through multiprocessing (DataLoader workers) would all ask for the same port."""
+    pytest.importorskip("torch")
+    generate_bert(str(tmp_path), shards=2, records_per_shard=16, progress=False)
+    script = ("import torch, dlstore\n"
+              "from dlstore.adapters.torch import DlstoreIterableDataset\n"
+              "from dlstore.pipeline import Bert\n"
+              f"ds = DlstoreIterableDataset({str(tmp_path)!r}, Bert(), batch_size=4)\n"
+              "loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2)\n"
+              "print(sum(len(b['input_ids']) for b in loader), dlstore.metrics.serving())\n")
+    with socket.socket() as probe:  # a port free now: two workers serving would both bind it
+        probe.bind(("0.0.0.0", 0))
+        port = probe.getsockname()[1]
+    env = dict(os.environ, DLSTORE_METRICS_PORT=str(port), PYTHONPATH=REPO)
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["32", "None"]
