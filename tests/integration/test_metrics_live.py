@@ -64,7 +64,7 @@ def test_a_training_loop_scraped_agrees_with_stats(tmp_path, served):
     for step, _ in enumerate(loader):
         time.sleep(0.002)  # the training step
         if step in (5, 20):  # in epoch 0, and in epoch 1 after epoch 0's failover was counted
-            time.sleep(0.3)  # the loader fills its buffers and waits: nothing moves while both are read
+            time.sleep(0.5)  # the loader fills its buffers and waits: nothing moves while both are read
             series, stats = scrape(served), loader.stats()
             labels = dict(rank="0", mount=mounts[0], engine=stats["engine"])
             assert value(series, "dlstore_records_total", **labels) == stats["records"] > 0
