@@ -13,13 +13,12 @@ from dlstore import __version__, _console, settings, synthetic
 from dlstore._console import Parser, positive_int
 from dlstore._progress import Progress
 from dlstore.errors import DlstoreError
+from dlstore.formats.registry import FORMATS
 from dlstore.io.system import format_bytes
 from dlstore.placement import ASSIGNMENTS, REMAINDERS, SHUFFLES
-from dlstore.placement.mounts import plan_mounts
 from dlstore.sources.indexing import build_index, index_dataset
-from dlstore.sources.layout import record_counts, scan_layout
 from dlstore.sources.reader import expand_paths, open_records
-from dlstore.tools.commands import add_expand_arguments, add_testbed_arguments, run_expand, run_testbed
+from dlstore.tools.commands import add_expand_arguments, add_testbed_arguments, run_expand, run_plan, run_testbed
 from dlstore.tools.convert import convert_tree
 from dlstore.tools.info import collect_info, format_info
 from dlstore.tools.simulate import parse_simulate, run_simulate
@@ -165,45 +164,17 @@ def _check_settings(**overrides) -> None:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    """Shows which rank reads which shard through which mount in one epoch: the layout the mounts
-    hold (replicated, striped or mixed), each rank's mounts, and its shards as shard@mount. With
-    --simulate, plans one rank of a dataset given as counts only, and what that costs."""
-    import json
-
+    """Shows what each rank reads in one epoch, planned as dlstore.Dataset plans it: the layout the mounts
+    hold (replicated, striped or mixed), each rank's mounts, and its reads (file, byte range, mount) in
+    reading order. With --simulate, plans one rank of a dataset given as counts only, and what that costs."""
 
     if args.simulate:
-
         return run_simulate(args)
     if not args.mounts:
         print("dlstore plan: give --mounts (the mount points holding the dataset), or --simulate "
               "SHARDS:RECORDS_PER_SHARD", file=sys.stderr)
         return 2
-    layout = scan_layout(args.mounts, args.shards)
-    counts, counted = record_counts(layout)
-    remainder = args.remainder or ("pad" if counts is not None else "uneven")
-    throughput = [float(x) for x in args.throughput.split(",")] if args.throughput else None
-    plan = plan_mounts(layout, args.world_size, counts=counts, policy=args.policy,
-                       mounts_per_rank=args.mounts_per_rank, throughput=throughput, local_size=args.local_size,
-                       num_workers=args.workers, seed=args.seed, epoch=args.epoch,
-                       shuffle_shards=not args.no_shard_shuffle, shuffle=args.shuffle, remainder=remainder,
-                       batch_size=args.batch_size)
-    if args.json:
-        text = json.dumps(dict(plan.to_dict(), record_counts=counted), indent=1)
-        if args.json == "-":
-            print(text)
-            return 0
-        with open(args.json, "w") as f:
-            f.write(text)
-    ep = plan.epoch_plan
-    print(f"layout: {layout.describe()}")
-    print(counted)
-    workers = f" x {args.workers} workers" if args.workers > 1 else ""
-    print(f"world: {args.world_size} ranks{workers}; policy {args.policy}, "
-          f"{args.mounts_per_rank} mount(s) per rank; seed {ep.seed}, epoch {ep.epoch}, "
-          f"shard shuffle {'on' if ep.shuffle_shards else 'off'}, record shuffle {ep.shuffle}, "
-          f"remainder {ep.remainder}, batch {ep.batch_size} -> {ep.num_batches} batches per consumer")
-    print(plan.format_text())
-    return 0
+    return run_plan(args)
 
 
 def cmd_testbed(args: argparse.Namespace) -> int:
@@ -274,12 +245,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     i = sub.add_parser("index", help=cmd_index.__doc__, description=cmd_index.__doc__)
     i.add_argument("paths", nargs="+", help="files, globs or directories")
-    i.add_argument("--format", default="auto", choices=["auto", "tfrecord", "recordio"])
+    i.add_argument("--format", default="auto", choices=["auto", *FORMATS])
     i.add_argument("--out-dir", help="write indexes here instead of beside the data")
 
     v = sub.add_parser("verify", help=cmd_verify.__doc__, description=cmd_verify.__doc__)
     v.add_argument("paths", nargs="+", help="files, globs or directories")
-    v.add_argument("--format", default="auto", choices=["auto", "tfrecord", "recordio"])
+    v.add_argument("--format", default="auto", choices=["auto", *FORMATS])
     v.add_argument("--io", help=settings.SETTINGS["io"].help + f" Default: ${settings.SETTINGS['io'].env}, else auto.")
     v.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -302,7 +273,9 @@ def _add_plan_parser(sub) -> None:
                     help="plan one rank (--rank) of a dataset that exists only as counts, on --mounts-count "
                          "mounts that each hold all of it, and say what it costs")
     pl.add_argument("--mounts-count", type=int, default=1, help="with --simulate: the number of mounts")
-    pl.add_argument("--rank", type=int, default=0, help="with --simulate: the rank to plan")
+    pl.add_argument("--list-reads", action="store_true",
+                    help="with --simulate --json: list every read (path, byte range, records, mount), not only counts")
+    pl.add_argument("--rank", type=int, help="the one rank to plan (default: every rank; with --simulate: 0)")
     pl.add_argument("--record-bytes", type=int, default=110_000,
                     help="with --simulate: the mean record size, which sizes blocks and the shuffle buffer "
                          "(default 110000, ImageNet's)")
@@ -316,14 +289,14 @@ def _add_plan_parser(sub) -> None:
     pl.add_argument("--seed", type=int, default=0)
     pl.add_argument("--epoch", type=int, default=0)
     pl.add_argument("--shuffle", default="block", choices=sorted(SHUFFLES),
-                    help="record shuffle (default: block, Dataset's default; sized here in records: blocks and "
-                         "buffer of 1024 records without --simulate)")
+                    help="record shuffle (default: block, Dataset's default)")
     pl.add_argument("--no-shard-shuffle", action="store_true", help="keep shards in path order")
     pl.add_argument("--remainder", choices=sorted(REMAINDERS),
-                    help="default: pad with record counts, uneven when whole shards are assigned")
+                    help="what happens to the records that do not divide evenly (default: pad)")
     pl.add_argument("--batch-size", type=int, default=1)
     pl.add_argument("--json", nargs="?", const="-", metavar="FILE",
-                    help="the plan as JSON, to FILE or (without one) instead of the text")
+                    help="the plan as JSON, to FILE or (without one) instead of the text: every consumer's "
+                         "reads (path, byte range, records, mount), as Dataset performs them")
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -40,6 +40,24 @@ void engine_fields(py::class_<O>& c) {
                     [](O& o, size_t v) { o.engine.queue_depth = v; });
 }
 
+// Options pickle as the dict of their fields, so that a Dataset holding them pickles (DataLoader workers
+// started with spawn or forkserver) and copies.
+template <class O>
+void picklable(py::class_<O>& c, std::vector<std::string> names) {
+  c.def(py::pickle(
+      [names](py::object self) {
+        py::dict d;
+        for (const std::string& n : names) d[py::str(n)] = self.attr(n.c_str());
+        return d;
+      },
+      [](py::dict d) {
+        O o;
+        py::object obj = py::cast(&o, py::return_value_policy::reference);
+        for (auto item : d) py::setattr(obj, item.first, item.second);
+        return o;
+      }));
+}
+
 // What both readers expose alike: the next batch (the GIL released while it is read), and the
 // corruptions skipped as (path, offset, what).
 template <class R>
@@ -143,6 +161,8 @@ void register_reader(py::module_& m) {
                     [](dlstore::ReaderOptions& o, size_t v) { o.scan.verify_threads = v; })
       .def_property("max_records", [](const dlstore::ReaderOptions& o) { return o.scan.max_records; },
                     [](dlstore::ReaderOptions& o, size_t v) { o.scan.max_records = v; });
+  picklable(reader_options, {"engine", "chunk_size", "depth", "io_threads", "read_timeout", "queue_depth", "headroom",
+                             "verify", "on_error", "verify_threads", "max_records"});
 
   py::class_<dlstore::PlanOptions> plan_options(m, "PlanOptions");
   plan_options.def(py::init<>());
@@ -151,6 +171,8 @@ void register_reader(py::module_& m) {
       .def_property("on_error", [](const dlstore::PlanOptions& o) { return on_error_name(o.on_error); },
                     [](dlstore::PlanOptions& o, const std::string& v) { o.on_error = parse_on_error(v); })
       .def_readwrite("max_open_files", &dlstore::PlanOptions::max_open_files);
+  picklable(plan_options, {"engine", "chunk_size", "depth", "io_threads", "read_timeout", "queue_depth", "verify",
+                           "on_error", "max_open_files"});
 
   m.def("engine_names", &dlstore::engine_names);
   m.def("io_uring_refusal", &dlstore::io_uring_refusal);

@@ -15,6 +15,6 @@ framework when first used. Last-batch policies are named as DALI names them: ``F
 May import: :mod:`dlstore.pipeline`, :mod:`dlstore.sources`, :mod:`dlstore.placement`, :mod:`dlstore.io`,
 :mod:`dlstore.formats`, ``errors``; each framework only inside the functions that need it.
 """
-from dlstore.adapters.base import LastBatch, rank_source
+from dlstore.adapters.base import LastBatch
 
-__all__ = ["LastBatch", "rank_source"]
+__all__ = ["LastBatch"]

@@ -2,8 +2,8 @@
 
 A *consumer* is one reader of the data: a rank, or one DataLoader worker of a rank. Every adapter
 reads through a :class:`~dlstore.sources.source.Source`, a :class:`dlstore.Dataset` when given files
-(:func:`rank_source`), so every consumer takes its share of one epoch plan; it names its last-batch
-policies as DALI does (``FILL``, ``DROP``, ``PARTIAL``), imports its framework only when used
+(:func:`dlstore.sources.dataset.dataset_for`), so every consumer takes its share of one epoch plan;
+it names its last-batch policies as DALI does (``FILL``, ``DROP``, ``PARTIAL``), imports its framework only when used
 (:func:`import_framework`), and converts the native loader's numpy batches without per-sample
 Python (:class:`BatchAdapter`). Nothing here imports a framework.
 """
@@ -16,10 +16,8 @@ import numpy as np
 
 from dlstore.pipeline.stages import LAST_BATCH_POLICIES, check_last_batch
 from dlstore.placement.world import detect_world
-from dlstore.sources.dataset import Dataset
-from dlstore.sources.source import Source
 
-__all__ = ["LastBatch", "check_last_batch", "import_framework", "current_world", "rank_source", "BatchAdapter"]
+__all__ = ["LastBatch", "check_last_batch", "import_framework", "current_world", "BatchAdapter"]
 
 
 class LastBatch:
@@ -65,28 +63,6 @@ def current_world(world: Any = None):
         return world
 
     return detect_world()
-
-
-def rank_source(source: Any, world: Any = None, defaults: Optional[Dict[str, Any]] = None, **dataset_kwargs: Any):
-    """This rank's records: ``source`` when it is a :class:`~dlstore.sources.source.Source` already (a
-    :class:`~dlstore.Dataset`, or :func:`~dlstore.open_records`), else a :class:`~dlstore.Dataset` over
-    those files for ``world`` (detected when omitted), made with the adapter's ``defaults`` and the
-    user's ``dataset_kwargs`` (``shuffle``, ``mounts``, reader options...). Every adapter shards through
-    it: ranks and DataLoader workers are consumers of one epoch plan.
-
-    Raises
-    ------
-    ValueError
-        When ``dataset_kwargs`` come with a ready source (they belong on it).
-    """
-
-    if isinstance(source, Source):
-        if dataset_kwargs:
-            raise ValueError(f"{', '.join(sorted(dataset_kwargs))} belong to the source: set them on "
-                             f"{type(source).__name__} when making it, not on the adapter")
-        return source
-
-    return Dataset(source, world=current_world(world), **{**(defaults or {}), **dataset_kwargs})
 
 
 # ---- the native loader seen from a framework ---------------------------------------------------------

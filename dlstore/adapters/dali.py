@@ -27,7 +27,8 @@ from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from dlstore.adapters.base import LastBatch, check_last_batch, current_world, import_framework, rank_source
+from dlstore.adapters.base import LastBatch, check_last_batch, current_world, import_framework
+from dlstore.sources.dataset import dataset_for
 from dlstore.errors import DlstoreError
 from dlstore.formats.example import bytes_feature_spans, parse_batch
 from dlstore.io.system import available_cores
@@ -199,7 +200,7 @@ def dali_pipeline(source, batch_size: int, *, device: str = "auto", train: bool 
     ----------
     source : str, path-like, list of them, or a Source
         Record files (globs, directories), read through a :class:`dlstore.Dataset` of this rank's
-        share (:func:`~dlstore.adapters.base.rank_source`), or a ready source of this rank's records
+        share (:func:`~dlstore.sources.dataset.dataset_for`), or a ready source of this rank's records
         (a ``dlstore.Dataset``, ``dlstore.open_records(...)``).
     batch_size : int
     device : {"auto", "cpu", "gpu"}
@@ -256,8 +257,8 @@ def dali_pipeline(source, batch_size: int, *, device: str = "auto", train: bool 
     world = current_world(world)
     if shuffle is None:
         shuffle = "block" if train else "none"
-    source = rank_source(source, world, dict(shuffle=shuffle, seed=seed, remainder=remainder,
-                                             batch_size=int(batch_size)), **dataset_kwargs)
+    source = dataset_for(source, dataset_kwargs, world=world, shuffle=shuffle, seed=seed, remainder=remainder,
+                         batch_size=int(batch_size))
     samples = EncodedSamples(source, batch_size, last_batch=last_batch, image_key=image_key,
                              label_key=label_key, label_offset=label_offset, keep=prefetch_queue_depth + 2)
     if device == "gpu":

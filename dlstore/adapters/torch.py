@@ -31,7 +31,8 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from dlstore.adapters.base import BatchAdapter, LastBatch, check_last_batch, import_framework, rank_source
+from dlstore.adapters.base import BatchAdapter, LastBatch, check_last_batch, import_framework
+from dlstore.sources.dataset import dataset_for
 from dlstore.io.cuda import parse_device
 from dlstore.placement.world import detect_world
 from dlstore.sources.source import start_at
@@ -78,8 +79,8 @@ class _IterableRecords:
                 raise ValueError("a dlstore.Dataset brings its world and options: set them on it")
             self.dataset = source
         else:
-            self.dataset = rank_source(source, world, dict(shuffle=shuffle, seed=seed, remainder=remainder,
-                                                           batch_size=batch_size), **dataset_kwargs)
+            self.dataset = dataset_for(source, dataset_kwargs, world=world, shuffle=shuffle, seed=seed,
+                                       remainder=remainder, batch_size=batch_size)
         self.pipeline = pipeline
         self.batch_size = None if batch_size is None else int(batch_size)
         self.seed = int(seed)

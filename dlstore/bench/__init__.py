@@ -37,6 +37,9 @@ SCENARIOS: Dict[str, Scenario] = {
                              "tiers, jobs 1..N, accelerator utilisation", "dlstore.bench.resnet50"),
         Scenario("bert", "BERT pretraining input pipeline: samples/s per step at seq 128 or 384 in the same "
                          "tiers, jobs 1..N, accelerator utilisation", "dlstore.bench.bert"),
+        Scenario("mlperf", "MLPerf Storage's question: the most emulated accelerators (resnet50, cosmoflow on a100, "
+                           "h100) this storage feeds at the workload's AU, on DLIO's TFRecord layout, cold and warm",
+                 "dlstore.bench.mlperf"),
         Scenario("gpu-check", "the GPU path end to end on a GPU machine: build, gpu tests, gds batches against the "
                               "host engines', compute-sanitizer, GB/s against kvikio", "dlstore.bench.gpu_check"),
     ]

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, Optional
 
+from dlstore.bench.mlperf_workloads import workload
+
 
 __all__ = ["AU_THRESHOLD_PCT", "ComputePreset", "Compute", "COMPUTE_PRESETS", "resolve_compute"]
 
@@ -34,16 +36,15 @@ class Compute:
         return batch_size / self.seconds_per_batch
 
 
-_MLPERF = "MLPerf Storage v1.0 workload"
+def _mlperf(accelerator: str) -> ComputePreset:
+    """MLPerf Storage's ResNet-50 row on ``accelerator``, from the one table of its rounds' values."""
+    row = workload("resnet50", accelerator)
+    source = f"{row.source.format(name=row.name)}: {row.computation_time:g} s per batch of {row.batch_size}"
+    return ComputePreset(accelerator, {None: row.samples_per_s}, source)
+
+
 COMPUTE_PRESETS: Dict[str, Dict[str, ComputePreset]] = {
-    "resnet50": {
-        # mlcommons/storage configs/dlio/workload/resnet50_{a100,h100}.yaml: batch_size 400,
-        # computation_time 0.435 s (A100) and 0.224 s (H100): 920 and 1,786 images/s.
-        "a100": ComputePreset("a100", {None: 400 / 0.435},
-                              f"{_MLPERF} resnet50_a100.yaml: 0.435 s per batch of 400"),
-        "h100": ComputePreset("h100", {None: 400 / 0.224},
-                              f"{_MLPERF} resnet50_h100.yaml: 0.224 s per batch of 400"),
-    },
+    "resnet50": {"a100": _mlperf("a100"), "h100": _mlperf("h100")},
     "bert": {
         # No MLPerf Storage figure exists for BERT on these GPUs: order-of-magnitude estimates of
         # BERT-Large pretraining with mixed precision, sequences/s per GPU at seq 128 and 384.

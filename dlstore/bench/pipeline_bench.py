@@ -214,7 +214,7 @@ def run_workload(workload: Workload, args: argparse.Namespace) -> int:
                        device=None if gpu["device"] == "cpu" else gpu["device"])
     # The page-cache tier reads from RAM: buffered, or mmap when asked for or when a global shuffle
     # reads record by record (what io="auto" picks for data that fits in the page cache).
-    page_io = "mmap" if args.io == "mmap" or (args.io == "auto" and args.shuffle == "global") else "buffered"
+    page_io = "mmap" if args.io == "mmap" or (args.io == "auto" and SHUFFLES[args.shuffle].random_reads) else "buffered"
 
     def specs_for(batch: int) -> Dict[str, LoaderSpec]:
         return {"page-cache": LoaderSpec(paths=tuple(baseline), io=page_io, batch_size=batch, **spec_common),

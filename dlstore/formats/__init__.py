@@ -6,5 +6,6 @@ May import: the C++ core (``dlstore._C``), ``errors`` and numpy; nothing else of
 """
 from dlstore.formats import example, index, recordio, tfrecord
 from dlstore.formats.detect import detect
+from dlstore.formats.registry import FORMATS, RecordFormat, format_named
 
-__all__ = ["detect", "example", "index", "recordio", "tfrecord"]
+__all__ = ["detect", "example", "index", "recordio", "tfrecord", "FORMATS", "RecordFormat", "format_named"]

@@ -4,11 +4,10 @@ from __future__ import annotations
 from typing import Optional, Tuple
 
 from dlstore.errors import DlstoreError
-from dlstore.formats import recordio, tfrecord
+from dlstore.formats.registry import FORMATS
 
 __all__ = ["detect", "FORMATS", "COMPRESSIONS", "NotRecordsError"]
 
-FORMATS = ("tfrecord", "recordio")
 COMPRESSIONS = ("none", "gzip", "zlib")
 
 _GZIP_MAGIC = b"\x1f\x8b"
@@ -59,27 +58,27 @@ def detect(name: str, head: bytes, format: str = "auto", compression: Optional[s
             compression = "gzip"
         elif lower.endswith((".zlib", ".zz")):
             compression = "zlib"
-        elif head and not tfrecord.looks_like_tfrecord(head) and not recordio.looks_like_recordio(head) \
-                and _looks_like_zlib(head):
+        elif head and not any(f.looks_like(head) for f in FORMATS.values()) and _looks_like_zlib(head):
             compression = "zlib"
         else:
             compression = "none"
     if compression not in COMPRESSIONS:
         raise ValueError(f"compression must be one of {COMPRESSIONS}, None or 'auto', not {compression!r}")
     if format == "auto":
-        if recordio.looks_like_recordio(head) or lower.endswith(".rec"):
-            format = "recordio"
-        elif compression != "none" or not head or tfrecord.looks_like_tfrecord(head) \
-                or lower.endswith((".tfrecord", ".tfrec", ".tfrecords")):
-            format = "tfrecord"
-        else:
+        # The first bytes first, then the name; a compressed or empty file is of the (first) format
+        # that comes compressed.
+        told = ([f for f in FORMATS.values() if compression == "none" and f.looks_like(head)]
+                or [f for f in FORMATS.values() if lower.endswith(f.suffixes)]
+                or [f for f in FORMATS.values() if f.compressible and (compression != "none" or not head)])
+        if not told:
             what = next((f" but {kind}" for magic, kind in _OTHER_FILES if head.startswith(magic)), "")
             hint = ("; a folder of images becomes records with `dlstore convert IMAGE_DIR OUT_DIR`" if "image" in what
                     else "")
-            raise NotRecordsError(f"{name}: does not look like TFRecord or RecordIO{what} (its first bytes are "
-                                  f"{head[:12].hex(' ')}){hint}", path=name)
+            raise NotRecordsError(f"{name}: does not look like {' or '.join(f.title for f in FORMATS.values())}"
+                                  f"{what} (its first bytes are {head[:12].hex(' ')}){hint}", path=name)
+        format = told[0].name
     if format not in FORMATS:
-        raise ValueError(f"format must be one of {FORMATS} or 'auto', not {format!r}")
-    if format == "recordio" and compression != "none":
-        raise ValueError(f"{name}: compressed RecordIO files are not a format MXNet writes")
+        raise ValueError(f"format must be one of {tuple(FORMATS)} or 'auto', not {format!r}")
+    if compression != "none" and not FORMATS[format].compressible:
+        raise ValueError(f"{name}: {format} files do not come compressed ({compression})")
     return format, compression

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import numbers
 import struct
-from typing import List, NamedTuple, Tuple, Union
+from typing import List, NamedTuple, Optional, Tuple, Union
 
 import numpy as np
 
-__all__ = ["MAGIC", "IRHeader", "IRHEADER_BYTES", "pack", "unpack", "frame_parts", "looks_like_recordio"]
+from dlstore.formats import index
+
+__all__ = ["MAGIC", "IRHeader", "IRHEADER_BYTES", "pack", "unpack", "frame_parts", "looks_like_recordio",
+           "SUFFIXES", "index_beside", "format_index", "parse_index"]
 
 MAGIC = 0xCED7230A
 _MAGIC_BYTES = struct.pack("<I", MAGIC)
@@ -107,3 +110,22 @@ def frame_parts(payload) -> List[bytes]:
 def looks_like_recordio(head: bytes) -> bool:
     """True when a file starts with the RecordIO magic word."""
     return head[:4] == _MAGIC_BYTES
+
+
+#: File-name endings that say RecordIO.
+SUFFIXES = (".rec",)
+
+
+def index_beside(path: str) -> str:
+    """The index beside a shard: MXNet's ``x.rec -> x.idx`` (``x -> x.idx`` otherwise)."""
+    return (path[:-4] if path.endswith(".rec") else path) + index.INDEX_SUFFIX  # MXNet's x.rec -> x.idx
+
+
+def format_index(offsets: np.ndarray, lengths: np.ndarray) -> str:
+    """MXNet's ``key<TAB>offset`` lines, keys 0, 1, ..."""
+    return index.format_recordio_index(range(len(offsets)), offsets)
+
+
+def parse_index(text: str, source: str) -> Tuple[np.ndarray, Optional[np.ndarray]]:
+    """``(frame offsets, None)`` from ``key<TAB>offset`` lines (their sizes are not in them)."""
+    return index.parse_recordio_index(text, source)[1], None

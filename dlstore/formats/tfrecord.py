@@ -3,8 +3,14 @@ little-endian. Reading is done by the C++ core; this module frames records for w
 from __future__ import annotations
 
 import struct
+from typing import Optional, Tuple
 
-__all__ = ["HEADER_BYTES", "FOOTER_BYTES", "frame_parts", "masked_crc32c", "looks_like_tfrecord"]
+import numpy as np
+
+from dlstore.formats import index
+
+__all__ = ["HEADER_BYTES", "FOOTER_BYTES", "frame_parts", "masked_crc32c", "looks_like_tfrecord",
+           "SUFFIXES", "index_beside", "format_index", "parse_index"]
 
 HEADER_BYTES = 12
 FOOTER_BYTES = 4
@@ -37,3 +43,22 @@ def looks_like_tfrecord(head: bytes) -> bool:
     if len(head) < HEADER_BYTES:
         return False
     return masked_crc32c(head[:8]) == _U32.unpack_from(head, 8)[0]
+
+
+#: File-name endings that say TFRecord.
+SUFFIXES = (".tfrecord", ".tfrec", ".tfrecords")
+
+
+def index_beside(path: str) -> str:
+    """The index beside a shard: ``x.idx``."""
+    return path + index.INDEX_SUFFIX
+
+
+def format_index(offsets: np.ndarray, lengths: np.ndarray) -> str:
+    """``offset size`` lines (DALI's and the ``tfrecord`` package's), ``size`` the whole frame."""
+    return index.format_tfrecord_index(offsets, index.frame_sizes(lengths))
+
+
+def parse_index(text: str, source: str) -> Tuple[np.ndarray, Optional[np.ndarray]]:
+    """``(frame offsets, frame sizes)`` from ``offset size`` lines."""
+    return index.parse_tfrecord_index(text, source)

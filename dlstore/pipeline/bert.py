@@ -13,7 +13,8 @@ from typing import Any, Dict, Mapping, Optional
 
 import numpy as np
 
-from dlstore.pipeline.loader import Loader, open_source
+from dlstore.pipeline.loader import Loader
+from dlstore.sources.dataset import dataset_for
 from dlstore.pipeline.stages import Field, Pipeline, PipelineRun, naming_missing_features
 
 __all__ = ["Bert", "bert_loader", "BERT_PRESETS"]
@@ -162,5 +163,5 @@ def bert_loader(source: Any, batch_size: int = 64, seq_len: int = 128, io: Optio
 
     if io is not None:
         kw["io"] = io
-    return Loader(open_source(source, kw, shuffle="block"), Bert(seq_len, max_predictions, dtype, features),
-                  batch_size, prefetch=prefetch, **kw)
+    source = dataset_for(source, kw, shared=("seed", "on_error"), rest=True, shuffle="block")
+    return Loader(source, Bert(seq_len, max_predictions, dtype, features), batch_size, prefetch=prefetch, **kw)

@@ -18,7 +18,6 @@ from typing import Any, Callable, Dict, Iterator, Optional, Tuple, Union
 
 import numpy as np
 
-import dlstore
 from dlstore import metrics
 from dlstore.errors import DlstoreError
 from dlstore.io import memory
@@ -26,7 +25,7 @@ from dlstore.pipeline.prefetch import BatchRing, Prefetcher
 from dlstore.pipeline.stalls import WAIT_BUCKETS_S, StallMeter
 from dlstore.pipeline.stages import Pipeline, check_last_batch
 from dlstore.placement.world import detect_world
-from dlstore.sources.source import ReadOptions, Source, start_at, state_at
+from dlstore.sources.source import Source, start_at, state_at
 
 __all__ = ["Loader"]
 
@@ -703,39 +702,6 @@ class _Producer:
             return type(error)(message, path, offset, **fields)
         except TypeError:  # a subclass with another constructor
             return DlstoreError(message, path, offset, **fields)
-
-
-#: The keyword arguments a loader helper (bert_loader, resnet50_loader) passes to the Dataset it makes.
-DATASET_KEYS = ("shuffle", "shuffle_shards", "buffer_size", "remainder", "world", "mounts", "block_size", "format")
-
-
-def open_source(source: Any, kw: Dict[str, Any], shuffle: str) -> Source:
-    """The :class:`~dlstore.sources.source.Source` a loader helper reads: ``source`` when it is one, else a
-    :class:`dlstore.Dataset` over those paths, taking its arguments out of ``kw``.
-
-    The Dataset's arguments (:data:`DATASET_KEYS`, ``seed``) and the reader options
-    (:class:`~dlstore.ReadOptions`' names) are popped from ``kw``, leaving the loader's; ``seed`` and
-    ``on_error`` stay in ``kw`` and go to the Dataset as well. The Dataset's ``shuffle`` defaults to
-    ``shuffle``; its rank and size come from the launcher (:func:`dlstore.world`); its ``remainder``
-    defaults to ``uneven`` for a single consumer (every record once, the loader's ``last_batch`` deciding
-    the short batch) and to ``pad`` for several (equal full batches on every rank, so none waits for
-    another in a collective).
-    """
-
-    mine = [k for k in DATASET_KEYS + ReadOptions.names() if k in kw and k not in ("seed", "on_error")]
-    if isinstance(source, Source):
-        if mine:
-            raise ValueError(f"{', '.join(mine)} belong to the source: set them on {type(source).__name__} "
-                             f"when making it, not on the loader")
-        return source
-    args = {k: kw.pop(k) for k in mine}
-    args.setdefault("shuffle", shuffle)
-    world = args.setdefault("world", detect_world())
-    args.setdefault("remainder", "uneven" if world.num_consumers == 1 else "pad")
-    for shared in ("seed", "on_error"):
-        if shared in kw:
-            args[shared] = kw[shared]
-    return dlstore.Dataset(source, **args)
 
 
 def _add_stats(counts: Dict[str, int], seconds: Dict[str, float], producer: _Producer,

@@ -26,7 +26,8 @@ from dlstore.errors import CorruptRecordError
 from dlstore.formats.recordio import IRHEADER_BYTES
 from dlstore.io.system import available_cores
 from dlstore.pipeline.decode import FALLBACK, IMAGENET_MEAN, IMAGENET_STD, decode_batch, decode_path
-from dlstore.pipeline.loader import Loader, open_source
+from dlstore.pipeline.loader import Loader
+from dlstore.sources.dataset import dataset_for
 from dlstore.pipeline.stages import Field, Pipeline, PipelineRun, naming_missing_features, sample_seeds
 
 __all__ = ["ResNet50", "resnet50_loader", "recordio_labels"]
@@ -239,5 +240,5 @@ def resnet50_loader(source: Any, batch_size: int = 256, train: bool = True, layo
     pipeline = ResNet50(train, layout, dtype, **{k: kw.pop(k) for k in pipeline_keys if k in kw})
     if io is not None:
         kw["io"] = io
-    source = open_source(source, kw, shuffle="block" if train else "none")
+    source = dataset_for(source, kw, shared=("seed", "on_error"), rest=True, shuffle="block" if train else "none")
     return Loader(source, pipeline, batch_size, prefetch=prefetch, threads=threads, **kw)

@@ -5,8 +5,8 @@ which shards (found by :func:`dlstore.sources.layout.scan_layout`). Ranks are gi
 of :data:`ASSIGNMENTS`; a shard is then read through one of the rank's mounts that holds it,
 chosen by the shard's index alone, so the same shard goes through the same mount on every epoch
 (and its page cache, which mounts do not share, stays useful); the other holders are its
-failover order. :class:`MountPlan` puts this together with :class:`~dlstore.placement.sharding.EpochPlan`
-for a whole world. Pure functions: nothing here touches a file.
+failover order. :func:`dlstore.placement.rank.plan_rank` puts this together with the epoch's plan.
+Pure functions: nothing here touches a file.
 """
 from __future__ import annotations
 
@@ -18,11 +18,11 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from dlstore.errors import PlacementError
-from dlstore.placement.sharding import EpochPlan, Piece, expand_runs
+from dlstore.placement.sharding import expand_runs
 from dlstore.placement.world import World
 
-__all__ = ["Layout", "LAYOUT_KINDS", "ASSIGNMENTS", "assign_mounts", "assign_all_mounts", "mount_for",
-           "mounts_for", "replicated_mounts", "interleave_by_mount", "read_in_turns", "MountPlan", "plan_mounts"]
+__all__ = ["Layout", "LAYOUT_KINDS", "ASSIGNMENTS", "assign_mounts", "assign_rank_mounts", "assign_all_mounts",
+           "mount_for", "mounts_for", "replicated_mounts", "interleave_by_mount", "read_in_turns"]
 
 LAYOUT_KINDS = ("replicated", "striped", "mixed")
 
@@ -241,9 +241,15 @@ def assign_mounts(layout: Layout, world: World, policy: str = "rank", mounts_per
     PlacementError
         On an unknown policy, ``mounts_per_rank`` outside ``1..len(mounts)``, or bad throughput.
     """
-    weights = _check_assignment(len(layout.mounts), policy, mounts_per_rank, throughput)
-    return ASSIGNMENTS[policy](len(layout.mounts), np.array([world.rank]), np.array([world.local_rank]),
-                               mounts_per_rank, weights)[0]
+    return assign_rank_mounts(len(layout.mounts), world.rank, world.local_rank, policy, mounts_per_rank, throughput)
+
+
+def assign_rank_mounts(num_mounts: int, rank: int, local_rank: int, policy: str = "rank", mounts_per_rank: int = 1,
+                       throughput: Optional[Sequence[float]] = None) -> List[int]:
+    """:func:`assign_mounts` from the number of mounts alone (a dataset planned from counts)."""
+    weights = _check_assignment(num_mounts, policy, mounts_per_rank, throughput)
+    return [int(m) for m in ASSIGNMENTS[policy](num_mounts, np.array([rank]), np.array([local_rank]),
+                                                 mounts_per_rank, weights)[0]]
 
 
 # ---- shard -> mount --------------------------------------------------------------------------------
@@ -343,135 +349,3 @@ def read_in_turns(shards: np.ndarray, records: np.ndarray, blocks: np.ndarray, m
     lengths = np.diff(np.append(starts, len(shards)))
     turns = interleave_by_mount(mounts[starts])
     return expand_runs(starts[turns], lengths[turns])
-
-
-# ---- the whole world -------------------------------------------------------------------------------
-
-class MountPlan:
-    """For one epoch, every rank's mounts and its pieces with the mount each is read through.
-
-    Build with :func:`plan_mounts`.
-
-    Attributes
-    ----------
-    layout : Layout
-    epoch_plan : EpochPlan
-        Over ``world_size * num_workers`` consumers.
-    world_size, num_workers : int
-    rank_mounts : list of list of int
-        Each rank's mounts.
-    """
-
-    def __init__(self, layout: Layout, epoch_plan: EpochPlan, world_size: int, num_workers: int,
-                 rank_mounts: List[List[int]], policy: str):
-        self.layout = layout
-        self.epoch_plan = epoch_plan
-        self.world_size = world_size
-        self.num_workers = num_workers
-        self.rank_mounts = rank_mounts
-        self.policy = policy
-        self._reads: List[Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
-        # The mount of a shard depends only on the rank's mounts: one table per distinct set.
-        tables: Dict[Tuple[int, ...], np.ndarray] = {}
-        every_shard = np.arange(len(layout.shards))
-        for rank in range(world_size):
-            parts = [epoch_plan.piece_arrays(rank * num_workers + w) for w in range(num_workers)]
-            shards, starts, stops = (np.concatenate(x) for x in zip(*parts))
-            key = tuple(rank_mounts[rank])
-            if key not in tables:
-                tables[key] = mounts_for(layout, every_shard, key)
-            self._reads.append((shards, starts, stops, tables[key][shards]))
-
-    def pieces(self, rank: int) -> List[Tuple[Piece, int]]:
-        """The rank's pieces (all its workers', in consumer order) with the mount of each."""
-        shards, starts, stops, mounts = self._reads[rank]
-        return [(Piece(s, a, b), m) for s, a, b, m in zip(shards.tolist(), starts.tolist(), stops.tolist(),
-                                                           mounts.tolist())]
-
-    def reads(self, rank: int) -> List[Tuple[int, int]]:
-        """``(shard, mount)`` the rank reads, each shard once, in first-read order."""
-        shards, _, _, mounts = self._reads[rank]
-        _, first = np.unique(shards, return_index=True)
-        first.sort()
-        return list(zip(shards[first].tolist(), mounts[first].tolist()))
-
-    def records(self, rank: int) -> int:
-        shards, starts, stops, _ = self._reads[rank]
-        return int((stops - starts).sum())
-
-    def to_dict(self) -> dict:
-        """Everything, JSON-ready."""
-        lay = self.layout
-        return {
-            "layout": {"kind": lay.kind, "mounts": list(lay.mounts), "shards": list(lay.shards),
-                       "holders": [list(h) for h in lay.holders],
-                       "sizes": list(lay.sizes) if lay.sizes is not None else None},
-            "world_size": self.world_size, "num_workers": self.num_workers, "policy": self.policy,
-            "options": self.epoch_plan.options(), "total_records": self.epoch_plan.total,
-            "num_batches": self.epoch_plan.num_batches,
-            "shard_order": self.epoch_plan.shard_order.tolist(),
-            "ranks": [{"rank": r, "mounts": list(self.rank_mounts[r]), "records": self.records(r),
-                       "pieces": [{"shard": p.shard, "path": lay.shards[p.shard], "start": p.start, "stop": p.stop,
-                                   "mount": m} for p, m in self.pieces(r)]}
-                      for r in range(self.world_size)],
-        }
-
-    def format_text(self, max_shards: int = 6, max_ranks: int = 64) -> str:
-        """A compact table: per rank its mounts, shard and record counts, then its first shards
-        as ``name@mount`` (``[a:b]`` when only part of a shard is read)."""
-        lay = self.layout
-        lines = ["mounts: " + "  ".join(f"[{i}] {m}" for i, m in enumerate(lay.mounts))]
-        rows = [("rank", "mounts", "shards", "records", "reads (shard@mount)")]
-        shown = list(range(min(self.world_size, max_ranks)))
-        for r in shown:
-            pieces = self.pieces(r)
-            names = []
-            for p, m in pieces[:max_shards]:
-                whole = p.start == 0 and p.stop == int(self.epoch_plan.counts[p.shard])
-                part = "" if whole else f"[{p.start}:{p.stop}]"
-                names.append(f"{os.path.basename(lay.shards[p.shard])}@{m}{part}")
-            if len(pieces) > max_shards:
-                names.append(f"... +{len(pieces) - max_shards} more")
-            rows.append((str(r), ",".join(map(str, self.rank_mounts[r])), str(len(self.reads(r))),
-                         str(self.records(r)), " ".join(names) or "-"))
-        widths = [max(len(row[i]) for row in rows) for i in range(4)]
-        for row in rows:
-            lines.append("  ".join(row[i].ljust(widths[i]) for i in range(4)) + "  " + row[4])
-        if self.world_size > len(shown):
-            lines.append(f"... {self.world_size - len(shown)} more ranks (--json lists all)")
-        return "\n".join(lines)
-
-
-def plan_mounts(layout: Layout, world_size: int, *, counts: Optional[Sequence[int]] = None, policy: str = "rank",
-                mounts_per_rank: int = 1, throughput: Optional[Sequence[float]] = None,
-                local_size: Optional[int] = None, num_workers: int = 1, **order) -> MountPlan:
-    """Who reads what from where in one epoch, for every rank of a world.
-
-    Parameters
-    ----------
-    layout : Layout
-    world_size : int
-    counts : sequence of int, optional
-        Records per shard (from the indexes); without them each shard counts as one record, so
-        whole shards are shared out.
-    policy, mounts_per_rank, throughput
-        As for :func:`assign_mounts`.
-    local_size : int, optional
-        Ranks per host (default: all on one host), for the ``local_rank`` policy.
-    num_workers : int
-        DataLoader workers per rank.
-    **order
-        ``seed``, ``epoch``, ``shuffle_shards``, ``shuffle``, ``buffer_size``, ``remainder``,
-        ``batch_size`` as for :class:`EpochPlan`.
-    """
-    if counts is None:
-        counts = np.ones(len(layout.shards), dtype=np.int64)
-    if len(counts) != len(layout.shards):
-        raise PlacementError(f"{len(counts)} record counts for {len(layout.shards)} shards")
-    if world_size < 1 or num_workers < 1:
-        raise PlacementError(f"world size ({world_size}) and workers ({num_workers}) must be at least 1")
-    if local_size is not None and not 1 <= local_size <= world_size:
-        raise PlacementError(f"local size {local_size} must be 1..{world_size}")
-    rank_mounts = assign_all_mounts(layout, world_size, policy, mounts_per_rank, throughput, local_size)
-    epoch_plan = EpochPlan(counts, world_size * num_workers, **order)
-    return MountPlan(layout, epoch_plan, world_size, num_workers, rank_mounts, policy)

@@ -1,100 +1,94 @@
-"""One rank's epoch, planned alone: its records, its reads and the mount of each, at a cost that grows
-with its own share of the epoch, not with the dataset or the world.
+"""One consumer's epoch, planned: the records it reads, in which order, the block of each and the mount
+each is read through, and the order it hands them out in. The one planner: :class:`dlstore.Dataset`
+reads its plan, ``dlstore plan`` prints it and ``dlstore plan --simulate`` runs it over counts alone.
 
-It composes what :class:`dlstore.Dataset` composes for a rank whose mounts all hold every shard
-(replicated): the rank's mounts (:data:`~dlstore.placement.mounts.ASSIGNMENTS`), each consumer's read
-plan (:meth:`~dlstore.placement.sharding.EpochPlan.read_plan`) and the mount of each block
-(:func:`~dlstore.placement.mounts.replicated_mounts`), with the mounts taking turns. It needs record
-counts only, so that a dataset of any size can be planned from numbers (``dlstore plan --simulate``).
+It composes the epoch's plan (:meth:`~dlstore.placement.sharding.EpochPlan.read_plan`) with the mount
+of each block (:func:`~dlstore.placement.mounts.mounts_for`, or
+:func:`~dlstore.placement.mounts.replicated_mounts` when every mount holds every shard) and, for a
+rank with several mounts, the order in which those mounts take turns
+(:func:`~dlstore.placement.mounts.read_in_turns`). Its cost grows with the consumer's own share of the
+epoch, not with the dataset or the world. Pure: no file is touched.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, NamedTuple, Optional, Sequence
 
 import numpy as np
 
-from dlstore.errors import PlacementError
-from dlstore.placement.mounts import ASSIGNMENTS, _check_assignment, read_in_turns, replicated_mounts
-from dlstore.placement.sharding import EpochPlan, ReadOrder, merge_runs
+from dlstore.placement.mounts import Layout, mounts_for, read_in_turns, replicated_mounts
+from dlstore.placement.sharding import EpochPlan
 
 __all__ = ["RankPlan", "plan_rank"]
 
 
-@dataclass
-class RankPlan:
-    """What one rank reads in one epoch.
+class RankPlan(NamedTuple):
+    """What one consumer reads of an epoch from a point on, as arrays in reading order.
 
     Attributes
     ----------
-    rank : int
-    mounts : list of int
-        The rank's mounts.
-    reads : list of ReadOrder
-        Per DataLoader worker of the rank, its read plan from the start of the epoch.
-    mount_of : list of numpy.ndarray
-        Per worker, the mount each record of its read plan is read through.
+    shards, records, blocks : numpy.ndarray
+        Per record read: its shard, its index in the shard and its block of the shard (int64).
+    mounts : numpy.ndarray
+        Per record read: the mount it is read through (an index into the layout's mounts; 0
+        without mounts).
+    emit : numpy.ndarray or None
+        The order records are handed out in, as indices into the arrays above; None: as read.
     """
 
-    rank: int
-    mounts: List[int]
-    reads: List[ReadOrder] = field(default_factory=list)
-    mount_of: List[np.ndarray] = field(default_factory=list)
-
-    @property
-    def records(self) -> int:
-        """Records the rank reads."""
-        return sum(len(r.shards) for r in self.reads)
-
-    @property
-    def pieces(self) -> int:
-        """Runs of consecutive records of one shard in the rank's reading order (reads of one piece
-        each, at most)."""
-        return sum(len(merge_runs(r.shards, r.records)[0]) for r in self.reads)
-
-    def records_per_mount(self) -> Dict[int, int]:
-        """Records read through each of the rank's mounts."""
-        if not self.mount_of:
-            return {}
-        mounts, counts = np.unique(np.concatenate(self.mount_of), return_counts=True)
-        return {int(m): int(c) for m, c in zip(mounts.tolist(), counts.tolist())}
+    shards: np.ndarray
+    records: np.ndarray
+    blocks: np.ndarray
+    mounts: np.ndarray
+    emit: Optional[np.ndarray]
 
 
-def plan_rank(counts: Sequence[int], world_size: int, rank: int, *, num_mounts: int = 1, mounts_per_rank: int = 1,
-              policy: str = "rank", throughput: Optional[Sequence[float]] = None, local_rank: Optional[int] = None,
-              num_workers: int = 1, **order) -> RankPlan:
-    """The plan of rank ``rank`` of ``world_size`` for one epoch over shards of ``counts`` records,
-    on ``num_mounts`` mounts that each hold every shard.
+#: ``(shards, blocks) -> mounts``: where the blocks of a failed mount are read instead.
+Remap = Callable[[np.ndarray, np.ndarray], np.ndarray]
+
+
+def plan_rank(plan: EpochPlan, consumer: int, rank_mounts: Sequence[int] = (), *, layout: Optional[Layout] = None,
+              emitted: int = 0, failed: Sequence[int] = (), remap: Optional[Remap] = None) -> RankPlan:
+    """The reads of ``consumer`` in ``plan``'s epoch after it has handed out ``emitted`` samples.
 
     Parameters
     ----------
-    counts : sequence of int
-        Records per shard.
-    world_size, rank : int
-    num_mounts, mounts_per_rank, policy, throughput
-        As for :func:`~dlstore.placement.mounts.assign_mounts`.
-    local_rank : int, optional
-        For the ``local_rank`` policy (default: ``rank``).
-    num_workers : int
-        DataLoader workers of each rank.
-    **order
-        ``seed``, ``epoch``, ``shuffle_shards``, ``shuffle``, ``buffer_size``, ``block_records``,
-        ``block_window``, ``remainder``, ``batch_size`` as for :class:`EpochPlan`.
+    plan : EpochPlan
+        The epoch, the same on every rank.
+    consumer : int
+        ``world.consumer``.
+    rank_mounts : sequence of int
+        The mounts this rank reads through (:func:`~dlstore.placement.mounts.assign_mounts`); empty
+        when the shards are plain files.
+    layout : Layout, optional
+        Which mounts hold which shards; None with ``rank_mounts``: every mount holds every shard.
+    emitted : int
+        Samples already handed out this epoch (a resume, a restart after a failover).
+    failed, remap
+        Mounts that failed in this pass, and where the blocks planned on them are read instead.
+
+    Notes
+    -----
+    Block ``j`` of a shard is always read through the same mount, whichever epoch and consumer. With
+    several mounts, runs of a block are read with the mounts taking turns; the turns follow the blocks'
+    mounts without failures, so that every restart of the epoch sees the same sequence.
     """
-    if world_size < 1 or num_workers < 1 or not 0 <= rank < world_size:
-        raise PlacementError(f"rank {rank} of a world of {world_size} ranks x {num_workers} workers is not a place")
-    if num_mounts < 1:
-        raise PlacementError(f"a plan needs at least one mount, not {num_mounts}")
-    weights = _check_assignment(num_mounts, policy, mounts_per_rank, throughput)
-    local = rank if local_rank is None else local_rank
-    mounts = ASSIGNMENTS[policy](num_mounts, np.array([rank]), np.array([local]), mounts_per_rank, weights)[0]
-    plan = EpochPlan(counts, world_size * num_workers, **order)
-    out = RankPlan(rank, [int(m) for m in mounts])
-    for worker in range(num_workers):
-        consumer = rank * num_workers + worker
-        shards, records = plan.read_sequence(consumer)
-        mount = replicated_mounts(shards + records // plan.block_records, mounts)
-        turns = read_in_turns(shards, records, records // plan.block_records, mount) if len(mounts) > 1 else None
-        out.reads.append(plan.read_plan(consumer, 0, reorder=turns))
-        out.mount_of.append(mount if turns is None else mount[turns])
-    return out
+    shards, records = plan.read_sequence(consumer)
+    blocks = records // plan.block_records
+    if not len(rank_mounts):
+        mounts = np.zeros(len(shards), dtype=np.int64)
+    elif layout is None:
+        mounts = replicated_mounts(shards + blocks, rank_mounts)
+    else:
+        mounts = mounts_for(layout, shards, rank_mounts, blocks)
+    turns = read_in_turns(shards, records, blocks, mounts) if len(rank_mounts) > 1 else None
+    order = plan.read_plan(consumer, emitted, reorder=turns)
+    if turns is not None:
+        blocks, mounts = blocks[turns], mounts[turns]
+    skipped = len(shards) - len(order.shards)
+    blocks, mounts = blocks[skipped:], mounts[skipped:]
+    if len(failed) and remap is not None:
+        moved = np.isin(mounts, np.asarray(failed, dtype=np.int64))
+        if moved.any():
+            mounts = mounts.copy()
+            mounts[moved] = remap(order.shards[moved], blocks[moved])
+    return RankPlan(order.shards, order.records, blocks, mounts, order.emit)

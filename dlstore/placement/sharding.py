@@ -33,7 +33,8 @@ import numpy as np
 from dlstore.errors import PlacementError
 from dlstore.placement.shuffle import _STREAM_BLOCKS, _permutation, buffer_order, permute, random_words, shard_order
 
-__all__ = ["Piece", "Restart", "ReadOrder", "EpochPlan", "SamplerState", "REMAINDERS", "SHUFFLES", "merge_runs",
+__all__ = ["Piece", "Restart", "ReadOrder", "EpochPlan", "SamplerState", "REMAINDERS", "Shuffle", "SHUFFLES",
+           "shuffle_named", "merge_runs",
            "cut_blocks", "expand_runs", "shuffle_sizes"]
 
 @dataclass(frozen=True)
@@ -244,27 +245,93 @@ def _no_pieces() -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
 
 
-class RecordShuffle(NamedTuple):
-    """A record shuffle: how a consumer's span becomes pieces (``(plan, start, stop, consumer)``),
-    and whether a shuffle buffer reorders the records read."""
+def _mib(n: float) -> str:
+    return f"{n / (1 << 20):,.0f} MiB" if n >= 1 << 20 else f"{n / 1024:,.0f} KiB"
 
+
+@dataclass(frozen=True)
+class Shuffle:
+    """Everything a record shuffle means, in one place: how it orders a consumer's records, how they are
+    read, and how it is described. A new shuffle is a ``pieces`` function and one :data:`SHUFFLES` entry.
+
+    Attributes
+    ----------
+    name : str
+    pieces : callable
+        ``(plan, start, stop, consumer) -> (shards, starts, stops)``: the consumer's span of the epoch's
+        sequence as record ranges, in reading order.
+    buffered : bool
+        The records read go through a shuffle buffer of ``buffer_size`` records (:func:`buffer_order`).
+    random_reads : bool
+        Reads land anywhere in the files, record by record: ``io="auto"`` then prefers an engine that
+        serves them from the page cache (mmap), and mapped files are not advised ``sequential``.
+    summary : str
+        One line, for ``--help`` and the docs.
+    chunk_bytes : int or None
+        The reader's chunk (records read together) unless one is asked for; None: the engine's default.
+        A chunk of random reads is a list of records, not a stretch of a file: a small one keeps the
+        first batch near and the files opened (or mapped) at once few.
+    """
+
+    name: str
     pieces: Callable[["EpochPlan", int, int, int], Tuple[np.ndarray, np.ndarray, np.ndarray]]
     buffered: bool
-    doc: str
+    random_reads: bool
+    summary: str
+    chunk_bytes: Optional[int] = None
+
+    @property
+    def sequential(self) -> bool:
+        """Whether files are read mostly front to back (the mmap advice ``sequential``)."""
+        return not self.random_reads
+
+    def describe(self, share: int, *, block_records: int, block_window: int, buffer_size: int,
+                 mean_record_bytes: float, shuffle_shards: bool = True) -> str:
+        """The shuffle in words for a consumer of ``share`` records: its block and buffer sizes in
+        records and bytes, as they are in effect (a buffer larger than the share holds all of it)."""
+        mean = mean_record_bytes
+        if self.buffered:
+            buffer, block = min(buffer_size, share), min(block_records, share)
+            held = f"a shuffle buffer of {buffer:,} records (~{_mib(buffer * mean)})"
+            if self.name != "block":
+                return f"{self.name}: read in order, {held}"
+            blocks = -(-share // max(1, block_records))
+            within = (f"within windows of {block_window} blocks (~{_mib(block_window * block_records * mean)})"
+                      if block_window and block_window < blocks else "over the whole share")
+            return (f"block: blocks of {block:,} records (~{_mib(block * mean)}) in a seeded order {within}, "
+                    f"{held}")
+        if self.random_reads:
+            return f"{self.name}: a seeded permutation of all records, read through the index"
+        return (f"{self.name}: records in order, shards in the epoch's order" if shuffle_shards
+                else f"{self.name}: records and shards in order")
 
 
 #: Record shuffles by name.
-SHUFFLES: Dict[str, RecordShuffle] = {
-    "none": RecordShuffle(_sequential_pieces, False, "records in shard order, shards in the epoch's order"),
-    "block": RecordShuffle(_block_pieces, True,
-                           "blocks of block_records records read whole in a seeded order within windows of "
-                           "block_window blocks, emitted through a shuffle buffer of buffer_size records: a "
-                           "shuffle that keeps reads large and near each other"),
-    "buffer": RecordShuffle(_sequential_pieces, True,
-                            "read sequentially, emitted through a shuffle buffer of buffer_size records"),
-    "global": RecordShuffle(_global_pieces, False,
-                            "a seeded permutation of all records of the epoch, read through the index"),
-}
+SHUFFLES: Dict[str, Shuffle] = {s.name: s for s in (
+    Shuffle("none", _sequential_pieces, False, False, "records in shard order, shards in the epoch's order"),
+    Shuffle("block", _block_pieces, True, False,
+            "blocks of block_records records read whole in a seeded order within windows of block_window "
+            "blocks, emitted through a shuffle buffer of buffer_size records: a shuffle that keeps reads large "
+            "and near each other"),
+    Shuffle("buffer", _sequential_pieces, True, False,
+            "read sequentially, emitted through a shuffle buffer of buffer_size records"),
+    Shuffle("global", _global_pieces, False, True,
+            "a seeded permutation of all records of the epoch, read through the index", chunk_bytes=64 << 10),
+)}
+
+
+def shuffle_named(name: str) -> Shuffle:
+    """The shuffle called ``name``.
+
+    Raises
+    ------
+    PlacementError
+        Naming the shuffles there are.
+    """
+    try:
+        return SHUFFLES[name]
+    except (KeyError, TypeError):
+        raise PlacementError(f"unknown shuffle {name!r}; choose one of {sorted(SHUFFLES)}") from None
 
 
 # ---- the plan of one epoch -------------------------------------------------------------------------
@@ -323,8 +390,7 @@ class EpochPlan:
             raise PlacementError(f"counts must be a list of record counts per shard, not {counts!r}")
         if counts.size and counts.min() < 0:
             raise PlacementError(f"shard {int(np.argmin(counts))} has a negative record count {int(counts.min())}")
-        if shuffle not in SHUFFLES:
-            raise PlacementError(f"unknown shuffle {shuffle!r}; choose one of {sorted(SHUFFLES)}")
+        shuffle_named(shuffle)
         if remainder not in REMAINDERS:
             raise PlacementError(f"unknown remainder policy {remainder!r}; choose one of {sorted(REMAINDERS)}")
         self.counts = counts.astype(np.int64)

@@ -20,42 +20,34 @@ Its state (``epoch``, ``sample_in_epoch``) resumes a run exactly, mid-epoch.
 from __future__ import annotations
 
 import copy
+import functools
+import inspect
 import os
 import time
-from typing import Any, Dict, Iterator, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from dlstore import settings
 from dlstore.errors import DlstoreIOError, PlacementError
-from dlstore.sources.indexing import index_dataset
+from dlstore.formats.registry import format_named
+from dlstore.sources.indexing import index_dataset, open_shards
 from dlstore.io.cuda import parse_device
 from dlstore.io.failover import MountHealth
 from dlstore.io.select import EngineChoice, resolve_engine
-from dlstore.placement.mounts import assign_mounts, mount_for, mounts_for, read_in_turns
-from dlstore.placement.sharding import SHUFFLES, EpochPlan, ReadOrder, SamplerState, shuffle_sizes
+from dlstore.placement.mounts import assign_mounts, mount_for
+from dlstore.placement.rank import plan_rank
+from dlstore.placement.sharding import EpochPlan, SamplerState, shuffle_named, shuffle_sizes
 from dlstore.placement.world import World, detect_world
-from dlstore.sources.reader import CorruptionWarnings, expand_paths
+from dlstore.sources.reader import CorruptionWarnings
 from dlstore.sources.layout import scan_layout
-from dlstore.sources.source import ReadOptions, ReadsWithOptions
+from dlstore.sources.reads import ReaderPlan as _ReaderPlan
+from dlstore.sources.reads import reader_plan
+from dlstore.sources.source import ReadOptions, ReadsWithOptions, Source
 
-__all__ = ["Dataset"]
+__all__ = ["Dataset", "dataset_for"]
 
 PathSpec = Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]]
-
-
-class _ReaderPlan(NamedTuple):
-    """One C++ reader's plan: its files and, per record to read, the file, frame offset and size."""
-
-    paths: List[str]
-    device: Optional[np.ndarray]  # per file: its mount among this plan's (threads of its own), or None
-    file: np.ndarray        # index into paths, per record
-    offset: np.ndarray
-    size: np.ndarray
-    emit: Optional[np.ndarray]
-    shards: np.ndarray      # per record, for messages
-    records: np.ndarray
-    places: List[Tuple[int, int]]  # per file: (shard, mount)
 
 
 class Dataset(ReadsWithOptions):
@@ -66,8 +58,8 @@ class Dataset(ReadsWithOptions):
     ----------
     shards : str, path-like or sequence of them
         Without ``mounts``: files, globs or directories. With ``mounts``: shard paths relative to
-        the mount points (globs allowed); each mount may hold all of them (replicated), one each
-        (striped) or any mix; the layout is found by looking.
+        the mount points (globs allowed; None: every record file under them); each mount may hold
+        all of them (replicated), one each (striped) or any mix; the layout is found by looking.
     mounts : sequence of str, optional
         Mount points (directories) the shards are read from.
     world : World, optional
@@ -132,40 +124,31 @@ class Dataset(ReadsWithOptions):
         self.options = ReadOptions.take(options, read_options)
         if read_options:
             raise TypeError(f"Dataset() got unexpected keyword arguments {', '.join(sorted(read_options))}")
-        if shuffle not in SHUFFLES:
-            raise PlacementError(f"unknown shuffle {shuffle!r}; choose one of {sorted(SHUFFLES)}")
+        #: What the shuffle means: how it orders, reads and is described (:class:`~dlstore.placement.Shuffle`).
+        self.shuffle_kind = shuffle_named(shuffle)
         if batch_size is not None and (isinstance(batch_size, bool) or int(batch_size) < 1):
             raise ValueError(f"batch_size must be at least 1 (or None: the loader's), not {batch_size!r}")
         self.world = world if world is not None else detect_world()
         gpu = parse_device(device, self.world.local_rank)  # a bad device string fails here, before any indexing
-        self._layout, self.shards = self._find_layout(shards, mounts)
+        self._layout, self.shards, self.index = self._find_shards(shards, mounts, format, progress)
         self.mounts = list(self._layout.mounts) if self._layout is not None else []
         self.seed, self.shuffle_shards, self.shuffle, self.remainder = seed, shuffle_shards, shuffle, remainder
         self.batch_size = None if batch_size is None else int(batch_size)
         self.block_size = settings.get("block_size", block_size)
-        # Indexes and the format come from each shard's first copy (replicas are the same bytes): one
-        # manifest per directory, built (once, under a lock) where there is none.
-        first = (self.shards if self._layout is None else
-                 [self._layout.path(i, self._layout.holders[i][0]) for i in range(len(self.shards))])
-        self.index = index_dataset(first, format, progress)
-        self.format = self.index.format
-        self.counts = self.index.counts
-        total_bytes = int(self.index.sizes.sum())
-        total = int(self.counts.sum())
-        #: Mean bytes of a record's frame: blocks and the shuffle buffer are sized in records from it.
-        self.mean_record_bytes = total_bytes / total if total else 0.0
-        self.block_records, self.block_window, default_buffer = shuffle_sizes(
-            self.mean_record_bytes, self.block_size, settings.get("shuffle_window", shuffle_window),
-            settings.get("shuffle_buffer"))
-        if buffer_size is None:
-            buffer_size = default_buffer
-        elif isinstance(buffer_size, bool) or int(buffer_size) < 1:
+        if buffer_size is not None and (isinstance(buffer_size, bool) or int(buffer_size) < 1):
             raise ValueError(f"buffer_size must be at least 1 record, not {buffer_size!r}")
-        self.buffer_size = int(buffer_size)
+        self._sizes_asked = (buffer_size, shuffle_window)
+        self._take_index()
+        # A rank checks its own shards against the manifest (a stat each), not every shard. Alone, it brings
+        # the manifest up to date; one of several stops, since the others would plan with other counts.
+        if self.index.check(self.plan(0).piece_arrays(self.world.consumer)[0], rebuild=self.world.num_consumers == 1):
+            self._take_index()
+        first = [self._path_of(0, self._layout.holders[0][0] if self._layout is not None else 0)] if self.shards else []
+        total_bytes = int(self.index.sizes.sum())
         self.choice: EngineChoice = resolve_engine(self.options.get("io"), first, total_bytes,
-                                                   random_reads=shuffle == "global",
+                                                   random_reads=self.shuffle_kind.random_reads,
                                                    # gds reads TFRecord only: no GPU target for auto otherwise
-                                                   device=None if gpu is None or self.format != "tfrecord"
+                                                   device=None if gpu is None or not self._device_reads
                                                    else f"cuda:{gpu}")
         if self.engine == "gds":  # GdsUnavailableError was raised above where it cannot run
             from dlstore.io.gds import check_source
@@ -173,9 +156,12 @@ class Dataset(ReadsWithOptions):
             check_source(self.format, first)
         #: The CUDA device ``io="gds"`` reads into, else None.
         self.device_index: Optional[int] = gpu if gpu is not None else (0 if self.engine == "gds" else None)
-        self._rank_mounts = self._assign(mount_policy, mounts_per_rank, throughput)
+        self._mount_policy = (mount_policy, mounts_per_rank, throughput)
+        self._rank_mounts = self._assign(self.world)
         self._core_options = self.options.core(self.engine, in_order=False, mounts=len(self._rank_mounts),
-                                               reorders=SHUFFLES[shuffle].buffered)
+                                               reorders=self.shuffle_kind.buffered)
+        if self.options.chunk_size is None and self.shuffle_kind.chunk_bytes:  # how this shuffle reads
+            self._core_options.chunk_size = self.shuffle_kind.chunk_bytes
         self.plan(0)  # checks the placement options now rather than at the first read
         self.epoch = 0
         self.sample_in_epoch = 0
@@ -184,20 +170,38 @@ class Dataset(ReadsWithOptions):
 
     # ---- layout -----------------------------------------------------------------------------------
 
-    def _find_layout(self, shards: PathSpec, mounts: Optional[Sequence[str]]):
+    def _find_shards(self, shards: PathSpec, mounts: Optional[Sequence[str]], fmt: str, progress: bool):
+        """``(layout or None, shard paths, index)``: the indexes and the format come from each shard's first
+        copy (replicas are the same bytes), one manifest per directory, built (once, under a lock) where
+        there is none."""
         if not mounts:
-            files = [p if p.startswith(os.sep) else os.path.abspath(p) for p in expand_paths(shards)]
-            return None, files
-
+            index = open_shards(shards, fmt, progress)
+            return None, index.paths, index
         if isinstance(shards, (str, os.PathLike)):
             shards = [shards]
-        layout = scan_layout([os.fspath(m) for m in mounts], [os.fspath(s) for s in shards])
-        return layout, list(layout.shards)
+        layout = scan_layout([os.fspath(m) for m in mounts], None if shards is None else [os.fspath(s) for s in shards])
+        first = [layout.path(i, layout.holders[i][0]) for i in range(len(layout.shards))]
+        return layout, list(layout.shards), index_dataset(first, fmt, progress, check_all=False)
 
-    def _assign(self, policy: str, mounts_per_rank: int, throughput) -> Tuple[int, ...]:
+    def _take_index(self) -> None:
+        """The format, record counts, and blocks and the shuffle buffer sized in records, from the index."""
+        self.format = self.index.format
+        self._device_reads = format_named(self.format).device_reads  # the GPU path parses its frames
+        self.counts = self.index.counts
+        total = int(self.counts.sum())
+        #: Mean bytes of a record's frame: blocks and the shuffle buffer are sized in records from it.
+        self.mean_record_bytes = int(self.index.sizes.sum()) / total if total else 0.0
+        buffer_size, shuffle_window = self._sizes_asked
+        self.block_records, self.block_window, default_buffer = shuffle_sizes(
+            self.mean_record_bytes, self.block_size, settings.get("shuffle_window", shuffle_window),
+            settings.get("shuffle_buffer"))
+        self.buffer_size = default_buffer if buffer_size is None else int(buffer_size)
+
+    def _assign(self, world: World) -> Tuple[int, ...]:
         if self._layout is None:
             return ()
-        return tuple(assign_mounts(self._layout, self.world, policy=policy, mounts_per_rank=mounts_per_rank,
+        policy, per_rank, throughput = self._mount_policy
+        return tuple(assign_mounts(self._layout, world, policy=policy, mounts_per_rank=per_rank,
                                    throughput=throughput))
 
     @property
@@ -213,12 +217,17 @@ class Dataset(ReadsWithOptions):
     # ---- the epoch --------------------------------------------------------------------------------
 
     def plan(self, epoch: Optional[int] = None) -> EpochPlan:
-        """The epoch's plan for every consumer (pure: the same on every rank)."""
-        return EpochPlan(self.counts, self.world.num_consumers, epoch=self.epoch if epoch is None else epoch,
-                         seed=self.seed, shuffle_shards=self.shuffle_shards, shuffle=self.shuffle,
-                         buffer_size=self.buffer_size, block_records=self.block_records,
-                         block_window=self.block_window,
-                         remainder=self.remainder, batch_size=self.batch_size or 1)
+        """The epoch's plan for every consumer (pure: the same on every rank). The last one is kept: the
+        shard order and a consumer's pieces are computed once per epoch."""
+        options = dict(epoch=self.epoch if epoch is None else epoch, seed=self.seed, shuffle_shards=self.shuffle_shards,
+                       shuffle=self.shuffle, buffer_size=self.buffer_size, block_records=self.block_records,
+                       block_window=self.block_window, remainder=self.remainder, batch_size=self.batch_size or 1)
+        key = (self.world.num_consumers, tuple(options.values()))
+        kept = getattr(self, "_kept_plan", None)
+        if kept is None or kept[0] is not self.counts or kept[1] != key:
+            kept = (self.counts, key, EpochPlan(self.counts, self.world.num_consumers, **options))
+            self._kept_plan = kept
+        return kept[2]
 
     def __len__(self) -> int:
         """Samples this consumer emits per epoch."""
@@ -240,64 +249,57 @@ class Dataset(ReadsWithOptions):
         chunk = self._core_options.chunk_size
         return max(1, int(chunk // self.mean_record_bytes)) if self.mean_record_bytes else 1
 
-    def read_order(self, epoch: int, emitted: int = 0) -> ReadOrder:
-        """This consumer's records of ``epoch`` after ``emitted`` samples: ``(shards, records, emit)``
-        in the order they are read, and the order they are handed out (None: as read)."""
-        plan = self.plan(epoch)
-        c = self.world.consumer
-        if self._layout is None or len(self._rank_mounts) < 2:
-            return plan.read_plan(c, emitted)
-        # Several mounts: the plan's blocks are read with the mounts taking turns, so that every mount
-        # has reads in flight (in the plan's order a run of blocks on one mount would leave the others
-        # idle). The turns follow each block's mount without failures, so every resume and failover of
-        # the epoch sees the same sequence.
-        shards, records = plan.read_sequence(c)
-        blocks = records // self.block_records
-        turns = read_in_turns(shards, records, blocks, mounts_for(self._layout, shards, self._rank_mounts, blocks))
-        return plan.read_plan(c, emitted, reorder=turns)
+    def read_plan(self, epoch: Optional[int] = None, emitted: int = 0, world: Optional[World] = None,
+                  health: Optional[MountHealth] = None) -> _ReaderPlan:
+        """What this consumer (or ``world``'s, a rank of the same world) reads of ``epoch`` after handing out
+        ``emitted`` samples: every record's file, frame and mount in reading order, and the order they are
+        handed out in, as the reader is given them (:func:`dlstore.placement.rank.plan_rank`).
 
-    def _places(self, shard: int, block: int) -> Tuple[int, ...]:
-        """The mounts block ``block`` of ``shard`` can be read through, best first (``mount_for``: this
+        ``health``: the mounts that failed in this pass, whose blocks are read from their next place.
+        """
+        w = self.world if world is None else world
+        rank_mounts = self._rank_mounts if world is None else self._assign(w)
+        failed = health.failed if health is not None else []
+
+        def remap(shards: np.ndarray, blocks: np.ndarray) -> np.ndarray:
+            assert health is not None
+            keys, back = np.unique(np.stack([shards, blocks], axis=1), axis=0, return_inverse=True)
+            chosen = []
+            for shard, block in keys.tolist():
+                place = health.choose(shard, self._places(shard, block, rank_mounts))
+                if place is None:
+                    raise _NoPlace(shard, block)
+                chosen.append(place)
+            return np.asarray(chosen, dtype=np.int64)[back.reshape(-1)]
+
+        rank = plan_rank(self.plan(epoch), w.consumer, rank_mounts, layout=self._layout, emitted=emitted,
+                         failed=failed, remap=remap)
+        if world is None:
+            self.index.check(rank.shards)  # the shards this rank opens first, not checked yet
+        return reader_plan(rank, self.index.frames, self._paths_of, mounts=self._layout is not None,
+                           num_shards=len(self.shards))
+
+    def _path_of(self, shard: int, mount: int) -> str:
+        return self.shards[shard] if self._layout is None else self._layout.path(shard, mount)
+
+    def _paths_of(self, shards: np.ndarray, mounts: np.ndarray) -> List[str]:
+        if self._layout is None:
+            if len(shards) == len(self.shards):  # every shard, in order
+                return self.shards
+            return [self.shards[s] for s in shards.tolist()]
+        return [self._layout.path(s, m) for s, m in zip(shards.tolist(), mounts.tolist())]
+
+    def _places(self, shard: int, block: int, rank_mounts: Optional[Sequence[int]] = None) -> Tuple[int, ...]:
+        """The mounts block ``block`` of ``shard`` can be read through, best first (``mount_for``: the
         rank's choice, then its failover order); ``(0,)``, the one place, without mounts."""
         if self._layout is None:
             return (0,)
-        first, fallbacks = mount_for(self._layout, shard, self._rank_mounts, block=block)
+        first, fallbacks = mount_for(self._layout, shard, self._rank_mounts if rank_mounts is None else rank_mounts,
+                                     block=block)
         return (first, *fallbacks)
 
-    def _mounts(self, shards: np.ndarray, records: np.ndarray, health: MountHealth) -> np.ndarray:
-        """The mount each record is read through: its block's, unless that mount failed this pass."""
-        blocks = records // self.block_records
-        chosen = mounts_for(self._layout, shards, self._rank_mounts, blocks)
-        if not health.failed:
-            return chosen
-        moved = np.isin(chosen, np.array(health.failed, dtype=np.int64))
-        if moved.any():
-            keys = np.unique(np.stack([shards[moved], blocks[moved]], axis=1), axis=0)
-            table = {}
-            for shard, block in keys.tolist():
-                place = health.choose(shard, self._places(shard, block))
-                if place is None:
-                    raise _NoPlace(shard, block)
-                table[(shard, block)] = place
-            chosen = chosen.copy()
-            idx = np.flatnonzero(moved)
-            chosen[idx] = [table[(s, b)] for s, b in zip(shards[idx].tolist(), blocks[idx].tolist())]
-        return chosen
-
     def _reader_plan(self, epoch: int, emitted: int, health: MountHealth) -> _ReaderPlan:
-        shards, records, emit = self.read_order(epoch, emitted)
-        offset, size = self.index.frames(shards, records)
-        if self._layout is None:  # one place per shard: a failed read is retried there (_fail_over)
-            return _ReaderPlan(self.shards, None, shards, offset, size, emit, shards, records,
-                               [(s, 0) for s in range(len(self.shards))])
-        mounts = self._mounts(shards, records, health)
-        per = len(self.mounts)
-        keys, file = np.unique(shards * per + mounts, return_inverse=True)
-        places = [(int(k) // per, int(k) % per) for k in keys.tolist()]
-        paths = [self._layout.path(s, m) for s, m in places]
-        _, device = np.unique(keys % per, return_inverse=True)
-        return _ReaderPlan(paths, device.reshape(-1).astype(np.uint32), file.reshape(-1), offset, size, emit,
-                           shards, records, places)
+        return self.read_plan(epoch, emitted, health=health)
 
     def set_epoch(self, epoch: int) -> None:
         """Starts ``epoch`` from its first sample."""
@@ -319,7 +321,7 @@ class Dataset(ReadsWithOptions):
         from dlstore import _C
 
         return _C.PlanReader(plan.paths, plan.file, plan.offset, plan.size, plan.emit, self.format, batch,
-                             self._core_options, hold_bytes=hold, sequential=self.shuffle != "global",
+                             self._core_options, hold_bytes=hold, sequential=not self.shuffle_kind.random_reads,
                              first_batch=batch - start % batch, device=plan.device)
 
     def _gds_core(self, plan: _ReaderPlan, batch: int, first_batch: int, hold: int):
@@ -499,22 +501,10 @@ class Dataset(ReadsWithOptions):
                 f"shuffle {self.describe_shuffle()}")
 
     def describe_shuffle(self) -> str:
-        """The shuffle in words, with its block and buffer sizes in records and bytes."""
-        mean, share = self.mean_record_bytes, len(self)
-        if self.shuffle in ("block", "buffer"):
-            # What is in effect for this consumer's share (a buffer larger than it holds all of it).
-            buffer, block = min(self.buffer_size, share), min(self.block_records, share)
-            held = f"a shuffle buffer of {buffer:,} records (~{_mib(buffer * mean)})"
-            if self.shuffle == "block":
-                blocks, window = -(-share // max(1, self.block_records)), self.block_window
-                within = (f"within windows of {window} blocks (~{_mib(window * self.block_records * mean)})"
-                          if window and window < blocks else "over the whole share")
-                return (f"block: blocks of {block:,} records (~{_mib(block * mean)}) in a seeded order {within}, "
-                        f"{held}")
-            return f"buffer: read in order, {held}"
-        return {"none": "none: records in order, shards in the epoch's order" if self.shuffle_shards
-                else "none: records and shards in order",
-                "global": "global: a seeded permutation of all records, read through the index"}[self.shuffle]
+        """The shuffle in words, with its block and buffer sizes in records and bytes (:meth:`Shuffle.describe`)."""
+        return self.shuffle_kind.describe(len(self), block_records=self.block_records, block_window=self.block_window,
+                                          buffer_size=self.buffer_size, mean_record_bytes=self.mean_record_bytes,
+                                          shuffle_shards=self.shuffle_shards)
 
     def for_worker(self, worker: int, num_workers: int) -> "Dataset":
         """A copy of this dataset for DataLoader worker ``worker`` of ``num_workers`` (same rank)."""
@@ -528,6 +518,62 @@ class Dataset(ReadsWithOptions):
         where = f"{len(self.mounts)} mounts ({self._layout.kind})" if self._layout is not None else "local files"
         return (f"Dataset({len(self.shards)} {self.format} shards, {int(self.counts.sum())} records on {where}, "
                 f"{self.world}, shuffle={self.shuffle!r}, io={self.choice.engine!r}: {self.choice.reason})")
+
+
+@functools.lru_cache(maxsize=None)
+def _dataset_arguments() -> Tuple[str, ...]:
+    """The keyword arguments Dataset takes: its signature's and the reader options' names."""
+    own = [n for n, p in inspect.signature(Dataset.__init__).parameters.items()
+           if p.kind == p.KEYWORD_ONLY and n != "options"]
+    return tuple(own) + tuple(ReadOptions.names())
+
+
+def dataset_for(source: Any, kwargs: Optional[Dict[str, Any]] = None, *, shared: Sequence[str] = (),
+                rest: bool = False, **defaults: Any) -> Source:
+    """This consumer's records: ``source`` when it is a :class:`~dlstore.sources.source.Source` already,
+    else a :class:`Dataset` over those paths. The one way paths become a Dataset (the adapters' and the
+    loader helpers').
+
+    Parameters
+    ----------
+    source : paths or Source
+    kwargs : dict, optional
+        Arguments given by the user: those :class:`Dataset` takes (its keyword arguments and the reader
+        options) are taken out of it, and win over ``defaults``.
+    shared : sequence of str
+        Arguments that also stay in ``kwargs`` (``seed``, ``on_error``: the loader's too).
+    rest : bool
+        Whether ``kwargs`` may keep arguments that are not the Dataset's (a loader helper's own);
+        otherwise they are refused.
+    **defaults
+        The caller's defaults (``shuffle``, ``seed``, ``batch_size``...). ``world``: detected from the
+        launcher when None or absent; ``remainder``: ``uneven`` for a single consumer (every record once),
+        ``pad`` for several (equal full batches on every rank, so none waits for another in a collective).
+
+    Raises
+    ------
+    ValueError
+        When Dataset arguments come with a ready source (they belong on it).
+    TypeError
+        When ``kwargs`` holds other arguments and ``rest`` is False.
+    """
+    kwargs = {} if kwargs is None else kwargs
+    mine = [k for k in _dataset_arguments() if k in kwargs]
+    if isinstance(source, Source):
+        given = [k for k in mine if k not in shared]
+        if given or (kwargs and not rest):
+            raise ValueError(f"{', '.join(sorted(given or kwargs))} belong to the source: set them on "
+                             f"{type(source).__name__} when making it, not here")
+        return source
+    args = {k: (kwargs[k] if k in shared else kwargs.pop(k)) for k in mine}
+    if kwargs and not rest:
+        raise TypeError(f"Dataset() got unexpected keyword arguments {', '.join(sorted(kwargs))}")
+    for key, value in defaults.items():
+        if key != "world" or value is not None:
+            args.setdefault(key, value)
+    world = args["world"] = args.get("world") or detect_world()
+    args.setdefault("remainder", "uneven" if world.num_consumers == 1 else "pad")
+    return Dataset(source, **args)
 
 
 class _NoPlace(Exception):
@@ -546,7 +592,3 @@ def _add_counts(totals: Dict[str, int], stats: Mapping[str, int]) -> None:
             totals[key] = max(totals.get(key, 0), int(value))
         else:
             totals[key] = totals.get(key, 0) + int(value)
-
-
-def _mib(n: float) -> str:
-    return f"{n / (1 << 20):,.0f} MiB" if n >= 1 << 20 else f"{n / 1024:,.0f} KiB"

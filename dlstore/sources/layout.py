@@ -9,14 +9,12 @@ import glob
 import os
 from typing import Dict, List, Optional, Sequence, Tuple
 
-import numpy as np
 
 from dlstore.errors import DlstoreIOError, PlacementError
 from dlstore.placement.mounts import Layout
-from dlstore.sources.indexing import find_index, read_manifest
 from dlstore.sources.reader import _glob_record_files, _is_record_file_name
 
-__all__ = ["scan_layout", "record_counts"]
+__all__ = ["scan_layout"]
 
 _GLOB_CHARS = "*?["
 
@@ -120,36 +118,3 @@ def scan_layout(mounts: Sequence[str], shards: Optional[Sequence[str]] = None) -
         holders.append(tuple(held))
         sizes.append(next(iter(seen)))
     return Layout(tuple(mounts), tuple(names), tuple(holders), tuple(sizes))
-
-
-def record_counts(layout: Layout) -> Tuple[Optional[np.ndarray], str]:
-    """Records per shard from the shards' manifests, else their per-file index files, where they are
-    valid; nothing is built.
-
-    Returns
-    -------
-    (numpy.ndarray or None, str)
-        The counts, or ``None`` when a shard has no usable index; and a line saying which.
-    """
-
-    counts = np.zeros(len(layout.shards), dtype=np.int64)
-    manifests: dict = {}
-    for s, rel in enumerate(layout.shards):
-        path = layout.path(s, layout.holders[s][0])
-        directory, name = os.path.split(os.path.abspath(path))
-        if directory not in manifests:
-            _, manifest, _ = read_manifest(directory)
-            manifests[directory] = (manifest, {n: i for i, n in enumerate(manifest.names)} if manifest else {})
-        manifest, entries = manifests[directory]
-        i = entries.get(name)
-        if i is not None:
-            st = os.stat(path)
-            if (st.st_size, st.st_mtime_ns) == (int(manifest.sizes[i]), int(manifest.mtimes[i])):
-                counts[s] = int(manifest.counts[i])
-                continue
-        fmt = "recordio" if rel.lower().endswith(".rec") else "tfrecord"
-        _, loaded, _ = find_index(path, fmt)
-        if loaded is None:
-            return None, f"no valid index for {path} (dlstore index builds one): whole shards are assigned"
-        counts[s] = len(loaded)
-    return counts, f"record counts from the indexes: {int(counts.sum())} records"

@@ -7,9 +7,11 @@ one consumer; :class:`dlstore.Dataset` places records over ranks, workers and mo
 """
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import glob
 import os
+import re
 import warnings
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -17,11 +19,12 @@ import numpy as np
 
 from dlstore.errors import DlstoreError, DlstoreIOError
 from dlstore.formats.detect import detect
-from dlstore.formats.index import is_companion_file
+from dlstore.formats.index import INDEX_SUFFIX, MANIFEST_SUFFIX
 from dlstore.io.select import EngineChoice, resolve_engine
 from dlstore.sources.source import ReadOptions, ReadsWithOptions
 
-__all__ = ["open_records", "RecordReader", "expand_paths", "detect_files", "CorruptionWarnings"]
+__all__ = ["open_records", "RecordReader", "expand_paths", "record_file_names", "list_record_files", "split_glob",
+           "detect_files", "CorruptionWarnings"]
 
 PathSpec = Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]]
 # Files that sit beside record files and are not records, besides dlstore's own companions
@@ -31,47 +34,91 @@ _NOT_RECORD_SUFFIXES = (".index", ".lst", ".json", ".txt", ".md", ".csv", ".yaml
 # Writers write a temporary and rename it into place; one left by a crash, or still being
 # written, is not a shard.
 _TEMP_MARK = ".tmp"
+_GLOB_CHARS = "*?["
+
+
+# Which files may hold records, as one regular expression over names joined by newlines: hidden names
+# (dlstore's .dlstore* among them), temporaries, indexes (.idx, and .idx.tmp<pid> as a temporary),
+# manifests and the suffixes above are left out, whatever their case. The one rule for every place that
+# expands paths (here and dlstore.sources.layout).
+_SKIPPED = "|".join(re.escape(x) for x in (INDEX_SUFFIX, MANIFEST_SUFFIX) + _NOT_RECORD_SUFFIXES)
+_RECORD_LINE = rf"(?!\.)(?![^\n]*(?i:{re.escape(_TEMP_MARK)}))(?![^\n]*(?i:{_SKIPPED})$)"
+
+
+def _line_pattern(pattern: Optional[str]) -> str:
+    """A glob's last part as a regular expression matching one whole name among names joined by newlines."""
+    if pattern is None:
+        return "[^\\n]*"
+    text = fnmatch.translate(pattern)  # "(?s:...)\\Z"
+    inner = text[len("(?s:"):-len(")\\Z")] if text.startswith("(?s:") and text.endswith(")\\Z") else text
+    return inner.replace("[^", "[^\\n")  # a negated set must not cross into the next name
+
+
+def record_file_names(names: Sequence[str], pattern: Optional[str] = None) -> List[str]:
+    """Those of ``names`` (file names of one directory) that may hold records (not dlstore's companion
+    files, hidden files, other tools' indexes, metadata or temporaries) and match the glob ``pattern``
+    (a last path part; None: any), sorted: one regular expression over them all, no Python step per name."""
+    found = re.findall(f"^{_RECORD_LINE}(?=[^\\n])(?:{_line_pattern(pattern)})$", "\n".join(names), flags=re.M)
+    found.sort()
+    return found
 
 
 def _is_record_file_name(name: str) -> bool:
-    """Whether a file a glob matched or a directory listed may hold records: not one of dlstore's
-    companion files, hidden, another tool's index, metadata or a temporary. The one rule for every
-    place that expands paths (here and :mod:`dlstore.sources.layout`)."""
-    lower = os.path.basename(name).lower()
-    return not (is_companion_file(lower) or lower.startswith(".") or lower.endswith(_NOT_RECORD_SUFFIXES)
-                or _TEMP_MARK in lower)
+    """Whether a file a glob matched or a directory listed may hold records (:func:`record_file_names`
+    for one name): not one of dlstore's companion files, hidden, another tool's index, metadata or a
+    temporary."""
+    return bool(record_file_names([os.path.basename(name)]))
+
+
+def list_record_files(directory: str, pattern: Optional[str] = None) -> List[str]:
+    """The names of the record files in ``directory`` matching the glob ``pattern`` (None: all), sorted.
+    The directory's entries say whether they are files without a ``stat`` each.
+
+    Raises
+    ------
+    DlstoreIOError
+        When the directory cannot be listed.
+    """
+    try:
+        with os.scandir(directory or ".") as entries:
+            files = [e.name for e in entries if e.is_file()]
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    except OSError as e:
+        raise DlstoreIOError(f"{directory}: cannot list the directory: {e.strerror} (errno {e.errno})",
+                             path=directory) from e
+    return record_file_names(files, pattern)
+
+
+def split_glob(path: str) -> Optional[Tuple[str, Optional[str]]]:
+    """``(directory, pattern)`` when ``path`` is a glob whose wildcards are in its last part only, or
+    ``(directory, None)`` for a directory: what one listing of one directory answers. None otherwise."""
+    directory, name = os.path.split(path)
+    if any(ch in path for ch in _GLOB_CHARS):
+        if any(ch in directory for ch in _GLOB_CHARS) or not name or "**" in name:
+            return None
+        return directory or ".", name
+    return (path, None) if os.path.isdir(path) else None
 
 
 def _glob_record_files(pattern: str) -> Tuple[List[str], int]:
     """The record files ``pattern`` matches, sorted, and how many other files it matched."""
-    files = _glob_files(pattern)
+    one = split_glob(pattern)
+    if one is not None:
+        directory, name = one
+        kept = [os.path.join(os.path.dirname(pattern), n) for n in list_record_files(directory, name)]
+        others = 0
+        if not kept:
+            with contextlib.suppress(OSError):
+                others = len(fnmatch.filter(os.listdir(directory), name))
+        return kept, others
+    files = sorted(m for m in glob.glob(pattern, recursive=True) if os.path.isfile(m))
     kept = [f for f in files if _is_record_file_name(f)]
     return kept, len(files) - len(kept)
 
 
 def _list_directory(path: str) -> List[str]:
-    try:
-        with os.scandir(path) as entries:  # entries say whether they are files without a stat each
-            return sorted(os.path.join(path, e.name) for e in entries if _is_record_file_name(e.name) and e.is_file())
-    except OSError as e:
-        raise DlstoreIOError(f"{path}: cannot list the directory: {e.strerror} (errno {e.errno})", path=path) from e
-
-
-def _glob_files(pattern: str) -> List[str]:
-    """The files ``pattern`` matches, sorted. A pattern with wildcards in its last part only is matched
-    against one directory listing, whose entries say whether they are files without a ``stat`` each
-    (a glob over 20,000 shards on a cold cache costs a listing, not 20,000 inode reads)."""
-    directory, name = os.path.split(pattern)
-    if any(ch in directory for ch in "*?[") or not name or "**" in name:
-        return sorted(m for m in glob.glob(pattern, recursive=True) if os.path.isfile(m))
-    hidden_too = name.startswith(".")  # as glob: a leading dot is matched only by a leading dot
-    try:
-        with os.scandir(directory or ".") as entries:
-            return sorted(os.path.join(directory, e.name) for e in entries
-                          if (hidden_too or not e.name.startswith(".")) and fnmatch.fnmatchcase(e.name, name)
-                          and e.is_file())
-    except (FileNotFoundError, NotADirectoryError):
-        return []
+    return [os.path.join(path, n) for n in list_record_files(path)]
 
 
 def expand_paths(paths: PathSpec) -> List[str]:
@@ -96,7 +143,7 @@ def expand_paths(paths: PathSpec) -> List[str]:
     out: List[str] = []
     for p in paths:
         p = os.fspath(p)
-        if any(ch in p for ch in "*?["):
+        if any(ch in p for ch in _GLOB_CHARS):
             matches, others = _glob_record_files(p)
             if not matches:
                 left_out = (f" (it matches {others} index, metadata or temporary "

@@ -1,7 +1,9 @@
-"""The ``dlstore testbed`` and ``dlstore expand`` commands: their arguments, and what they print.
+"""The ``dlstore testbed``, ``dlstore expand`` and ``dlstore plan`` commands: their arguments, and what
+they print.
 
-:mod:`dlstore.cli` registers them; the work is done by :mod:`dlstore.tools.testbed` and
-:mod:`dlstore.tools.expand`.
+:mod:`dlstore.cli` registers them; the work is done by :mod:`dlstore.tools.testbed`,
+:mod:`dlstore.tools.expand`, and for ``plan`` by the planner :class:`dlstore.Dataset` reads
+(:meth:`dlstore.Dataset.read_plan`; :mod:`dlstore.tools.simulate` for ``--simulate``).
 """
 from __future__ import annotations
 
@@ -16,7 +18,8 @@ from dlstore.tools import testbed as tbm
 from dlstore.tools.expand import EXPAND_MODES, expand_shards
 from dlstore.tools.testbed import BREAK_MODES, FILESYSTEMS, LAYOUTS, MAX_MOUNTS
 
-__all__ = ["add_testbed_arguments", "run_testbed", "add_expand_arguments", "run_expand", "format_status"]
+__all__ = ["add_testbed_arguments", "run_testbed", "add_expand_arguments", "run_expand", "format_status",
+           "plan_document", "run_plan"]
 
 _MB = 1e6  # --throttle-mbps counts decimal megabytes, as storage figures do
 
@@ -204,4 +207,81 @@ def run_expand(args: argparse.Namespace) -> int:
         print(f"note: {note}")
     if args.mode == "hardlink":
         print("note: hardlinks share one inode and so one set of page-cache pages: they do NOT defeat caches")
+    return 0
+
+
+def plan_document(args: argparse.Namespace) -> Dict[str, Any]:
+    """What ``dlstore plan --mounts`` shows, planned by a :class:`~dlstore.Dataset` over the mounts: per
+    consumer (``--rank``'s, else every rank's) its mounts and every read it performs (file, byte range,
+    mount), in reading order."""
+    from dlstore.placement.world import World
+    from dlstore.sources.dataset import Dataset
+    from dlstore.sources.reads import merged_reads
+
+    throughput = [float(x) for x in args.throughput.split(",")] if args.throughput else None
+    local_size = args.local_size or args.world_size
+
+    def world(rank: int, worker: int) -> World:
+        return World(rank=rank, size=args.world_size, local_rank=rank % local_size,
+                     local_size=local_size).with_worker(worker, args.workers)
+
+    ds = Dataset(args.shards, mounts=args.mounts, world=world(0, 0), seed=args.seed,
+                 shuffle_shards=not args.no_shard_shuffle, shuffle=args.shuffle, remainder=args.remainder or "pad",
+                 batch_size=args.batch_size, mount_policy=args.policy, mounts_per_rank=args.mounts_per_rank,
+                 throughput=throughput)
+    plan = ds.plan(args.epoch)
+    ranks = [args.rank] if args.rank is not None else range(args.world_size)
+    consumers = []
+    for rank in ranks:
+        for worker in range(args.workers):
+            w = world(rank, worker)
+            reads = merged_reads(ds.read_plan(args.epoch, world=w), ds.mounts)
+            consumers.append({"rank": rank, "worker": worker, "consumer": w.consumer,
+                              "mounts": [ds.mounts[m] for m in ds._assign(w)],
+                              "records": sum(r["records"] for r in reads), "reads": reads})
+    layout = ds.layout
+    return {"layout": {"kind": layout.kind, "mounts": list(layout.mounts), "shards": list(layout.shards),
+                       "holders": [list(h) for h in layout.holders]},
+            "world_size": args.world_size, "num_workers": args.workers, "policy": args.policy,
+            "mounts_per_rank": args.mounts_per_rank, "options": plan.options(), "total_records": plan.total,
+            "num_batches": plan.num_batches, "shuffle": ds.describe_shuffle(), "manifests": list(ds.index.manifests),
+            "index_notes": list(ds.index.notes), "consumers": consumers}
+
+
+def run_plan(args: argparse.Namespace, max_reads: int = 6, max_consumers: int = 64) -> int:
+    """What ``dlstore plan --mounts`` prints (the JSON of :func:`plan_document` with ``--json``)."""
+    doc = plan_document(args)
+    if args.json:
+        text = json.dumps(doc, indent=1)
+        if args.json == "-":
+            print(text)
+            return 0
+        with open(args.json, "w") as f:
+            f.write(text)
+    options = doc["options"]
+    workers = f" x {args.workers} workers" if args.workers > 1 else ""
+    print(f"layout: {doc['layout']['kind']}: {len(doc['layout']['shards'])} shards on {len(args.mounts)} mounts, "
+          f"{doc['total_records']:,} records")
+    print(f"record counts from {', '.join(doc['manifests'])}: {doc['total_records']:,} records"
+          + "".join(f"; {note}" for note in doc["index_notes"]))
+    print(f"world: {args.world_size} ranks{workers}; policy {args.policy}, {args.mounts_per_rank} mount(s) per rank; "
+          f"seed {options['seed']}, epoch {options['epoch']}, shard shuffle "
+          f"{'on' if options['shuffle_shards'] else 'off'}, remainder {options['remainder']}, batch "
+          f"{options['batch_size']} -> {doc['num_batches']} batches per consumer")
+    print(f"shuffle {doc['shuffle']}")
+    print("mounts: " + "  ".join(f"[{i}] {m}" for i, m in enumerate(doc["layout"]["mounts"])))
+    rows = [("rank", "worker", "mounts", "records", "reads", "first reads (shard[bytes]@mount)")]
+    index = {m: i for i, m in enumerate(doc["layout"]["mounts"])}
+    for c in doc["consumers"][:max_consumers]:
+        shown = [f"{os.path.basename(r['path'])}[{r['start']}:{r['stop']}]@{index[r['mount']]}"
+                 for r in c["reads"][:max_reads]]
+        if len(c["reads"]) > max_reads:
+            shown.append(f"... +{len(c['reads']) - max_reads} more")
+        rows.append((str(c["rank"]), str(c["worker"]), ",".join(str(index[m]) for m in c["mounts"]),
+                     f"{c['records']:,}", f"{len(c['reads']):,}", " ".join(shown) or "-"))
+    widths = [max(len(row[i]) for row in rows) for i in range(5)]
+    for row in rows:
+        print("  ".join(row[i].ljust(widths[i]) for i in range(5)) + "  " + row[5])
+    if len(doc["consumers"]) > max_consumers:
+        print(f"... {len(doc['consumers']) - max_consumers} more consumers (--json lists all)")
     return 0

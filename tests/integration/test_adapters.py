@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 import dlstore
-from dlstore.adapters.base import LastBatch, check_last_batch, rank_source
+from dlstore.adapters.base import LastBatch, check_last_batch
+from dlstore.sources.dataset import dataset_for
 from dlstore.formats.example import encode_example
 from dlstore.placement.world import World
 from dlstore.synthetic import generate_bert, generate_imagenet
@@ -86,16 +87,22 @@ def test_rank_sources_cover_every_record_once(tmp_path, shuffle, consumers):
     paths, total = _numbered_files(tmp_path, [40, 0, 75, 33])
     seen = []
     for c in range(consumers):
-        source = rank_source(paths, World(rank=c, size=consumers), dict(shuffle=shuffle, seed=3, remainder="uneven"),
-                             chunk_size=64 << 10)
+        source = dataset_for(paths, {"chunk_size": 64 << 10}, world=World(rank=c, size=consumers), shuffle=shuffle,
+                             seed=3, remainder="uneven")
         source.set_epoch(1)
         for batch in source.batches():
             seen += _ids(batch_records(batch))
     assert sorted(seen) == list(range(total))
     reader = dlstore.open_records(paths)
-    assert rank_source(reader) is reader
+    assert dataset_for(reader) is reader
     with pytest.raises(ValueError, match="belong to the source"):
-        rank_source(reader, shuffle="global")
+        dataset_for(reader, {"shuffle": "global"})
+    with pytest.raises(TypeError, match="unexpected keyword arguments sideways"):
+        dataset_for(paths, {"sideways": 1})
+    # Every keyword argument of Dataset is taken, none listed twice: mount_policy and shuffle_window too.
+    kw = {"shuffle_window": 1 << 20, "mounts_per_rank": 1, "mount_policy": "rank", "loader_own": 3}
+    ds = dataset_for(paths, kw, rest=True, world=World(rank=0, size=1))
+    assert kw == {"loader_own": 3} and ds.remainder == "uneven"
 
 
 def test_lazy_imports():

@@ -6,6 +6,7 @@ import importlib.util
 import json
 import math
 import os
+import shutil
 import random
 import subprocess
 import sys
@@ -223,3 +224,21 @@ def test_every_script_takes_save(tmp_path):
                            capture_output=True, text=True, cwd=ROOT, timeout=120)
         text = "".join(r.stdout.split())  # argparse wraps long names
         assert r.returncode == 0 and "--save" in text and f"{script}-latest.json" in text, script
+
+
+@pytest.mark.slow  # subprocesses, one under strace
+def test_dataset_start_smoke(tmp_path):
+    """benchmarks/dataset_start.py at tiny size: a Dataset's start per shuffle, cold and warm, its RSS, the
+    manifest's bytes read and (under strace) the stat calls before the first batch; and the page."""
+    out, page = tmp_path / "start.json", tmp_path / "start.md"
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "dataset_start.py"), "--smoke", "--json",
+                        os.fspath(out), "--markdown", os.fspath(page)], capture_output=True, text=True, cwd=ROOT,
+                       timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    assert doc["shards"] == 12 and set(doc["results"]) == {"block", "global"}
+    for result in doc["results"].values():
+        assert all(run["batch"] == 4 and run["start_s"] > 0 and run["max_rss_mb"] > 0 for run in result["cold"])
+        if shutil.which("strace"):
+            assert 0 < result["strace"]["stat_calls_before_first_batch"] < result["strace"]["stat_calls"]
+    assert "| block |" in page.read_text() and "Acceptance" in page.read_text()

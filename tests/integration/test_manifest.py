@@ -179,4 +179,80 @@ def test_plan_counts_records_from_the_manifest(tmp_path):
     out = subprocess.run([sys.executable, "-m", "dlstore", "plan", "--mounts", str(tmp_path / "m0"),
                           "--world-size", "2"], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
-    assert "record counts from the indexes: 36 records" in out.stdout
+    assert ".dlstore-manifest: 36 records" in out.stdout and "indexed" not in out.stdout  # read, not rebuilt
+
+
+def test_an_unchanged_directory_is_not_listed_again(tmp_path, monkeypatch):
+    from dlstore.sources import reader
+
+    _write(tmp_path / "d", shards=6)
+    Dataset(str(tmp_path / "d" / "train-*"))
+    listed = []
+    real = reader.os.scandir
+    monkeypatch.setattr(reader.os, "scandir", lambda p=".": listed.append(p) or real(p))
+    ds = Dataset(str(tmp_path / "d" / "train-00[0-3]"), batch_size=2)
+    assert listed == [] and len(ds.shards) == 4 and ds.index.notes == []  # the manifest's listing answered
+    (tmp_path / "d" / "notes.txt").write_text("not a shard")  # the directory changed: listed once, restamped
+    assert len(Dataset(str(tmp_path / "d")).shards) == 6 and len(listed) == 1
+    assert len(Dataset(str(tmp_path / "d")).shards) == 6 and len(listed) == 1
+
+
+def test_a_rank_checks_its_own_shards_only(tmp_path, monkeypatch):
+    _write(tmp_path / "d", shards=24, records=10)
+    Dataset(str(tmp_path / "d"))
+    stat_calls = []
+    real = os.stat
+    monkeypatch.setattr(os, "stat", lambda p, *a, **k: stat_calls.append(os.fspath(p)) or real(p, *a, **k))
+    ds = Dataset(str(tmp_path / "d"), world=World(rank=1, size=4), shuffle="block", batch_size=5)
+    sum(len(b) for b in ds.batches())
+    shards = {p for p in stat_calls if os.path.basename(p).startswith("train-")}
+    mine = {ds.shards[s] for s in np.unique(ds.read_plan(0).shards)}
+    assert shards == mine and len(mine) < 24
+
+
+def test_a_shard_rewritten_in_place_is_found_by_the_rank_that_reads_it(tmp_path):
+    _write(tmp_path / "d", shards=4, records=8)
+    Dataset(str(tmp_path / "d"))
+    path = tmp_path / "d" / "train-002"
+    new = _write(tmp_path / "new", shards=3, records=3, tag="Z")["train-002"]
+    time.sleep(0.01)
+    path.write_bytes((tmp_path / "new" / "train-002").read_bytes())  # in place: the directory is unchanged
+    readers = []
+    for rank in range(4):
+        try:
+            ds = Dataset(str(tmp_path / "d"), world=World(rank=rank, size=4), shuffle="none", shuffle_shards=False)
+        except indexing.ShardChanged as e:
+            assert "train-002" in str(e) and "dlstore index" in str(e)
+            readers.append(rank)
+            continue
+        assert 2 not in set(ds.plan(0).piece_arrays(rank)[0].tolist())
+    assert readers == [2]
+    with pytest.warns(UserWarning, match="shard train-002 was rewritten"):
+        alone = Dataset(str(tmp_path / "d"), batch_size=4)  # one rank alone brings the manifest up to date
+    assert all(r in _read_all(alone) for r in new)
+
+
+def test_a_large_manifest_is_read_entry_by_entry(tmp_path, monkeypatch):
+    _write(tmp_path / "d", shards=7, records=30)
+    mapped = Dataset(str(tmp_path / "d"), shuffle="global", batch_size=8, remainder="uneven")
+    expected = _read_all(mapped)
+    monkeypatch.setattr(indexing, "_MAP_MANIFESTS_OVER", 0)  # every manifest is "large" now
+    ds = Dataset(str(tmp_path / "d"), shuffle="global", batch_size=8, remainder="uneven")
+    assert all(t is not None for t in ds.index._takes)
+    plan = ds.read_plan(0)
+    assert np.array_equal(plan.offset, mapped.read_plan(0).offset)
+    assert _read_all(ds) == expected
+
+
+def test_entries_are_gathered_from_the_file_by_several_threads(tmp_path):
+    n = 200_000
+    offsets = np.arange(n, dtype=np.uint64) * 16
+    dest = indexing.write_manifest(str(tmp_path / ".dlstore-manifest"), "tfrecord", ["s"], [16 * n], [0], [n], offsets)
+    _, m, _ = indexing.read_manifest(str(tmp_path))
+    at = np.random.default_rng(3).integers(0, n, 5000)
+    got = indexing._gather_offsets(dest, m, at)  # about 4,000 runs: read by the thread pool
+    assert np.array_equal(got, offsets[at])
+    with open(dest, "r+b") as f:
+        f.truncate(m.offsets_at + 8 * 1000)  # cut short: the error names the file and the byte
+    with pytest.raises(dlstore.DlstoreError, match=r"\.dlstore-manifest: at byte \d+: read 0 of"):
+        indexing._gather_offsets(dest, m, np.array([n - 1]))

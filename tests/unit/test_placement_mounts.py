@@ -13,9 +13,10 @@ from hypothesis import strategies as st
 
 from dlstore import cli
 from dlstore.errors import PlacementError
-from dlstore.sources.layout import record_counts, scan_layout
-from dlstore.placement.mounts import (Layout, assign_all_mounts, assign_mounts, mount_for, mounts_for,
-                                      plan_mounts)
+from dlstore.sources.layout import scan_layout
+from dlstore.placement.mounts import Layout, assign_all_mounts, assign_mounts, mount_for, mounts_for
+from dlstore.placement.rank import plan_rank
+from dlstore.placement.sharding import EpochPlan
 from dlstore.placement.world import World
 
 SHARDS = [f"train-{i:05d}.tfrecord" for i in range(12)]
@@ -136,57 +137,53 @@ def test_blocks_of_a_shard_spread_over_the_ranks_mounts():
     assert mount_for(layout, 5, [2, 3]) == mount_for(layout, 5, [2, 3], block=0)
 
 
+def _reads(layout, size, epoch, per_rank, counts, workers=1, **order):
+    """Per rank: its mounts and ``(shard, record, mount)`` of what it reads, planned by the one planner."""
+    plan = EpochPlan(counts, size * workers, epoch=epoch, **order)
+    out = []
+    for rank in range(size):
+        mine = assign_mounts(layout, World(rank=rank, size=size), mounts_per_rank=per_rank)
+        got = []
+        for w in range(workers):
+            p = plan_rank(plan, rank * workers + w, mine, layout=layout)
+            got += list(zip(p.shards.tolist(), p.records.tolist(), p.mounts.tolist()))
+        out.append((mine, got))
+    return out
+
+
 def test_a_shard_stays_on_its_mount_across_epochs():
     layout = Layout.replicated(MOUNTS[:4], [f"s{i}" for i in range(64)])
     # a rank with all four mounts: every shard always through the same one, whichever rank reads it
     chosen = {}
     for epoch in range(6):
-        plan = plan_mounts(layout, 4, counts=[10] * 64, mounts_per_rank=4, epoch=epoch)
-        for rank in range(4):
-            for shard, mount in plan.reads(rank):
+        for _, reads in _reads(layout, 4, epoch, 4, [10] * 64, block_records=10):
+            for shard, _, mount in reads:
                 assert chosen.setdefault(shard, mount) == mount
     assert len(chosen) == 64 and len(set(chosen.values())) == 4  # and all mounts are used
     # one mount per rank: a given rank reads a given shard through the same mount every epoch
     per_rank = {}
     for epoch in range(6):
-        plan = plan_mounts(layout, 8, counts=[10] * 64, mounts_per_rank=2, epoch=epoch)
-        for rank in range(8):
-            for shard, mount in plan.reads(rank):
+        for rank, (_, reads) in enumerate(_reads(layout, 8, epoch, 2, [10] * 64, block_records=10)):
+            for shard, _, mount in reads:
                 assert per_rank.setdefault((rank, shard), mount) == mount
 
 
-# ---- the world's plan ------------------------------------------------------------------------------
-
 @settings(max_examples=60, deadline=None)
 @given(counts=st.lists(st.integers(0, 20), min_size=1, max_size=10), size=st.integers(1, 9),
-       workers=st.integers(1, 3), k=st.integers(1, 3), striped=st.booleans(), seed=st.integers(0, 99))
-def test_mount_plan_reads_every_record_once_through_a_holder(counts, size, workers, k, striped, seed):
+       workers=st.integers(1, 3), k=st.integers(1, 3), striped=st.booleans(), seed=st.integers(0, 99),
+       block=st.integers(1, 7))
+def test_the_plan_reads_every_record_once_through_a_holder(counts, size, workers, k, striped, seed, block):
     shards = [f"s{i}" for i in range(len(counts))]
     layout = (Layout.striped if striped else Layout.replicated)(MOUNTS[:3], shards)
-    plan = plan_mounts(layout, size, counts=counts, num_workers=workers, mounts_per_rank=k, remainder="uneven",
-                       seed=seed)
     seen = Counter()
-    for rank in range(size):
-        for piece, mount in plan.pieces(rank):
-            assert mount in layout.holders[piece.shard]
+    for mine, reads in _reads(layout, size, 0, k, counts, workers, remainder="uneven", seed=seed,
+                              block_records=block, shuffle="block"):
+        for shard, record, mount in reads:
+            assert mount in layout.holders[shard]
             if not striped:
-                assert mount in plan.rank_mounts[rank]
-            seen.update((piece.shard, r) for r in range(piece.start, piece.stop))
+                assert mount in mine
+            seen[(shard, record)] += 1
     assert seen == Counter((s, r) for s, n in enumerate(counts) for r in range(n))
-    doc = json.loads(json.dumps(plan.to_dict()))
-    assert len(doc["ranks"]) == size and doc["layout"]["kind"] == layout.kind
-
-
-def test_whole_shards_without_counts():
-    layout = Layout.replicated(MOUNTS[:2], SHARDS)
-    plan = plan_mounts(layout, 5, remainder="uneven")
-    got = sorted(s for r in range(5) for s, _ in plan.reads(r))
-    assert got == list(range(12))
-    assert all(p.start == 0 and p.stop == 1 for r in range(5) for p, _ in plan.pieces(r))
-    text = plan.format_text(max_shards=2)
-    assert "more" in text and "rank" in text
-    with pytest.raises(PlacementError, match="record counts"):
-        plan_mounts(layout, 2, counts=[1, 2])
 
 
 # ---- on disk ---------------------------------------------------------------------------------------
@@ -259,34 +256,18 @@ def _dataset(tmp_path, mounts=2, shards=3, records=(5, 0, 7)):
     return dirs
 
 
-def test_record_counts_from_indexes(tmp_path):
-    from dlstore.sources.indexing import build_index
-
-    mounts = _dataset(tmp_path)
-    layout = scan_layout(mounts)
-    counts, why = record_counts(layout)
-    assert counts is None and "whole shards" in why
-    for s in layout.shards:
-        build_index(os.path.join(mounts[0], s), "tfrecord")
-    counts, why = record_counts(layout)
-    assert counts.tolist() == [5, 0, 7] and "12 records" in why
-
-
 def test_cli_plan(tmp_path, capsys):
-    from dlstore.sources.indexing import build_index
-
     mounts = _dataset(tmp_path)
     assert cli.main(["plan", "--mounts", *mounts, "--world-size", "3"]) == 0
     out = capsys.readouterr().out
-    assert "replicated" in out and "whole shards" in out and "remainder uneven" in out
-    for s in ("d-0", "d-1", "d-2"):
-        build_index(os.path.join(mounts[0], f"{s}.tfrecord"), "tfrecord")
+    assert "replicated" in out and "12 records" in out and "remainder pad" in out
     assert cli.main(["plan", "--mounts", *mounts, "--world-size", "4", "--json", "--remainder", "uneven"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["layout"]["kind"] == "replicated" and doc["total_records"] == 12
-    pieces = [p for rank in doc["ranks"] for p in rank["pieces"]]
-    got = Counter((p["shard"], r) for p in pieces for r in range(p["start"], p["stop"]))
-    assert got == Counter([(0, r) for r in range(5)] + [(2, r) for r in range(7)])
-    assert [rank["mounts"] for rank in doc["ranks"]] == [[0], [1], [0], [1]]
+    assert sum(c["records"] for c in doc["consumers"]) == 12
+    assert [c["mounts"] for c in doc["consumers"]] == [[mounts[0]], [mounts[1]], [mounts[0]], [mounts[1]]]
+    assert all(r["mount"] in c["mounts"] for c in doc["consumers"] for r in c["reads"])
+    assert cli.main(["plan", "--mounts", *mounts, "--world-size", "4", "--rank", "2", "--json"]) == 0
+    assert [c["rank"] for c in json.loads(capsys.readouterr().out)["consumers"]] == [2]
     assert cli.main(["plan", "--mounts", *mounts, "--world-size", "2", "--policy", "weighted"]) == 2
     assert "throughput" in capsys.readouterr().err

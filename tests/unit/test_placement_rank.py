@@ -45,41 +45,44 @@ def test_permute_sends_a_position_anywhere_evenly():
 @settings(max_examples=60, deadline=None)
 @given(counts=st.lists(st.integers(0, 40), min_size=1, max_size=30), world=st.integers(1, 7),
        workers=st.integers(1, 3), shuffle=st.sampled_from(["none", "block", "buffer", "global"]),
-       seed=st.integers(0, 100), block=st.integers(1, 9))
-def test_ranks_planned_alone_read_every_record_once(counts, world, workers, shuffle, seed, block):
+       seed=st.integers(0, 100), block=st.integers(1, 9), mounts=st.integers(1, 3))
+def test_ranks_planned_alone_read_every_record_once(counts, world, workers, shuffle, seed, block, mounts):
+    plan = EpochPlan(counts, world * workers, shuffle=shuffle, seed=seed, block_records=block, buffer_size=5,
+                     remainder="uneven")
     seen = []
-    for rank in range(world):
-        plan = plan_rank(counts, world, rank, num_workers=workers, shuffle=shuffle, seed=seed, block_records=block,
-                         buffer_size=5, remainder="uneven")
-        for r in plan.reads:
-            emitted = np.arange(len(r.shards)) if r.emit is None else r.emit
-            seen += list(zip(r.shards[emitted].tolist(), r.records[emitted].tolist()))
+    for consumer in range(world * workers):
+        r = plan_rank(plan, consumer, list(range(mounts)))
+        emitted = np.arange(len(r.shards)) if r.emit is None else r.emit
+        seen += list(zip(r.shards[emitted].tolist(), r.records[emitted].tolist()))
+        assert np.array_equal(r.blocks, r.records // block) and set(r.mounts.tolist()) <= set(range(mounts))
     assert sorted(seen) == [(s, i) for s, c in enumerate(counts) for i in range(c)]
 
 
 @pytest.mark.parametrize("shuffle", ["block", "global"])
 @pytest.mark.parametrize("per_rank", [1, 3])
-def test_a_rank_alone_reads_what_the_dataset_would_read(shuffle, per_rank):
-    # What Dataset.read_order does with a replicated layout, spelt out with the layout's own functions.
+def test_a_rank_reads_its_blocks_through_its_mounts_in_turns(shuffle, per_rank):
+    # The planner's choices spelt out with the layout's own functions.
     counts, world, rank, mounts = [37, 0, 120, 64, 5, 80], 4, 2, 5
-    order = dict(shuffle=shuffle, seed=3, epoch=1, block_records=16, buffer_size=20, remainder="pad",
-                 batch_size=4)
-    alone = plan_rank(counts, world, rank, num_mounts=mounts, mounts_per_rank=per_rank, **order)
+    plan = EpochPlan(counts, world, shuffle=shuffle, seed=3, epoch=1, block_records=16, buffer_size=20,
+                     remainder="pad", batch_size=4)
     layout = Layout.replicated([f"/m{i}" for i in range(mounts)], [f"s{i}" for i in range(len(counts))])
     rank_mounts = assign_mounts(layout, World(rank=rank, size=world), mounts_per_rank=per_rank)
-    plan = EpochPlan(counts, world, **order)
     shards, records = plan.read_sequence(rank)
     chosen = mounts_for(layout, shards, rank_mounts, records // 16)
     turns = read_in_turns(shards, records, records // 16, chosen) if per_rank > 1 else None
     expected = plan.read_plan(rank, 0, reorder=turns)
-    assert alone.mounts == list(rank_mounts)
-    got = alone.reads[0]
-    assert np.array_equal(got.shards, expected.shards) and np.array_equal(got.records, expected.records)
-    assert (got.emit is None and expected.emit is None) or np.array_equal(got.emit, expected.emit)
-    assert np.array_equal(alone.mount_of[0], chosen if turns is None else chosen[turns])
-    assert alone.records == plan.num_samples(rank) and sum(alone.records_per_mount().values()) == alone.records
+    for got in (plan_rank(plan, rank, rank_mounts), plan_rank(plan, rank, rank_mounts, layout=layout)):
+        assert np.array_equal(got.shards, expected.shards) and np.array_equal(got.records, expected.records)
+        assert (got.emit is None and expected.emit is None) or np.array_equal(got.emit, expected.emit)
+        assert np.array_equal(got.mounts, chosen if turns is None else chosen[turns])
+    # From a resume point on: the same reads' tail.
+    later = plan_rank(plan, rank, rank_mounts, emitted=9)
+    full = plan_rank(plan, rank, rank_mounts)
+    assert np.array_equal(later.mounts, full.mounts[len(full.mounts) - len(later.mounts):])
 
 
-def test_a_rank_outside_the_world_is_refused():
-    with pytest.raises(PlacementError, match="rank 4 of a world of 4"):
-        plan_rank([10], 4, 4)
+def test_a_failed_mount_is_remapped():
+    plan = EpochPlan([50, 50], 1, block_records=10)
+    moved = plan_rank(plan, 0, [0, 1], failed=[1], remap=lambda shards, blocks: np.full(len(shards), 0))
+    assert set(moved.mounts.tolist()) == {0}
+    assert set(plan_rank(plan, 0, [0, 1]).mounts.tolist()) == {0, 1}

@@ -298,3 +298,24 @@ def test_block_shuffle_reads_whole_blocks_in_seeded_order_within_windows():
     # A window of 0 reorders the blocks over the whole share.
     whole = EpochPlan(counts, 1, shuffle="block", block_records=10, block_window=0, seed=2, shuffle_shards=False)
     assert sorted((p.shard, p.start) for p in whole.pieces(0)) == in_order
+
+
+def test_a_shuffle_is_one_object_and_one_registry_entry(monkeypatch):
+    from dlstore.placement import sharding
+
+    assert all(isinstance(s, sharding.Shuffle) and s.name == n for n, s in SHUFFLES.items())
+    assert [n for n, s in SHUFFLES.items() if s.random_reads] == ["global"]
+    assert not SHUFFLES["global"].sequential and SHUFFLES["block"].sequential
+    assert "shuffle buffer of 10 records" in SHUFFLES["buffer"].describe(50, block_records=4, block_window=0,
+                                                                           buffer_size=10, mean_record_bytes=100)
+
+    def backwards(plan, start, stop, consumer):  # the span's records, last first, one piece each
+        shards, starts, stops = sharding._sequential_pieces(plan, start, stop, consumer)
+        records = np.repeat(shards, stops - starts), sharding.expand_runs(starts, stops - starts)
+        return records[0][::-1], records[1][::-1], records[1][::-1] + 1
+
+    monkeypatch.setitem(SHUFFLES, "backwards", sharding.Shuffle("backwards", backwards, False, True, "last first"))
+    plan = EpochPlan([3, 2], 1, shuffle="backwards", shuffle_shards=False)
+    assert plan.samples(0)[1].tolist() == [1, 0, 2, 1, 0]
+    with pytest.raises(PlacementError, match="unknown shuffle 'sideways'"):
+        EpochPlan([3], 1, shuffle="sideways")

@@ -20,15 +20,19 @@ __all__ = ["ALIGN", "DeviceBatch", "GdsPlanReader", "Quarantine", "check_source"
 
 
 def check_source(fmt: str, paths: Sequence[str], compressions: Sequence[str] = ()) -> None:
-    """Refuses what gds cannot read: anything but uncompressed TFRecord (the frame kernel knows no other).
+    """Refuses what gds cannot read: a format whose frames the GPU does not parse (only TFRecord's), or a
+    compressed file.
 
     Raises
     ------
     DlstoreError
         Naming the first file that is not, and what it is.
     """
+    from dlstore.formats.registry import format_named
+
     refused = [(p, c) for p, c in zip(paths, compressions) if c != "none"]
-    if fmt == "tfrecord" and not refused:
+    device_reads = format_named(fmt).device_reads
+    if device_reads and not refused:
         return
-    path, what = (paths[0], fmt) if fmt != "tfrecord" else (refused[0][0], f"{refused[0][1]}-compressed")
+    path, what = (paths[0], fmt) if not device_reads else (refused[0][0], f"{refused[0][1]}-compressed")
     raise DlstoreError(f"io='gds' reads uncompressed TFRecord files; {path} is {what}: use a host engine", path=path)

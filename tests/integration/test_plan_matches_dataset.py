@@ -1,0 +1,79 @@
+"""``dlstore plan --json`` lists exactly the reads a Dataset performs: every file, byte range and mount, in
+reading order, checked against the arrays the Dataset hands its C++ reader."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+import dlstore
+from dlstore import _C, cli
+from dlstore.placement.world import World
+from dlstore.sources.dataset import Dataset
+
+MOUNTS = 4
+
+
+def _mounts(tmp_path, layout, shards=8):
+    rng = np.random.default_rng(5)
+    mounts = [os.fspath(tmp_path / f"mnt{m}") for m in range(MOUNTS)]
+    for m in mounts:
+        os.makedirs(m)
+    for s in range(shards):
+        holders = (range(MOUNTS) if layout == "replicated" else [s % MOUNTS] if layout == "striped"
+                   else [s % MOUNTS, (s + 1) % MOUNTS] if s % 2 else [s % MOUNTS])
+        sizes = rng.integers(200, 3000, size=int(rng.integers(30, 90)))
+        for m in holders:
+            with dlstore.TFRecordWriter(os.path.join(mounts[m], f"d-{s}.tfrecord")) as w:
+                for n in sizes:
+                    w.write(b"x" * int(n))
+    return mounts
+
+
+def _given_reads(monkeypatch, ds):
+    """The reads the Dataset hands its reader over one epoch: ``(path, start, stop, mount)``, neighbouring
+    frames of one file merged, in reading order; the mount is the one whose directory holds the path."""
+    given = []
+    real = _C.PlanReader
+
+    def spy(paths, file, offset, size, *args, **kwargs):
+        given.append((list(paths), np.asarray(file).copy(), np.asarray(offset).copy(), np.asarray(size).copy()))
+        return real(paths, file, offset, size, *args, **kwargs)
+
+    monkeypatch.setattr(_C, "PlanReader", spy)
+    for _ in ds.batches():
+        pass
+    monkeypatch.setattr(_C, "PlanReader", real)
+    assert len(given) == 1  # no failover: one plan for the epoch
+    paths, file, offset, size = given[0]
+    reads = []
+    for f, o, n in zip(file.tolist(), offset.tolist(), size.tolist()):
+        path = paths[f]
+        mount = next(m for m in ds.mounts if path.startswith(m + os.sep))
+        if reads and reads[-1][0] == path and reads[-1][2] == o:
+            reads[-1] = (path, reads[-1][1], o + n, mount)
+        else:
+            reads.append((path, o, o + n, mount))
+    return reads
+
+
+@pytest.mark.parametrize("layout", ["replicated", "striped", "mixed"])
+@pytest.mark.parametrize("per_rank", [1, 2, 4])
+@pytest.mark.parametrize("shuffle", ["block", "global"])
+def test_plan_json_lists_the_reads_the_dataset_performs(tmp_path, monkeypatch, capsys, layout, per_rank, shuffle):
+    mounts = _mounts(tmp_path, layout)
+    world = 2
+    assert cli.main(["plan", "--mounts", *mounts, "--world-size", str(world), "--mounts-per-rank", str(per_rank),
+                     "--shuffle", shuffle, "--seed", "3", "--epoch", "1", "--batch-size", "4", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["layout"]["kind"] == layout and len(doc["consumers"]) == world
+    for rank in range(world):
+        ds = Dataset(None, mounts=mounts, world=World(rank=rank, size=world), mounts_per_rank=per_rank,
+                     shuffle=shuffle, seed=3, batch_size=4, io="buffered")
+        ds.set_epoch(1)
+        performed = _given_reads(monkeypatch, ds)
+        listed = [(r["path"], r["start"], r["stop"], r["mount"]) for r in doc["consumers"][rank]["reads"]]
+        assert listed == performed
+        assert doc["consumers"][rank]["mounts"] == ds.rank_mounts
+        if layout == "replicated":  # every read through one of the rank's own mounts
+            assert {r[3] for r in performed} <= set(ds.rank_mounts)

@@ -1,0 +1,214 @@
+"""``bench mlperf``: the workload table, DLIO's record layout, MLPerf's AU rule, the search, a tiny run."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+import numpy as np
+import pytest
+
+import dlstore
+from dlstore.bench import mlperf
+from dlstore.bench.__main__ import main as bench_main
+from dlstore.bench.mlperf_au import aggregate, epoch_au, rank_epoch, search_accelerators
+from dlstore.bench.mlperf_records import DlioExample, file_name, generate, layout_files, record_bytes, train_files
+from dlstore.bench.mlperf_workloads import WORKLOADS, MlperfWorkload, workload
+from dlstore.pipeline import Loader
+from dlstore.placement.world import detect_world
+
+# ---- the table --------------------------------------------------------------------------------------
+
+
+def test_table_rows_hold_mlperf_v10_values_with_their_source():
+    h100, a100 = workload("resnet50", "h100"), workload("resnet50", "a100")
+    assert (h100.batch_size, h100.computation_time, h100.au_threshold_pct) == (400, 0.224, 90.0)
+    assert a100.computation_time == 0.435 and a100.samples_per_s < h100.samples_per_s
+    cosmo = workload("cosmoflow", "h100")
+    assert (cosmo.batch_size, cosmo.computation_time, cosmo.au_threshold_pct) == (1, 0.0035, 70.0)
+    assert cosmo.dimension_stdev > 0 and h100.dimension_stdev == 0
+    assert h100.dimension == 338 and h100.image_bytes == 338 * 338  # int(sqrt(114660.07))
+    for (name, acc), row in WORKLOADS.items():
+        assert (row.workload, row.accelerator) == (name, acc)
+        assert row.batch_size >= 1 and row.computation_time > 0 and row.files >= 1 and row.records_per_file >= 1
+        source = row.source.format(name=row.name)
+        assert f"configs/dlio/workload/{row.name}.yaml" in source and row.round in source
+        assert f"{row.computation_time:g} s" in row.describe()
+
+
+def test_table_refuses_an_unknown_pair_listing_the_known():
+    with pytest.raises(ValueError, match="resnet50 on h100"):
+        workload("unet3d", "v100")
+
+
+def test_compute_preset_of_resnet50_agrees_with_the_table():
+    from dlstore.bench.compute import resolve_compute
+
+    for acc in ("a100", "h100"):
+        row = workload("resnet50", acc)
+        assert resolve_compute(acc, "resnet50", row.batch_size).seconds_per_batch == pytest.approx(row.computation_time)
+
+
+# ---- the AU rule ------------------------------------------------------------------------------------
+
+
+def test_au_leaves_the_first_step_out_and_counts_the_configured_compute():
+    # 4 steps of 0.2 s compute: wall 2.0 s, first step 1.0 s (the pipeline's start)
+    au = epoch_au([1.0, 0.25, 0.25, 0.5], 0.2)
+    assert au["au_pct"] == pytest.approx(100 * 3 * 0.2 / 1.0)
+    assert au["au_whole_pct"] == pytest.approx(100 * 4 * 0.2 / 2.0)
+    assert epoch_au([0.3], 0.2)["au_pct"] is None  # one step leaves nothing to measure
+
+
+def test_aggregate_means_au_over_ranks_and_sums_throughput():
+    def rank(seconds, samples_per_step=10):
+        steps = [{"step": i + 1, "seconds": s, "samples": samples_per_step, "bytes": 1 << 20,
+                  "compute_seconds": 0.1} for i, s in enumerate(seconds)]
+        return [rank_epoch({"steps": steps, "bytes": len(seconds) << 20}, 0.1)]
+
+    fast, slow = rank([0.5, 0.1, 0.1]), rank([0.5, 0.1, 0.4])
+    got = aggregate([fast, slow], threshold_pct=90.0)
+    assert got["au_per_rank_pct"] == pytest.approx([100.0, 40.0])
+    assert got["au_pct"] == pytest.approx(70.0) and not got["passed"]
+    assert got["samples_per_s"] == pytest.approx(30 / 0.7 + 30 / 1.0)
+    assert got["mib_per_s"] == pytest.approx(3 / 0.7 + 3 / 1.0)
+    assert aggregate([fast], 90.0)["passed"]
+
+
+# ---- the search -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("feeds, cap, best, tried", [
+    (5, 64, 5, [1, 2, 4, 8, 6, 5]),
+    (4, 64, 4, [1, 2, 4, 8, 6, 5]),
+    (1, 64, 1, [1, 2]),
+    (0, 64, 0, [1]),
+    (100, 12, 12, [1, 2, 4, 8, 12]),
+    (10, 12, 10, [1, 2, 4, 8, 12, 10, 11]),
+])
+def test_search_finds_the_most_accelerators_that_pass(feeds, cap, best, tried):
+    got = search_accelerators(lambda n: {"passed": n <= feeds}, cap)
+    assert got["best"] == best and got["tried"] == tried
+    assert got["capped"] == (best == cap)
+
+
+# ---- DLIO's layout ----------------------------------------------------------------------------------
+
+
+def test_generated_files_have_dlio_names_features_and_sizes(tmp_path):
+    cosmo = workload("cosmoflow", "h100")
+    files = generate(str(tmp_path), cosmo, 3, records_per_file=2)
+    assert [os.path.basename(f) for f in files] == [file_name(i, 3) for i in range(3)] == \
+        ["img_0_of_3.tfrecord", "img_1_of_3.tfrecord", "img_2_of_3.tfrecord"]
+    assert layout_files(str(tmp_path)) == files
+    sizes = set()
+    for path in files:
+        records = [dlstore.parse_example(r) for r in dlstore.open_records(path)]
+        assert len(records) == 2 and set(records[0]) == {"image", "size"}
+        assert int(records[0]["size"][0]) == cosmo.dimension
+        sizes.add(len(records[0]["image"][0]))
+        assert len(records[1]["image"][0]) == len(records[0]["image"][0])  # one shape per file, as DLIO's
+    assert len(sizes) > 1  # the sides are drawn per file
+
+
+def test_a_resnet50_record_is_the_size_dlio_writes(tmp_path):
+    h100 = workload("resnet50", "h100")
+    [path] = generate(str(tmp_path), h100, 1, records_per_file=3)
+    assert os.path.getsize(path) == 3 * record_bytes(h100) == 3 * 114303  # DLIO's files hold 114,303-byte records
+
+
+def test_layout_files_refuses_a_folder_without_dlio_files(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no \\*.tfrecord"):
+        layout_files(str(tmp_path))
+    (tmp_path / "train").mkdir()
+    (tmp_path / "train" / "shard-0.tfrecord").write_bytes(b"")
+    with pytest.raises(ValueError, match="shard-0.tfrecord: not a name of DLIO's layout"):
+        layout_files(str(tmp_path))
+
+
+@pytest.mark.slow  # importing TensorFlow takes seconds
+def test_dlio_example_parses_records_tensorflow_wrote_as_dlio_does(tmp_path):
+    tf = pytest.importorskip("tensorflow")
+    train = tmp_path / "train"
+    train.mkdir()
+    path = str(train / file_name(0, 1))
+    rng = np.random.default_rng(0)
+    with tf.io.TFRecordWriter(path) as writer:  # DLIO's tf_generator, record by record
+        for _ in range(6):
+            image = rng.integers(0, 255, size=(12, 9), dtype=np.uint8).tobytes()
+            feature = {"image": tf.train.Feature(bytes_list=tf.train.BytesList(value=[image])),
+                       "size": tf.train.Feature(int64_list=tf.train.Int64List(value=[10]))}
+            writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
+    loader = Loader(dlstore.Dataset([path], shuffle="none", batch_size=3), DlioExample(), 3)
+    batches = list(loader)
+    assert len(batches) == 2
+    for b in batches:
+        assert b["size"][:, 0].tolist() == [10, 10, 10] and b["image_bytes"][:, 0].tolist() == [108, 108, 108]
+
+
+# ---- runs -------------------------------------------------------------------------------------------
+
+
+def _tiny(tmp_path, files=4, per_file=12, batch=4, seconds_per_batch=0.004) -> mlperf.RunSpec:
+    row = workload("resnet50", "h100")
+    small = MlperfWorkload(**{**row.__dict__, "batch_size": batch, "computation_time": seconds_per_batch})
+    paths = generate(str(tmp_path), small, files, records_per_file=per_file)
+    return mlperf.RunSpec(tuple(paths), small, io="buffered", shuffle="block")
+
+
+def test_ranks_read_dlios_steps_and_every_record_once(tmp_path):
+    spec = _tiny(tmp_path)  # 48 records, 2 ranks, batch 4: DLIO's floor(48 / 4 / 2) = 6 steps each
+    got = mlperf.measure_threads(spec, 2, "warm")
+    assert "read once" in got["cache_method"]
+    for ranks in got["ranks"]:
+        [epoch] = ranks
+        assert [s["samples"] for s in epoch["steps"]] == [4] * mlperf.dlio_steps(48, 4, 2) == [4] * 6
+    # The Datasets the ranks read: together, each of the 48 records once.
+    seen = []
+    for r in range(2):
+        ds = spec.dataset(detect_world(rank=r, size=2, local_rank=r, local_size=2))
+        for batch in ds.batches():
+            buf = memoryview(batch).cast("B")
+            seen += [hashlib.sha1(buf[o:o + n]).hexdigest() for o, n in zip(batch.offsets, batch.lengths)]
+    everything = [hashlib.sha1(bytes(r)).hexdigest() for r in dlstore.open_records(list(spec.files))]
+    assert sorted(seen) == sorted(everything) and len(set(everything)) == 48
+
+
+def test_reported_au_matches_a_hand_computation_from_the_step_log(tmp_path):
+    spec = _tiny(tmp_path, seconds_per_batch=0.01)
+    got = mlperf.measure_threads(spec, 2, "warm")
+    figures = aggregate(got["ranks"], 90.0)
+    by_hand = []
+    for [epoch] in got["ranks"]:
+        seconds = [s["seconds"] for s in epoch["steps"]]
+        by_hand.append(100 * 0.01 * (len(seconds) - 1) / (sum(seconds) - seconds[0]))
+        assert epoch["au_pct"] == pytest.approx(by_hand[-1])
+        assert all(s["slept"] >= 0.01 for s in epoch["steps"])  # the sleep happened, at least as long
+    assert figures["au_pct"] == pytest.approx(sum(by_hand) / 2)
+
+
+def test_too_little_data_for_two_steps_is_refused_in_one_line(tmp_path):
+    spec = _tiny(tmp_path, files=1, per_file=4)
+    with pytest.raises(ValueError, match="MLPerf's AU needs at least 2"):
+        mlperf.measure_threads(spec, 1, "warm")
+
+
+def test_cli_generates_searches_and_reports(tmp_path, capsys):
+    out = tmp_path / "r.json"
+    data = tmp_path / "data"
+    status = bench_main(["mlperf", "--data", str(data), "--generate", "--files", "2", "--records-per-file", "16",
+                         "--batch-size", "4", "--launch", "threads", "--max-accelerators", "2", "--tiers", "warm",
+                         "--quiet", "--json", str(out), "--markdown", str(tmp_path / "r.md")])
+    assert status == 0
+    assert len(train_files(str(data))) == 2
+    text = capsys.readouterr().out
+    for words in ("resnet50_h100: batch 4", "scaled from 0.224 s per 400", "one thread per emulated accelerator",
+                  "MLPerf's rule", "load average", "AU % (MLPerf)", "warm: "):
+        assert words in text
+    doc = json.loads(out.read_text())
+    found = doc["tiers"]["warm"]
+    assert found["tried"][:1] == [1] and set(found["runs"]) <= {"1", "2"}
+    first = found["runs"]["1"]
+    assert first["samples_per_s"] > 0 and first["mib_per_s"] > 0 and first["au_pct"] is not None
+    assert doc["config"]["records"] == 32 and doc["workload"]["batch_size"] == 4
+    assert "| accelerators |" in (tmp_path / "r.md").read_text()
