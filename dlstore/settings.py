@@ -30,6 +30,11 @@ def _size(text: Any) -> int:
     return int(float(s[:-1] if mult > 1 else s) * mult)
 
 
+def _port(text: Any) -> Any:
+    """A port number, or None for an unset or empty value."""
+    return None if text is None or str(text).strip() == "" else int(text)
+
+
 def _flag(text: Any) -> bool:
     """Parses a switch: unset, '' , '0', 'false', 'no' and 'off' are off; anything else is on."""
     if isinstance(text, bool):
@@ -175,6 +180,10 @@ SETTINGS: Dict[str, Setting] = {
         Setting("no_progress", False, "DLSTORE_NO_PROGRESS",
                 "Set (to anything but 0, false, no or off): no progress bars or progress lines, even on a "
                 "terminal.", _flag),
+        Setting("metrics_port", None, "DLSTORE_METRICS_PORT",
+                "Set: the first loader of a process serves Prometheus metrics of every loader on this port "
+                "plus the local rank (0: a free port); see dlstore.metrics.", _port,
+                lambda v: v is None or 0 <= v <= 65535, "a port number, 0..65535"),
     ]
 }
 

@@ -13,6 +13,13 @@ Four ranks on one host (rank from Open MPI's environment, gradients averaged wit
 
     mpirun -np 4 --oversubscribe --allow-run-as-root python examples/pytorch_resnet50.py --steps 2
 
+Watching the input live: ``--metrics-port 9300`` serves Prometheus metrics of the loaders (records and
+bytes per rank and mount, failovers, skipped records, the wait for each batch, storage vs decode
+stalls; each rank on 9300 + its local rank) for the Grafana dashboard in
+examples/grafana/dlstore-input.json, and prints per epoch whether the job waited for its data and why::
+
+    python examples/pytorch_resnet50.py --steps 20 --metrics-port 9300
+
 See examples/README.md for torchrun, horovodrun and poprun.
 """
 from __future__ import annotations
@@ -25,6 +32,7 @@ from torch import nn
 
 from data_parallel import add_training_args, data_parallel, log, threads_per_rank
 
+import dlstore.metrics
 import dlstore.synthetic
 from dlstore.adapters.torch import DlstoreIterableDataset
 from dlstore.pipeline import ResNet50
@@ -98,9 +106,16 @@ def main(argv=None) -> None:
     parser.add_argument("--image-size", type=int, default=224,
                         help="crop size fed to the model (224 as in MLPerf; smaller for a quick smoke run)")
     parser.add_argument("--workers", type=int, default=0, help="DataLoader worker processes per rank")
+    parser.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
+                        help="serve Prometheus metrics of the input on PORT + local rank (0: a free port) and "
+                             "print per epoch how often the job waited for its data, and why (with --workers 0: "
+                             "workers' loaders live in their own processes)")
     args = parser.parse_args(argv)
 
     world, average_gradients = data_parallel(args.dist)
+    if args.metrics_port is not None:
+        port = dlstore.metrics.serve(args.metrics_port)
+        log(world, f"metrics: serving on http://0.0.0.0:{port}/metrics")
     torch.manual_seed(args.seed)  # the same initial weights on every rank
     torch.set_num_threads(threads_per_rank(world))
     paths = args.data or dlstore.synthetic.cached_dataset("imagenet", "tiny", progress=world.rank == 0)
@@ -108,7 +123,9 @@ def main(argv=None) -> None:
     # Shuffled (the Dataset's block shuffle); remainder="drop" gives every rank and worker the same
     # number of full batches, so no rank waits for another in the gradient all-reduce.
     dataset = DlstoreIterableDataset(paths, ResNet50(train=True, layout="NCHW", dtype="float32", size=args.image_size),
-                                     batch_size=args.batch_size, last_batch="DROP", remainder="drop", seed=args.seed)
+                                     batch_size=args.batch_size, last_batch="DROP", remainder="drop", seed=args.seed,
+                                     report_stalls=(lambda line: log(world, line)) if args.metrics_port is not None
+                                     else False)
     log(world, f"reads {dataset.share().describe()}" + (f", split among {args.workers} DataLoader workers"
                                                         if args.workers else ""))
     model = ResNet50Model()
@@ -141,6 +158,8 @@ def main(argv=None) -> None:
     checksum = sum(float(p.detach().double().sum()) for p in model.parameters())
     log(world, f"done: {step} steps, {samples} images in {elapsed:.1f} s ({samples / elapsed:.1f} images/s); "
                f"parameter checksum {checksum:.6f}")
+    if args.metrics_port is not None and not args.workers:
+        log(world, f"input over the run: {dataset.stall_report()['line']}")
 
 
 if __name__ == "__main__":

@@ -99,6 +99,10 @@ class BatchAdapter:
     def stats(self) -> Dict[str, Any]:
         return self.loader.stats()
 
+    def stall_report(self) -> Dict[str, Any]:
+        """The loader's :meth:`~dlstore.pipeline.Loader.stall_report`: how often, and why, the loop waited."""
+        return self.loader.stall_report()
+
     def state_dict(self) -> Dict[str, Any]:
         return self.loader.state_dict()
 

@@ -67,12 +67,27 @@ class TensorFlowAdapter(BatchAdapter):
     def convert_spec(self, name: str, shape: Tuple[Optional[int], ...], dtype: np.dtype):
         return self._tf.TensorSpec(shape=shape, dtype=self._tf.as_dtype(dtype), name=name)
 
+    def cardinality(self) -> Optional[int]:
+        """Elements one pass yields, when known: the loader's :meth:`~dlstore.pipeline.Loader.batches_per_epoch`
+        times its ``epochs``, from the start of an epoch; else None."""
+        per_epoch = self.loader.batches_per_epoch()
+        epochs = getattr(self.loader, "epochs", None)
+        if per_epoch is None or epochs is None or self.loader.state_dict()["sample_in_epoch"]:
+            return None
+        return per_epoch * epochs
+
     def dataset(self):
-        """The ``tf.data.Dataset``: one element per loader batch; each iteration is a new pass of the loader."""
+        """The ``tf.data.Dataset``: one element per loader batch; each iteration is a new pass of the loader.
+
+        Its cardinality is :meth:`cardinality` when known (so that Keras knows an epoch's steps),
+        else unknown.
+        """
         def generate() -> Iterator[Dict[str, Any]]:
             yield from self
 
-        return self._tf.data.Dataset.from_generator(generate, output_signature=self.element_spec)
+        ds = self._tf.data.Dataset.from_generator(generate, output_signature=self.element_spec)
+        known = self.cardinality()
+        return ds if known is None else ds.apply(self._tf.data.experimental.assert_cardinality(known))
 
 
 def as_tf_dataset(loader, *, copy: Optional[bool] = None):
@@ -88,7 +103,9 @@ def as_tf_dataset(loader, *, copy: Optional[bool] = None):
     Returns
     -------
     tf.data.Dataset
-        Elements are dicts name -> tensor; ``element_spec`` is a dict of ``tf.TensorSpec`` whose
+        Elements are dicts name -> tensor, one per batch; ``ds.cardinality()`` is the number of
+        batches of the loader's epochs when it is known (a :class:`~dlstore.Dataset` source, no
+        ``on_error`` skipping; else unknown); ``element_spec`` is a dict of ``tf.TensorSpec`` whose
         first dimension is the batch size, or ``None`` when the loader's last batch may be
         smaller (``last_batch="PARTIAL"``), with the loader's dtypes (``uint8`` or ``float32``
         images, ``int64`` labels and BERT ids, ``float32`` weights).

@@ -66,7 +66,7 @@ class _IterableRecords:
     def __init__(self, source, pipeline=None, batch_size: Optional[int] = None, *, world: Any = None,
                  shuffle: str = "block", seed: int = 0, remainder: str = "uneven",
                  last_batch: str = LastBatch.PARTIAL, prefetch: int = 2, threads: Optional[int] = None,
-                 **dataset_kwargs: Any):
+                 record_key: Optional[str] = None, report_stalls: Any = False, **dataset_kwargs: Any):
         if pipeline is not None and (batch_size is None or int(batch_size) < 1):
             raise ValueError(f"a pipeline needs batch_size >= 1, got {batch_size!r}")
         if pipeline is None and batch_size is not None:
@@ -87,12 +87,58 @@ class _IterableRecords:
         self.last_batch = check_last_batch(last_batch)
         self.prefetch = int(prefetch)
         self.threads = threads
+        self.record_key, self.report_stalls = record_key, report_stalls
         self.epoch = 0
+        self._current: Any = None  # the loader of the pass under way in this process (not pickled)
+        self._passes: Dict[str, Any] = {"passes": 0, "stats": {}, "stalls": None}  # finished passes, summed
         self._resume: Optional[Dict[str, int]] = None  # where the next pass of `epoch` starts (load_state_dict)
 
     @property
     def paths(self):
         return list(self.dataset.shards)
+
+    def __getstate__(self) -> Dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_current"] = None  # a loader holds a thread; a DataLoader worker makes its own
+        return state
+
+    def _fold(self, loader: Any) -> None:
+        """Adds a finished pass's loader counts to :attr:`_passes`."""
+        from dlstore.pipeline.stalls import StallMeter
+
+        summed = self._passes
+        summed["passes"] += 1
+        _sum_stats(summed["stats"], loader.stats())
+        if summed["stalls"] is None:
+            summed["stalls"] = StallMeter()
+        summed["stalls"].add(loader._stalls.totals)
+
+    def stats(self) -> Dict[str, Any]:
+        """Counters of the passes run in this process, summed (the loaders' ``stats()``: ``batches``,
+        ``samples``, ``skipped``, ``fallback_decodes``...), with the last pass's other entries (the
+        decoder, the engine), ``passes``, ``stalls`` (:meth:`stall_report`) and the rank's Dataset's
+        ``stats()`` under ``dataset``.
+
+        With DataLoader workers the passes run in the worker processes, each with its own counts:
+        this process then counts none (``passes`` 0); read with ``num_workers=0`` to see them here.
+        """
+        out = dict(self._passes["stats"])
+        current = self._current
+        if current is not None:
+            _sum_stats(out, current.stats())
+        out.update(passes=self._passes["passes"] + (current is not None), stalls=self.stall_report(),
+                   dataset=self.dataset.stats())
+        return out
+
+    def stall_report(self) -> Dict[str, Any]:
+        """The :meth:`dlstore.pipeline.Loader.stall_report` of the passes run in this process, together."""
+        from dlstore.pipeline.stalls import StallMeter
+
+        meter = StallMeter()
+        done, current = self._passes["stalls"], self._current
+        for part in ([done] if done is not None else []) + ([current._stalls] if current is not None else []):
+            meter.add(part.totals)
+        return meter.report()
 
     def set_epoch(self, epoch: int) -> None:
         """Chooses the epoch whose order and augmentation seeds the next pass uses.
@@ -193,13 +239,31 @@ class _IterableRecords:
         # default: the workers are the parallelism.
         threads = self.threads if self.threads is not None or not in_worker else 1
         loader = Loader(source, self.pipeline, self.batch_size, prefetch=self.prefetch,
-                        last_batch=self.last_batch, threads=threads, seed=seed, epochs=1, copy=True)
+                        last_batch=self.last_batch, threads=threads, seed=seed, epochs=1, copy=True,
+                        record_key=self.record_key, report_stalls=self.report_stalls)
         loader.load_state_dict({"epoch": self.epoch, "sample_in_epoch": start, "seed": seed})
-        for batch in loader:
-            if drop:  # an agreed empty batch handed out before the stop
-                drop -= 1
-                continue
-            yield {name: _as_tensor(torch, array) for name, array in batch.items()}
+        self._current = loader
+        try:
+            for batch in loader:
+                if drop:  # an agreed empty batch handed out before the stop
+                    drop -= 1
+                    continue
+                yield {name: _as_tensor(torch, array) for name, array in batch.items()}
+        finally:
+            self._current = None
+            self._fold(loader)
+
+
+#: The loader's counters and timings, summed over passes; its other entries (sizes, the decoder) are the last pass's.
+_SUMMED = ("batches", "samples", "padding", "empty_batches", "records", "bytes", "skipped", "skipped_pipeline",
+           "skipped_source", "failovers", "retries", "fallback_decodes", "source_s", "pipeline_s", "producer_wait_s",
+           "consumer_wait_s")
+
+
+def _sum_stats(into: Dict[str, Any], stats: Dict[str, Any]) -> None:
+    """Adds a loader's counters (:data:`_SUMMED`) to ``into``; its other entries replace theirs."""
+    for key, value in stats.items():
+        into[key] = into.get(key, 0) + value if key in _SUMMED else value
 
 
 def _cuda_index(torch, device: Any, loader: Any) -> Optional[int]:
@@ -278,7 +342,7 @@ def _dataset_class():
         last_batch : {"PARTIAL", "DROP", "FILL"}
             Each consumer's last batch, as in DALI. ``PARTIAL`` (default) keeps every sample
             exactly once.
-        prefetch, threads
+        prefetch, threads, record_key, report_stalls
             The :class:`dlstore.pipeline.Loader`'s. ``threads=None`` in a DataLoader worker means one.
         **dataset_kwargs
             For the :class:`dlstore.Dataset` made from files: ``mounts``, ``buffer_size``, and reader

@@ -27,6 +27,8 @@ than percentages.
     counters of the records and record bytes read; ``rate()`` of the bytes is smoother than the
     per-step figure, which is lumpy as the reader reads 8 MiB chunks ahead
 
+The figures are served by the process's one exporter, :mod:`dlstore.metrics`, beside the series of
+every loader the benchmark runs (``dlstore_records_total``, ``dlstore_batch_wait_seconds``...).
 ``prometheus_client`` is imported only when metrics are asked for (``pip install dlstore[bench]``).
 """
 from __future__ import annotations
@@ -34,9 +36,10 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Iterator, Optional
 
-from dlstore.placement.world import detect_world
+from dlstore import metrics as exporter
+from dlstore.metrics import MetricsUnavailable
 
 __all__ = ["BenchMetrics", "MetricsUnavailable", "add_arguments", "serve_from_args", "linger"]
 
@@ -58,17 +61,22 @@ _GAUGES = (
 )
 
 
-class MetricsUnavailable(ValueError):
-    """``--metrics-port`` was given but ``prometheus_client`` is not installed (a usage error: exit 2)."""
-
-
 def _prometheus():
-    try:
-        import prometheus_client
-    except ImportError:
-        raise MetricsUnavailable("--metrics-port needs prometheus_client: pip install prometheus_client "
-                                 "(or dlstore[bench])") from None
-    return prometheus_client
+    return exporter.prometheus()
+
+
+class _Forward:
+    """A collector handing on what a benchmark's own registry holds, so that the process's exporter
+    serves it."""
+
+    def __init__(self, registry: Any):
+        self.registry = registry
+
+    def collect(self) -> Iterator[Any]:
+        yield from self.registry.collect()
+
+    def describe(self) -> Iterator[Any]:
+        return iter(())
 
 
 def _ratio(pct: Optional[float]) -> Optional[float]:
@@ -95,8 +103,10 @@ class BenchMetrics:
         self.bench = bench
         self.unit = unit
         self.registry = prom.CollectorRegistry() if registry is None else registry
-        self._server = None
-        self._thread = None
+        self._forward: Optional[_Forward] = None
+        self._started = False
+        #: The port served, once :meth:`serve` has run.
+        self.port: Optional[int] = None
         r = self.registry
         self._rate = prom.Gauge("dlstore_bench_samples_per_second", "Rate of the last completed step or pass",
                                 _LABELS + ("unit",), registry=r)
@@ -172,16 +182,23 @@ class BenchMetrics:
         return _prometheus().generate_latest(self.registry).decode()
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> int:
-        """Serves ``/metrics`` from a background thread; returns the port (``port`` 0: a free one)."""
-        self._server, self._thread = _prometheus().start_http_server(port, addr=addr, registry=self.registry)
-        return self._server.server_port
+        """Serves ``/metrics`` through :func:`dlstore.metrics.serve` (``port`` + the local rank under a
+        launcher; 0: a free one), these figures beside the loaders'; returns the port."""
+        self._started = exporter.serving() is None
+        self.port = exporter.serve(port, addr)
+        if self._forward is None:
+            self._forward = _Forward(self.registry)
+            exporter.registry().register(self._forward)
+        return self.port
 
     def close(self) -> None:
-        """Stops serving (if serving)."""
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
+        """Takes these figures off the exporter, and stops it if :meth:`serve` started it."""
+        if self._forward is not None:
+            exporter.registry().unregister(self._forward)
+            self._forward = None
+        if self._started:
+            exporter.stop()
+            self._started = False
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -216,13 +233,10 @@ def serve_from_args(args: argparse.Namespace, bench: str, unit: str,
         raise ValueError(f"--metrics-port must be 0..65535, not {port}")
     if args.metrics_linger < 0:
         raise ValueError(f"--metrics-linger must be 0 or more, not {args.metrics_linger}")
-    if port:
-
-        port += detect_world().local_rank  # ranks on one host do not fight over one port
     metrics = BenchMetrics(bench, unit)
     try:
         bound = metrics.serve(port)
-    except OSError as e:
+    except OSError as e:  # the port with the local rank added, as dlstore.metrics.serve binds it
         raise OSError(e.errno, f"--metrics-port {port}: {e.strerror}") from None
     log(f"metrics: serving on http://0.0.0.0:{bound}/metrics")
     return metrics

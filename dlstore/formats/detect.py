@@ -3,13 +3,22 @@ from __future__ import annotations
 
 from typing import Optional, Tuple
 
+from dlstore.errors import DlstoreError
 from dlstore.formats.registry import FORMATS
 
-__all__ = ["detect", "FORMATS", "COMPRESSIONS"]
+__all__ = ["detect", "FORMATS", "COMPRESSIONS", "NotRecordsError"]
 
 COMPRESSIONS = ("none", "gzip", "zlib")
 
 _GZIP_MAGIC = b"\x1f\x8b"
+
+#: First bytes of files often passed as data by mistake -> what they are.
+_OTHER_FILES = ((b"\xff\xd8\xff", "a JPEG image"), (b"\x89PNG", "a PNG image"), (b"GIF8", "a GIF image"),
+                (b"BM", "a BMP image"), (b"PK\x03\x04", "a zip archive"), (b"\x93NUMPY", "a numpy array"))
+
+
+class NotRecordsError(DlstoreError, ValueError):
+    """A file that is neither TFRecord nor RecordIO was given as records (a ValueError too, as before)."""
 
 
 def _looks_like_zlib(head: bytes) -> bool:
@@ -34,9 +43,12 @@ def detect(name: str, head: bytes, format: str = "auto", compression: Optional[s
 
     Raises
     ------
+    NotRecordsError
+        When the bytes are neither TFRecord nor RecordIO; the message names the file, says what it
+        seems to be (an image...) and shows its first bytes (and advises no format: a file that is
+        not records stays so whatever is passed).
     ValueError
-        When the bytes are neither TFRecord nor RecordIO; the message names the file and shows its
-        first bytes (and advises no format: a file that is not records stays so whatever is passed).
+        For an unknown format or compression.
     """
     lower = name.lower()
     # As tf.data's compression_type and TFRecordWriter take it: None or "" is uncompressed, any case.
@@ -59,8 +71,11 @@ def detect(name: str, head: bytes, format: str = "auto", compression: Optional[s
                 or [f for f in FORMATS.values() if lower.endswith(f.suffixes)]
                 or [f for f in FORMATS.values() if f.compressible and (compression != "none" or not head)])
         if not told:
-            raise ValueError(f"{name}: does not look like {' or '.join(f.title for f in FORMATS.values())} (its "
-                             f"first bytes are {head[:12].hex(' ')})")
+            what = next((f" but {kind}" for magic, kind in _OTHER_FILES if head.startswith(magic)), "")
+            hint = ("; a folder of images becomes records with `dlstore convert IMAGE_DIR OUT_DIR`" if "image" in what
+                    else "")
+            raise NotRecordsError(f"{name}: does not look like {' or '.join(f.title for f in FORMATS.values())}"
+                                  f"{what} (its first bytes are {head[:12].hex(' ')}){hint}", path=name)
         format = told[0].name
     if format not in FORMATS:
         raise ValueError(f"format must be one of {tuple(FORMATS)} or 'auto', not {format!r}")

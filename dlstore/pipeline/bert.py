@@ -9,13 +9,13 @@ loader's reused arrays with the GIL released: no per-record Python, no intermedi
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Mapping, Optional
 
 import numpy as np
 
 from dlstore.pipeline.loader import Loader
 from dlstore.sources.dataset import dataset_for
-from dlstore.pipeline.stages import Field, Pipeline, PipelineRun
+from dlstore.pipeline.stages import Field, Pipeline, PipelineRun, naming_missing_features
 
 __all__ = ["Bert", "bert_loader", "BERT_PRESETS"]
 
@@ -38,6 +38,11 @@ class Bert(Pipeline):
     dtype : {"int64", "int32"}, optional
         Integer features' dtype (``masked_lm_weights`` is always float32). int32 halves the
         bytes a batch holds and moves to the accelerator; each value is checked to fit.
+    features : mapping, optional
+        Output name -> the ``tf.train.Example`` feature it is read from, for records whose features
+        are named otherwise (e.g. ``{"next_sentence_labels": "nsp_label"}``); outputs not named keep
+        their own name, as ``create_pretraining_data.py`` writes them. A record lacking features is
+        reported with every feature it lacks.
 
     Raises
     ------
@@ -55,7 +60,8 @@ class Bert(Pipeline):
     name = "bert"
     formats = ("tfrecord",)
 
-    def __init__(self, seq_len: int = 128, max_predictions: Optional[int] = None, dtype: str = "int64"):
+    def __init__(self, seq_len: int = 128, max_predictions: Optional[int] = None, dtype: str = "int64",
+                 features: Optional[Mapping[str, str]] = None):
         seq_len = int(seq_len)
         if seq_len < 1:
             raise ValueError(f"seq_len must be at least 1, got {seq_len}")
@@ -71,6 +77,11 @@ class Bert(Pipeline):
         self.seq_len = seq_len
         self.max_predictions = int(max_predictions)
         self.dtype = dtype
+        unknown = sorted(set(features or {}) - set(self.fields()))
+        if unknown:
+            raise ValueError(f"features: {unknown} are not outputs of the BERT pipeline ({sorted(self.fields())})")
+        #: Output name -> the feature it is read from.
+        self.features = {name: str((features or {}).get(name, name)) for name in self.fields()}
 
     def fields(self) -> Dict[str, Field]:
         ints = np.dtype(_INT_DTYPES[self.dtype])
@@ -95,15 +106,19 @@ class Bert(Pipeline):
         from dlstore import _C
 
         self.check_format(format)
-        spec = [(name, np.dtype(dtype).name, int(np.prod(shape)), None)
+        names = self.features
+        spec = [(names[name], np.dtype(dtype).name, int(np.prod(shape)), None)
                 for name, (shape, dtype) in self.fields().items()]
         parse = _C.parse_example_batch
+        renamed = any(feature != name for name, feature in names.items())
 
         def run(buffer: Any, offsets: np.ndarray, lengths: np.ndarray, out: Dict[str, np.ndarray], row: int,
                 epoch: int, position: int) -> None:
-            parse(buffer, offsets, lengths, spec, out, row, threads)
+            arrays = {feature: out[k] for k, feature in names.items()} if renamed else out
+            parse(buffer, offsets, lengths, spec, arrays, row, threads)
 
-        return run
+        return naming_missing_features(run, names, "Bert(features={output: feature name}) or "
+                                                   "bert_loader(..., features=...)")
 
     def describe(self) -> Dict[str, Any]:
         return {"pipeline": self.name, "seq_len": self.seq_len, "max_predictions": self.max_predictions,
@@ -115,7 +130,7 @@ class Bert(Pipeline):
 
 def bert_loader(source: Any, batch_size: int = 64, seq_len: int = 128, io: Optional[str] = None,
                 prefetch: int = 2, *, max_predictions: Optional[int] = None, dtype: str = "int64",
-                **kw: Any):
+                features: Optional[Mapping[str, str]] = None, **kw: Any):
     """A :class:`~dlstore.pipeline.Loader` of BERT pretraining batches from TFRecord files.
 
     Parameters
@@ -125,7 +140,7 @@ def bert_loader(source: Any, batch_size: int = 64, seq_len: int = 128, io: Optio
         directories, read through a :class:`~dlstore.Dataset` of this rank's share (rank and size
         from the launcher), shuffled (``shuffle="block"`` unless given).
     batch_size, prefetch : int, optional
-    seq_len, max_predictions, dtype : optional
+    seq_len, max_predictions, dtype, features : optional
         See :class:`Bert`.
     io : str, optional
         I/O engine (``auto`` by default, resolved and reported in ``loader.stats()``).
@@ -149,4 +164,4 @@ def bert_loader(source: Any, batch_size: int = 64, seq_len: int = 128, io: Optio
     if io is not None:
         kw["io"] = io
     source = dataset_for(source, kw, shared=("seed", "on_error"), rest=True, shuffle="block")
-    return Loader(source, Bert(seq_len, max_predictions, dtype), batch_size, prefetch=prefetch, **kw)
+    return Loader(source, Bert(seq_len, max_predictions, dtype, features), batch_size, prefetch=prefetch, **kw)

@@ -10,16 +10,19 @@ a ring of ``prefetch + 2`` buffers allocated once.
 """
 from __future__ import annotations
 
+import sys
 import time
 import warnings
 import weakref
-from typing import Any, Callable, Dict, Iterator, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, Optional, Tuple, Union
 
 import numpy as np
 
+from dlstore import metrics
 from dlstore.errors import DlstoreError
 from dlstore.io import memory
 from dlstore.pipeline.prefetch import BatchRing, Prefetcher
+from dlstore.pipeline.stalls import WAIT_BUCKETS_S, StallMeter
 from dlstore.pipeline.stages import Pipeline, check_last_batch
 from dlstore.placement.world import detect_world
 from dlstore.sources.source import Source, start_at, state_at
@@ -94,6 +97,14 @@ class Loader:
         (:func:`~dlstore.io.memory.check_device`). ``cuda:local``: the GPU numbered as this process's
         local rank (the source's world, else the launcher's), one GPU per rank on a host. ``None`` or
         ``"cpu"``: numpy batches.
+    record_key : str, optional
+        Adds each sample's identity to the batch dict: ``"index"`` gives ``shard`` and ``record``
+        (int64: the shard's index in ``source.shards`` and the record's index in it; a
+        :class:`~dlstore.Dataset` source), any other string names an int64 feature of the
+        records (TFRecord ``tf.train.Example``), given as ``key``. Off by default.
+    report_stalls : bool or callable, optional
+        At each epoch's end, a line saying how often the consumer waited for its batch and why
+        (:meth:`stall_report`'s ``line``): printed to stderr (True) or passed to the callable.
 
     Notes
     -----
@@ -114,7 +125,8 @@ class Loader:
                  last_batch: str = "DROP", threads: Optional[int] = None, seed: int = 0,
                  epochs: Optional[int] = 1, copy: bool = False, on_error: str = "raise",
                  allocator: Optional[Callable[[Tuple[int, ...], Any], np.ndarray]] = None,
-                 device: Optional[str] = None):
+                 device: Optional[str] = None, record_key: Optional[str] = None,
+                 report_stalls: Union[bool, Callable[[str], None]] = False):
         if not isinstance(source, Source):
             raise TypeError(f"source must be a dlstore Source (dlstore.Dataset, dlstore.open_records, or "
                             f"anything with the methods of dlstore.sources.source.Source), got {type(source).__name__}")
@@ -152,8 +164,16 @@ class Loader:
         self.copy = bool(copy)
         self.on_error = on_error
         self.format = source.format
-        self._fields = pipeline.fields()
+        self._fields = dict(pipeline.fields())
         self._run = pipeline.bind(format=self.format, seed=self.seed, threads=self.threads)
+        self.record_key = record_key
+        self._keys_of: Optional[Callable[[Any], Dict[str, np.ndarray]]] = None
+        if record_key is not None:
+            self._add_record_key(str(record_key))
+        if report_stalls is True:
+            report_stalls = _print_stderr
+        self._report_stalls: Optional[Callable[[str], None]] = report_stalls or None
+        self._stalls = StallMeter()
 
         local_rank = (getattr(source, "world", None) or detect_world()).local_rank  # for device="cuda:local"
         self._device_index, self._copier, self._device_path = memory.device_copier(device, local_rank,
@@ -175,8 +195,43 @@ class Loader:
         self._producer: Optional[_Producer] = None
         #: Padding rows (repeats of the epoch's last sample) in the batch last yielded (``FILL``).
         self.padding = 0
-        self._counts = {"batches": 0, "samples": 0, "padding": 0, "skipped": 0, "bytes": 0, "records": 0}
+        self._counts = {"batches": 0, "samples": 0, "padding": 0, "bytes": 0, "records": 0, "skipped_pipeline": 0,
+                        "skipped_source": 0, "failovers": 0, "retries": 0, "empty_batches": 0}
         self._seconds = {"source": 0.0, "pipeline": 0.0, "producer_wait": 0.0, "consumer_wait": 0.0}
+        metrics.track(self)  # exported while it lives; with DLSTORE_METRICS_PORT set, the first one serves
+
+    def _add_record_key(self, key: str) -> None:
+        """Adds the outputs of ``record_key`` (see the class) to the fields and the batch function."""
+        taken = [name for name in ("shard", "record", "key") if name in self._fields]
+        if taken:
+            raise ValueError(f"record_key: the {self.pipeline.name} pipeline has outputs named {taken} already")
+        if key == "index":
+            record_keys = getattr(self.source, "record_keys", None)
+            if record_keys is None:
+                raise ValueError(f"record_key='index' needs a dlstore.Dataset source (its shards are indexed), "
+                                 f"not {type(self.source).__name__}; or name an int64 feature as the key")
+
+            def keys_of(chunk: Any) -> Dict[str, np.ndarray]:
+                shard, record = record_keys(chunk)
+                return {"shard": shard, "record": record}
+
+            self._keys_of = keys_of
+            self._fields.update(shard=((), np.dtype(np.int64)), record=((), np.dtype(np.int64)))
+            return
+        if self.format != "tfrecord":
+            raise ValueError(f"record_key={key!r} names a tf.train.Example feature; these records are "
+                             f"{self.format}: use record_key='index'")
+        from dlstore import _C
+
+        run, parse, spec = self._run, _C.parse_example_batch, [(key, "int64", 1, None)]
+
+        def run_with_key(buffer: Any, offsets: np.ndarray, lengths: np.ndarray, out: Dict[str, np.ndarray],
+                         row: int, epoch: int, position: int) -> None:
+            run(buffer, offsets, lengths, out, row, epoch, position)
+            parse(buffer, offsets, lengths, spec, {key: out["key"]}, row, 1)
+
+        self._run = run_with_key
+        self._fields["key"] = ((), np.dtype(np.int64))
 
     # ---- what comes out ----
 
@@ -212,8 +267,12 @@ class Loader:
         prefetcher = Prefetcher(len(ring), producer.run, name="dlstore-loader")
         self._active, self._producer = prefetcher, producer
         held: Optional[int] = None
+        stalls, epoch_start = self._stalls, self._stalls.snapshot()
+        handed: Optional[float] = None  # when the last batch was handed over
+        warned_empty = False
         try:
             while True:
+                source_0, pipeline_0 = producer.busy()
                 item = prefetcher.get()
                 if held is not None:  # the consumer asked for the next batch: the last one is free
                     if self._copier is not None:
@@ -224,13 +283,28 @@ class Loader:
                     return
                 if isinstance(item, _EpochEnd):
                     self._epoch, self._position, self._delivered = item.epoch + 1, 0, 0
+                    if self._report_stalls is not None:
+                        self._report_stalls(f"dlstore loader, epoch {item.epoch}: "
+                                            f"{stalls.report(since=epoch_start)['line']}")
+                    epoch_start = stalls.snapshot()
                     continue
+                # The wait, split by what the background thread did meanwhile: read or process records.
+                wait = prefetcher.last_wait_s
+                if wait >= 1e-4:
+                    source_1, pipeline_1 = producer.busy()
+                    source_0, pipeline_0 = source_1 - source_0, pipeline_1 - pipeline_0
+                stalls.step(wait, time.perf_counter() - handed if handed is not None else wait, source_0, pipeline_0)
                 held = item.slot
                 self._epoch, self._position, self._delivered = item.epoch, item.position, item.delivered
                 self.padding = item.padding
                 self._counts["batches"] += 1
                 self._counts["samples"] += item.rows - item.padding
                 self._counts["padding"] += item.padding
+                if item.rows == 0:
+                    self._counts["empty_batches"] += 1
+                    if not warned_empty:
+                        warned_empty = True
+                        warnings.warn(_empty_batch_note(self), RuntimeWarning, stacklevel=2)
                 arrays = ring.slots[item.slot]
                 if item.rows != self.batch_size:
                     arrays = {name: a[:item.rows] for name, a in arrays.items()}
@@ -240,6 +314,7 @@ class Loader:
                     arrays = self._copier.send(arrays)
                 if self.copy:
                     arrays = {name: a.copy() for name, a in arrays.items()}
+                handed = time.perf_counter()
                 yield arrays
         finally:
             prefetcher.close()
@@ -331,9 +406,14 @@ class Loader:
     def stats(self) -> Dict[str, Any]:
         """Counters and timings over this loader's life (iterations finished or under way).
 
-        Keys: ``batches``, ``samples`` (rows yielded, padding excluded), ``padding``, ``skipped``
-        (records the pipeline could not process, with ``on_error`` skip/warn), ``records`` and
-        ``bytes`` (records and payload bytes taken from the source); seconds the background
+        Keys: ``batches``, ``samples`` (rows yielded, padding excluded), ``padding``, ``empty_batches``
+        (0-row batches of an uneven share, see :attr:`dlstore.Dataset.num_batches`), ``skipped``
+        (records left out: ``skipped_source``, corrupt records the source skipped with its
+        ``on_error`` skip/warn, counted as the source moves past them and exactly at each pass's end,
+        plus ``skipped_pipeline``, records the pipeline could not process, with the loader's
+        ``on_error`` skip/warn), ``failovers`` and ``retries`` (the source's, summed at each pass's
+        end), ``records`` and ``bytes`` (records and payload bytes taken from the source); the
+        :meth:`stall_report` under ``stalls``; seconds the background
         thread spent waiting on the source (``source_s``: I/O), in the pipeline (``pipeline_s``:
         parse/decode) and waiting for the consumer to free a buffer (``producer_wait_s``), and
         that the consumer spent waiting for a batch (``consumer_wait_s``); ``buffers_allocated``
@@ -344,9 +424,11 @@ class Loader:
         and its ``stats()`` under ``source``, when it has them.
         """
         counts, seconds = dict(self._counts), dict(self._seconds)
-        if self._active is not None and self._producer is not None:
-            _add_stats(counts, seconds, self._producer, self._active)
+        active, producer = self._active, self._producer  # read once: a scrape runs in another thread
+        if active is not None and producer is not None:
+            _add_stats(counts, seconds, producer, active)
         out: Dict[str, Any] = dict(counts)
+        out["skipped"] = counts["skipped_pipeline"] + counts["skipped_source"]
         out.update({f"{k}_s": v for k, v in seconds.items()})
         out["buffers_allocated"] = self._ring.arrays_allocated if self._ring is not None else 0
         out["buffer_bytes"] = self._ring.nbytes if self._ring is not None else 0
@@ -362,7 +444,45 @@ class Loader:
             if self._pool is not None:
                 out["pinned"] = self._pool.stats()
         out["source"] = self.source.stats()
+        out["stalls"] = self.stall_report()
         return out
+
+    def stall_report(self) -> Dict[str, Any]:
+        """Whether this consumer waits for its data, and why, over the loader's life.
+
+        Per step (batch handed over) the consumer's wait in ``next()`` is split into waiting for
+        storage and for decoding, by what the background thread did during that wait
+        (:mod:`dlstore.pipeline.stalls`, after DS-Analyzer's fetch and prep stalls).
+
+        Returns
+        -------
+        dict
+            ``steps``, ``stalled_steps`` (waits over a millisecond), ``storage_steps``,
+            ``decode_steps``, their ``*_fraction`` of the steps, ``wait_s``, ``wall_s``,
+            ``wait_fraction``, ``storage_wait_s``, ``decode_wait_s``, ``storage_share`` and
+            ``decode_share`` of the time waited, and ``line``, e.g. ``"waited for data in 23% of
+            400 steps: storage 18%, decode 5% (9% of the time waiting, 80% of it for storage)"``.
+        """
+        return self._stalls.report()
+
+    def wait_histogram(self) -> Tuple[Tuple[float, ...], Tuple[int, ...]]:
+        """``(upper bounds in seconds, steps per bucket)`` of the consumer's wait for each batch (not
+        cumulative; the last bound is infinity)."""
+        return WAIT_BUCKETS_S, tuple(self._stalls.buckets)
+
+    def batches_per_epoch(self) -> Optional[int]:
+        """Batches a whole epoch yields, when the source says its length and nothing is skipped
+        (``on_error="raise"`` on the loader and the source); else None."""
+        try:
+            samples = len(self.source)
+        except TypeError:
+            return None
+        if self.on_error != "raise" or getattr(self.source, "on_error", "raise") != "raise":
+            return None
+        agreed = getattr(self.source, "num_batches", None)
+        if self.last_batch == "PARTIAL" and isinstance(agreed, int):
+            return max(agreed, -(-samples // self.batch_size))
+        return samples // self.batch_size if self.last_batch == "DROP" else -(-samples // self.batch_size)
 
     def __repr__(self) -> str:
         return (f"Loader({self.pipeline.name}, batch_size={self.batch_size}, prefetch={self.prefetch}, "
@@ -384,8 +504,29 @@ class _Producer:
         self.first_position = position
         self.first_delivered = delivered
         self.epochs = loader.epochs
-        self.counts = {"skipped": 0, "bytes": 0, "records": 0}
+        self.keys_of = loader._keys_of
+        self.loader = loader
+        self.counts = {"skipped_pipeline": 0, "skipped_source": 0, "failovers": 0, "retries": 0, "bytes": 0,
+                       "records": 0}
         self.seconds = {"source": 0.0, "pipeline": 0.0}
+        # What the thread does now, read by the consumer while it waits: 0 waiting for the source, 1 in the
+        # pipeline, None neither; since when.
+        self.phase: Optional[int] = None
+        self.phase_start = 0.0
+
+    def busy(self) -> Tuple[float, float]:
+        """Seconds so far (the phase under way included) waiting for the source and in the pipeline."""
+        phase, start = self.phase, self.phase_start
+        source, pipeline = self.seconds["source"], self.seconds["pipeline"]
+        if phase == 0:
+            source += max(0.0, time.perf_counter() - start)
+        elif phase == 1:
+            pipeline += max(0.0, time.perf_counter() - start)
+        return source, pipeline
+
+    def _publish(self, prefetcher: Prefetcher, slot: int, rows: int, padding: int, epoch: int,
+                 position: int, delivered: int) -> None:
+        prefetcher.publish(_Batch(slot, rows, padding, epoch, position, delivered))
 
     def run(self, prefetcher: Prefetcher) -> None:
         epoch = self.first_epoch
@@ -394,14 +535,17 @@ class _Producer:
             position = self.first_position if first else 0
             # The source starts where the consumer is: mid-epoch after a resume or a loop broken off.
             start_at(self.source, epoch, position)
-            self._epoch(prefetcher, epoch, position, self.first_delivered if first else 0)
+            delivered, published = self._epoch(prefetcher, epoch, position, self.first_delivered if first else 0)
             if prefetcher.stopping:
                 return
+            if published == 0 and position == 0:
+                raise DlstoreError(_no_batch_note(self.loader, epoch, delivered))
             prefetcher.publish(_EpochEnd(epoch))
             epoch += 1
 
-    def _epoch(self, prefetcher: Prefetcher, epoch: int, position: int, delivered: int) -> None:
-        """Fills and publishes the batches of one epoch, starting at ``position``.
+    def _epoch(self, prefetcher: Prefetcher, epoch: int, position: int, delivered: int) -> Tuple[int, int]:
+        """Fills and publishes the batches of one epoch, starting at ``position``; returns the samples
+        delivered and the batches published.
 
         ``position`` is the source's: records handed out plus those it skipped as corrupt
         (``on_error="skip"`` on the source), so that a resume starts where the source stopped;
@@ -411,13 +555,17 @@ class _Producer:
         slot: Optional[int] = None
         out: Dict[str, np.ndarray] = {}
         row = 0
+        published = 0
+        skipped_here = 0  # records the source skipped in this pass, as its position showed them
+        keys = None
         chunks = self.source.batches()
         try:
             while True:
-                t0 = time.perf_counter()
+                t0 = self.phase_start = time.perf_counter()
+                self.phase = 0
                 chunk = next(chunks, None)
-                t1 = time.perf_counter()
-                self.seconds["source"] += t1 - t0
+                self.seconds["source"] += time.perf_counter() - t0
+                self.phase = None
                 if chunk is None or prefetcher.stopping:
                     break
                 # The source's position after this chunk, its skipped records included (a Dataset's).
@@ -428,61 +576,86 @@ class _Producer:
                 buffer = getattr(chunk, "buffer", chunk)
                 self.counts["records"] += n
                 self.counts["bytes"] += int(chunk.nbytes)
+                if self.keys_of is not None:
+                    keys = self.keys_of(chunk)
                 while start < n:
                     if slot is None:
                         slot = prefetcher.acquire()
                         out = self.ring.slots[slot]
                         row = 0
                     take = min(batch_size - row, n - start)
-                    t0 = time.perf_counter()
+                    t0 = self.phase_start = time.perf_counter()
+                    self.phase = 1
                     row += self._process(chunk, buffer, offsets, lengths, start, take, out, row, epoch,
-                                         position)
+                                         position, keys)
                     self.seconds["pipeline"] += time.perf_counter() - t0
+                    self.phase = None
                     start += take
                     position += take
                     delivered += take
                     if start == n and isinstance(after, int) and after > position:
-                        position = after  # records the source skipped before or within this chunk
+                        # records the source skipped before or within this chunk
+                        skipped_here += after - position
+                        self.counts["skipped_source"] += after - position
+                        position = after
                     if row == batch_size:
-                        prefetcher.publish(_Batch(slot, row, 0, epoch, position, delivered))
+                        self._publish(prefetcher, slot, row, 0, epoch, position, delivered)
+                        published += 1
                         slot = None
         finally:
             close = getattr(chunks, "close", None)
             if close is not None:
                 close()  # releases the reader's files and buffers now, in this thread
+            self._pass_ended(skipped_here)
         if slot is not None:
             if row == 0 or self.last_batch == "DROP" or prefetcher.stopping:
                 prefetcher.release(slot)
             elif self.last_batch == "PARTIAL":
-                prefetcher.publish(_Batch(slot, row, 0, epoch, position, delivered))
+                self._publish(prefetcher, slot, row, 0, epoch, position, delivered)
+                published += 1
             else:  # FILL: repeat the last sample
                 for a in out.values():
                     a[row:] = a[row - 1]
-                prefetcher.publish(_Batch(slot, batch_size, batch_size - row, epoch, position, delivered))
-        self._agree(prefetcher, epoch, position, delivered)
+                self._publish(prefetcher, slot, batch_size, batch_size - row, epoch, position, delivered)
+                published += 1
+        return delivered, published + self._agree(prefetcher, epoch, position, delivered)
 
-    def _agree(self, prefetcher: Prefetcher, epoch: int, position: int, delivered: int) -> None:
+    def _pass_ended(self, skipped_here: int) -> None:
+        """Adds the source's counts of the pass that just ended: its failovers and retries, and the
+        records it skipped that its position did not show (after the last batch)."""
+        stats = self.source.stats()
+        self.counts["skipped_source"] += max(0, int(stats.get("skipped", 0)) - skipped_here)
+        self.counts["failovers"] += int(stats.get("failovers", 0))
+        self.counts["retries"] += int(stats.get("retries", 0))
+
+    def _agree(self, prefetcher: Prefetcher, epoch: int, position: int, delivered: int) -> int:
         # A source that splits an epoch unevenly between ranks (dlstore.Dataset, remainder "uneven")
         # agrees on a batch count so that no rank waits forever in a collective: a rank whose
         # share ran out early yields empty batches (0 rows) up to that count.
         agreed = self.source.num_batches
         if self.last_batch != "PARTIAL" or not isinstance(agreed, int):
-            return
+            return 0
         yielded = -(-delivered // self.batch_size)  # batches covering the samples of this epoch
-        for _ in range(agreed - yielded):
+        for k in range(agreed - yielded):
             if prefetcher.stopping:
-                return
-            prefetcher.publish(_Batch(prefetcher.acquire(), 0, 0, epoch, position, delivered))
+                return k
+            self._publish(prefetcher, prefetcher.acquire(), 0, 0, epoch, position, delivered)
+        return max(0, agreed - yielded)
 
     def _process(self, chunk: Any, buffer: Any, offsets: np.ndarray, lengths: np.ndarray, start: int, count: int,
-                 out: Dict[str, np.ndarray], row: int, epoch: int, position: int) -> int:
-        """Runs the pipeline on records ``start .. start + count - 1`` of ``chunk`` into rows from ``row``.
+                 out: Dict[str, np.ndarray], row: int, epoch: int, position: int,
+                 keys: Optional[Dict[str, np.ndarray]] = None) -> int:
+        """Runs the pipeline on records ``start .. start + count - 1`` of ``chunk`` into rows from ``row``,
+        with their ``keys`` (the chunk's record keys, if asked for).
 
         Returns the rows written: ``count``, or fewer when records were skipped (``on_error``).
         """
         stop = start + count
         try:
             self.run_pipeline(buffer, offsets[start:stop], lengths[start:stop], out, row, epoch, position)
+            if keys:
+                for name, values in keys.items():
+                    out[name][row:row + count] = values[start:stop]
             return count
         except DlstoreError:
             pass  # one record or more is bad: find which, one at a time, below
@@ -499,10 +672,12 @@ class _Producer:
                 located = self._located(e, chunk, k, epoch, position + k - start)
                 if self.on_error == "raise":
                     raise located from e
-                self.counts["skipped"] += 1
+                self.counts["skipped_pipeline"] += 1
                 if self.on_error == "warn":
                     warnings.warn(f"{located} (skipped)", RuntimeWarning, stacklevel=2)
                 continue
+            for name, values in (keys or {}).items():
+                out[name][written] = values[k]
             written += 1
         return written - row
 
@@ -543,6 +718,34 @@ def _add_stats(counts: Dict[str, int], seconds: Dict[str, float], producer: _Pro
         seconds[k] += v
     seconds["producer_wait"] += prefetcher.producer_wait_s
     seconds["consumer_wait"] += prefetcher.consumer_wait_s
+
+
+def _print_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _share(loader: Loader) -> str:
+    """``"consumer C of N"`` of the loader's source, or "this consumer"."""
+    world = getattr(loader.source, "world", None)
+    return f"consumer {world.consumer} of {world.num_consumers}" if world is not None else "this consumer"
+
+
+def _no_batch_note(loader: Loader, epoch: int, samples: int) -> str:
+    """Why an epoch yielded no batch, and what to change."""
+    what = f"epoch {epoch} yields no batch for {_share(loader)}: it has {samples} samples"
+    if samples == 0:
+        return (f"{what}; its share of the records is empty (fewer records than consumers?): check the data "
+                f"and the world ({getattr(loader.source, 'world', 'unknown')})")
+    return (f"{what}, fewer than batch_size {loader.batch_size}, and last_batch='{loader.last_batch}' drops the "
+            f"short batch: use a batch_size of at most {samples}, or last_batch='PARTIAL' (or 'FILL')")
+
+
+def _empty_batch_note(loader: Loader) -> str:
+    # The same text every epoch: Python's default filter shows it once.
+    return (f"dlstore loader: {_share(loader)} yields an empty batch (0 rows): its share ran out "
+            f"before the batch count all consumers agree on (remainder 'uneven'), so that none waits for another "
+            f"in a collective. A loss over 0 samples is NaN: skip empty batches in the training step, or read "
+            f"with remainder='pad' (equal shares)")
 
 
 def _add_note(error: BaseException, note: str) -> None:

@@ -114,6 +114,8 @@ class Prefetcher:
         Seconds the producer waited for a free slot (the consumer was the slower side).
     consumer_wait_s : float
         Seconds the consumer waited in :meth:`get` (the producer was the slower side).
+    last_wait_s : float
+        Seconds the last :meth:`get` waited.
     """
 
     def __init__(self, slots: int, produce: Callable[["Prefetcher"], None], name: str = "dlstore-loader"):
@@ -125,6 +127,7 @@ class Prefetcher:
         self._produce = produce
         self.producer_wait_s = 0.0
         self.consumer_wait_s = 0.0
+        self.last_wait_s = 0.0
         self._finished = False
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
         self._thread.start()
@@ -179,7 +182,8 @@ class Prefetcher:
             return None
         t0 = time.perf_counter()
         item = self._ready.get()
-        self.consumer_wait_s += time.perf_counter() - t0
+        self.last_wait_s = time.perf_counter() - t0
+        self.consumer_wait_s += self.last_wait_s
         if item is _Done or self._stop.is_set():
             self._finished = True
             return None

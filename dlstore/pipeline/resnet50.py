@@ -28,7 +28,7 @@ from dlstore.io.system import available_cores
 from dlstore.pipeline.decode import FALLBACK, IMAGENET_MEAN, IMAGENET_STD, decode_batch, decode_path
 from dlstore.pipeline.loader import Loader
 from dlstore.sources.dataset import dataset_for
-from dlstore.pipeline.stages import Field, Pipeline, PipelineRun, sample_seeds
+from dlstore.pipeline.stages import Field, Pipeline, PipelineRun, naming_missing_features, sample_seeds
 
 __all__ = ["ResNet50", "resnet50_loader", "recordio_labels"]
 
@@ -57,6 +57,10 @@ class ResNet50(Pipeline):
         RandomResizedCrop's area fraction and aspect-ratio ranges.
     eval_resize : int, optional
         Eval: the shorter side is resized to this before the centre crop (256).
+    image_feature, label_feature : str, optional
+        TFRecord: the ``tf.train.Example`` features holding the encoded image (bytes) and the label
+        (int64); TensorFlow's ImageNet converter's names by default (``image/encoded``,
+        ``image/class/label``). A record lacking either is reported with every feature it lacks.
 
     Raises
     ------
@@ -70,7 +74,8 @@ class ResNet50(Pipeline):
     def __init__(self, train: bool = True, layout: str = "NHWC", dtype: str = "uint8", size: int = 224,
                  mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD,
                  label_offset: int = 0, scale: Tuple[float, float] = (0.08, 1.0),
-                 ratio: Tuple[float, float] = (3 / 4, 4 / 3), eval_resize: int = 256):
+                 ratio: Tuple[float, float] = (3 / 4, 4 / 3), eval_resize: int = 256,
+                 image_feature: str = "image/encoded", label_feature: str = "image/class/label"):
         layout, dtype = str(layout).upper(), str(dtype)
         if (layout, dtype) not in (("NHWC", "uint8"), ("NCHW", "float32")):
             raise ValueError(f"layout/dtype must be NHWC/uint8 or NCHW/float32, got {layout}/{dtype}")
@@ -86,6 +91,7 @@ class ResNet50(Pipeline):
         self.label_offset = int(label_offset)
         self.scale, self.ratio = (float(scale[0]), float(scale[1])), (float(ratio[0]), float(ratio[1]))
         self.eval_resize = int(eval_resize)
+        self.image_feature, self.label_feature = str(image_feature), str(label_feature)
         self._counts = {"fallback_decodes": 0}
 
     def counters(self) -> Dict[str, int]:
@@ -104,7 +110,8 @@ class ResNet50(Pipeline):
         from dlstore import _C
 
         self.check_format(format)
-        label_spec = [("image/class/label", "int64", 1, None)]
+        image_feature, label_feature = self.image_feature, self.label_feature
+        label_spec = [(label_feature, "int64", 1, None)]
         parse = _C.parse_example_batch
         locate = _C.example_bytes_spans
         options = dict(train=self.train, mean=self.mean, std=self.std, threads=threads, on_error="raise",
@@ -124,10 +131,10 @@ class ResNet50(Pipeline):
                          row: int, epoch: int, position: int) -> None:
             n = len(offsets)
             labels = out["label"]
-            parse(buffer, offsets, lengths, label_spec, {"image/class/label": labels}, row, 1)
+            parse(buffer, offsets, lengths, label_spec, {label_feature: labels}, row, 1)
             if offset:
                 labels[row:row + n] += offset
-            jpeg_offsets, jpeg_lengths = locate(buffer, offsets, lengths, "image/encoded")
+            jpeg_offsets, jpeg_lengths = locate(buffer, offsets, lengths, image_feature)
             decode(buffer, jpeg_offsets, jpeg_lengths, out["image"][row:row + n],
                    sample_seeds(seed, epoch, position, n))
 
@@ -139,7 +146,10 @@ class ResNet50(Pipeline):
             decode(buffer, jpeg_offsets, jpeg_lengths, out["image"][row:row + n],
                    sample_seeds(seed, epoch, position, n))
 
-        return run_tfrecord if format == "tfrecord" else run_recordio
+        if format != "tfrecord":
+            return run_recordio
+        return naming_missing_features(run_tfrecord, {"image_feature": image_feature, "label_feature": label_feature},
+                                       "ResNet50(image_feature=..., label_feature=...) or resnet50_loader(...)")
 
     def describe(self) -> Dict[str, Any]:
 
@@ -202,7 +212,7 @@ def resnet50_loader(source: Any, batch_size: int = 256, train: bool = True, layo
     batch_size, prefetch : int, optional
     train, layout, dtype : optional
         See :class:`ResNet50`; its other arguments (``size``, ``mean``, ``std``, ``label_offset``,
-        ``scale``, ``ratio``, ``eval_resize``) may be given here too.
+        ``scale``, ``ratio``, ``eval_resize``, ``image_feature``, ``label_feature``) may be given here too.
     io : str, optional
         I/O engine (``auto`` by default, resolved and reported in ``loader.stats()``).
     threads : int, optional
@@ -225,7 +235,8 @@ def resnet50_loader(source: Any, batch_size: int = 256, train: bool = True, layo
     ((256, 224, 224, 3), (256,))
     """
 
-    pipeline_keys = ("size", "mean", "std", "label_offset", "scale", "ratio", "eval_resize")
+    pipeline_keys = ("size", "mean", "std", "label_offset", "scale", "ratio", "eval_resize", "image_feature",
+                     "label_feature")
     pipeline = ResNet50(train, layout, dtype, **{k: kw.pop(k) for k in pipeline_keys if k in kw})
     if io is not None:
         kw["io"] = io

@@ -11,11 +11,14 @@ with another prefetch depth or thread count, produces the same samples.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Tuple
+from typing import Any, Callable, Dict, Mapping, Tuple
 
 import numpy as np
 
-__all__ = ["Pipeline", "PipelineRun", "Field", "sample_seeds", "LAST_BATCH_POLICIES", "check_last_batch"]
+from dlstore.errors import DlstoreError
+
+__all__ = ["Pipeline", "PipelineRun", "Field", "sample_seeds", "LAST_BATCH_POLICIES", "check_last_batch",
+           "naming_missing_features"]
 
 #: ``(per-sample shape, numpy dtype)`` of one output array.
 Field = Tuple[Tuple[int, ...], np.dtype]
@@ -87,6 +90,48 @@ def sample_seeds(seed: int, epoch: int, first_position: int, count: int) -> np.n
     key *= _GOLDEN
     key ^= base
     return _splitmix(key)
+
+
+def naming_missing_features(run: PipelineRun, features: Mapping[str, str], hint: str) -> PipelineRun:
+    """``run``, whose errors about a record lacking features name every feature it lacks.
+
+    Parameters
+    ----------
+    run : PipelineRun
+        A bound pipeline over ``tf.train.Example`` records.
+    features : mapping
+        The pipeline's option -> the feature name it reads (e.g. ``image_feature -> image/encoded``).
+    hint : str
+        How to name them, for the message (e.g. ``ResNet50(image_feature=..., label_feature=...)``).
+
+    Notes
+    -----
+    The C++ parser stops at the first missing feature; only then, on that one record, is the record
+    parsed again in full to list what it lacks and what it has: nothing is added to a good run.
+    """
+    from dlstore.formats.example import parse_example
+
+    def checked(buffer: Any, offsets: np.ndarray, lengths: np.ndarray, out: Dict[str, np.ndarray], row: int,
+                epoch: int, position: int) -> None:
+        try:
+            run(buffer, offsets, lengths, out, row, epoch, position)
+        except DlstoreError as e:
+            k = e.record
+            if k is None or not 0 <= k < len(offsets) or "missing" not in e.reason:
+                raise
+            start = int(offsets[k])
+            try:
+                present = parse_example(np.frombuffer(buffer, dtype=np.uint8)[start:start + int(lengths[k])])
+            except DlstoreError:
+                raise e from None
+            missing = [f"{option}={name!r}" for option, name in features.items() if name not in present]
+            if not missing:
+                raise
+            raise DlstoreError.of_record(k, f"the record lacks {len(missing)} of the features the pipeline reads: "
+                                            f"{', '.join(missing)}; it has {sorted(present)}: name them with "
+                                            f"{hint}") from e
+
+    return checked
 
 
 class Pipeline:

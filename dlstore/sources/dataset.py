@@ -550,6 +550,30 @@ class Dataset(ReadsWithOptions):
                    world=repr(self.world))
         return out
 
+    def record_keys(self, batch: Any) -> Tuple[np.ndarray, np.ndarray]:
+        """``(shard, record)`` of each record of ``batch`` (one of :meth:`batches`), as int64 arrays: the
+        shard's index in :attr:`shards` and the record's in the shard, found from the batch's file
+        indices and offsets by one ``searchsorted`` over the index's frame offsets."""
+        files = np.asarray(batch.file_indices, dtype=np.int64)
+        if self._layout is None:  # the reader's files are the shards
+            shard = files
+        else:  # the reader's files are (shard, mount) places: a shard's copy, told by its path
+            lookup = self.__dict__.get("_shard_of_path")
+            if lookup is None:
+                lookup = self._shard_of_path = {self._layout.path(s, m): s for s in range(len(self.shards))
+                                                for m in self._layout.holders[s]}
+            used, first, inverse = np.unique(files, return_index=True, return_inverse=True)
+            shard = np.array([lookup[batch.path(int(k))] for k in first], dtype=np.int64)[inverse.reshape(-1)]
+        keys = self.__dict__.get("_frame_keys")
+        if keys is None:  # every frame as (shard << 40) | offset, in order: shards hold less than 1 TiB
+            starts = np.concatenate([[0], np.cumsum(self.counts)])
+            offsets = np.concatenate([self.index.shard_offsets(s) for s in range(len(self.shards))] or [[]])
+            keys = self._frame_keys = (np.repeat(np.arange(len(self.shards), dtype=np.int64), self.counts) << 40
+                                       | offsets.astype(np.int64), starts)
+        frames, starts = keys
+        at = np.searchsorted(frames, shard << 40 | np.asarray(batch.file_offsets, dtype=np.int64))
+        return shard, at - starts[shard]
+
     def corruptions(self) -> List[Tuple[str, int, str]]:
         """``(path, offset, what)`` for each corrupt record skipped in the last pass (``on_error`` skip/warn)."""
         return list(self._corruptions)

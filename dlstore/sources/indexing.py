@@ -327,13 +327,20 @@ def _scan_shards(paths: List[str], fmt: str, verify: bool, bar=None) -> Tuple[st
     found = [find_index(p, fmt)[1] for p in paths]
     todo = [i for i, offs in enumerate(found) if offs is None]
     if todo:
-        reader: RecordReader = open_records([paths[i] for i in todo], format=fmt, io="buffered", verify=verify)
+        # A corrupt record is indexed where it starts rather than raised here: it is a frame of the shard
+        # all the same, and the read finds it again and applies the reader's on_error (raise naming it,
+        # skip counting it). A truncated tail is a frame that runs to the end of the file.
+        reader: RecordReader = open_records([paths[i] for i in todo], format=fmt, io="buffered", verify=verify,
+                                            on_error="skip")
         files, offsets = [], []
         for batch in reader.batches():
             files.append(np.array(batch.file_indices, dtype=np.int64))
             offsets.append(np.array(batch.file_offsets, dtype=np.uint64))
             if bar is not None:
                 bar.update(batch.nbytes)
+        bad = [(reader.paths.index(path), at) for path, at, _ in reader.corruptions() if at is not None]
+        files.append(np.array([f for f, _ in bad], dtype=np.int64))
+        offsets.append(np.array([at for _, at in bad], dtype=np.uint64))
         file = np.concatenate(files) if files else np.zeros(0, np.int64)
         offset = np.concatenate(offsets) if offsets else np.zeros(0, np.uint64)
         order = np.lexsort((offset, file))

@@ -135,7 +135,8 @@ def expand_paths(paths: PathSpec) -> List[str]:
     Raises
     ------
     DlstoreError
-        When a path does not exist, a glob matches no record file or a directory cannot be listed.
+        When a path does not exist, a glob matches no record file or a directory cannot be listed;
+        when nothing is found, the message says which subfolders were not searched.
     """
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
@@ -156,7 +157,12 @@ def expand_paths(paths: PathSpec) -> List[str]:
         else:
             raise DlstoreError(f"{p}: no such file or directory", path=p)
     if not out:
-        raise DlstoreError(f"no files to read in {paths!r}")
+        folders = [p for p in map(os.fspath, paths) if os.path.isdir(p)]
+        subfolders = sum(1 for d in folders for e in os.scandir(d) if e.is_dir() and not e.name.startswith("."))
+        why = (f": {', '.join(folders)} holds no record file but {subfolders} subfolder(s), which are not searched "
+               f"(name the files in them, e.g. with a glob like '{os.path.join(folders[0], '*', '*')}'; a tree of "
+               f"images, one folder per class, becomes records with `dlstore convert`)" if subfolders else "")
+        raise DlstoreError(f"no files to read in {paths!r}{why}", path=folders[0] if folders else None)
     return out
 
 

@@ -277,8 +277,8 @@ def convert_tree(src, out, *, format: str = "tfrecord", shards: int = 1, seed: i
             try:
                 for f in ordered[bounds[k]:bounds[k + 1]]:
                     c = next(checked)
-                    bar.update()
                     if c.data is None:
+                        bar.total -= 1  # the bar counts the images written, out of those that will be
                         result.left_out.append((f.path, c.format))
                         if on_left_out is not None:
                             on_left_out(f.path, c.format)
@@ -292,6 +292,7 @@ def convert_tree(src, out, *, format: str = "tfrecord", shards: int = 1, seed: i
                         lst.write(f"{record_id}\t{float(f.label):f}\t{f.relpath}\n")
                     result.records += 1
                     result.bytes += len(c.data)
+                    bar.update()
             finally:
                 writer.close()
                 if lst is not None:

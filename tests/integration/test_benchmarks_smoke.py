@@ -176,6 +176,26 @@ def test_shuffles_quick(tmp_path):
         assert sum("fio" in t["target"] for t in doc["targets"]) == 6  # direct, io_uring x none, block, global
 
 
+@pytest.mark.slow  # subprocesses
+def test_metrics_overhead_quick(tmp_path):
+    """benchmarks/metrics_overhead.py at tiny size: BERT and ResNet-50 measured off and on, the exporter
+    scraped and the epoch lines taken when on."""
+    pytest.importorskip("prometheus_client", reason="the exporter serves through prometheus_client")
+    pytest.importorskip("PIL", reason="the synthetic ImageNet-like set needs pillow")
+    out = tmp_path / "m.json"
+    env = dict(os.environ, DLSTORE_CACHE=os.fspath(tmp_path / "cache"))
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "metrics_overhead.py"), "--quick",
+                        "--scrape-interval", "0.05", "--json", os.fspath(out)], capture_output=True, text=True,
+                       cwd=ROOT, env=env, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    rows = {row["workload"]: row for row in json.loads(out.read_text())["rows"]}
+    assert set(rows) == {"bert", "resnet50"}
+    for row in rows.values():
+        assert row["off"]["samples_per_s"] > 0 and row["on_vs_off"] > 0 and row["verdict"] in ("PASS", "FAIL")
+        on = row["on"]["runs"][0]
+        assert on["epoch_lines"] >= 1 and on["stall_line"].startswith("waited for data in ")
+
+
 def test_a_run_never_overwrites_the_committed_results_unless_saved():
     from benchmarks import _harness
 
@@ -198,7 +218,8 @@ def test_a_run_never_overwrites_the_committed_results_unless_saved():
 
 
 def test_every_script_takes_save(tmp_path):
-    for script in ("pipelines", "read_throughput", "shuffles", "direct_sweep", "warm_budget", "mounts"):
+    for script in ("pipelines", "read_throughput", "shuffles", "direct_sweep", "warm_budget", "mounts",
+                   "metrics_overhead"):
         r = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", f"{script}.py"), "--help"],
                            capture_output=True, text=True, cwd=ROOT, timeout=120)
         text = "".join(r.stdout.split())  # argparse wraps long names

@@ -93,3 +93,35 @@ def test_code_is_ruff_clean():
     out = subprocess.run([ruff, "check", "dlstore", "tests", "benchmarks", EXAMPLES], cwd=REPO, capture_output=True,
                          text=True)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_pytorch_resnet50_with_metrics(env):
+    pytest.importorskip("torch")
+    pytest.importorskip("prometheus_client")
+    text = run(env, sys.executable, "examples/pytorch_resnet50.py", "--steps", "2", "--batch-size", "2",
+               "--image-size", "32", "--metrics-port", "0")
+    assert re.search(r"metrics: serving on http://0\.0\.0\.0:\d+/metrics", text), text
+    assert re.search(r"input over the run: waited for data in \d+% of 2 steps: storage \d+%, decode \d+%", text), text
+
+
+def test_grafana_dashboard_plots_series_the_exporter_serves(tmp_path):
+    """Every series the dashboard queries is one a loader exports (checked against a scrape of a live one)."""
+    import json
+
+    pytest.importorskip("prometheus_client")
+    from dlstore import metrics
+    from dlstore.pipeline import bert_loader
+    from dlstore.synthetic import generate_bert
+
+    with open(os.path.join(EXAMPLES, "grafana", "dlstore-input.json")) as f:
+        board = json.load(f)
+    queried = {name for panel in board["panels"] for target in panel["targets"]
+               for name in re.findall(r"\bdlstore_\w+", target["expr"])}
+    generate_bert(str(tmp_path), shards=1, records_per_shard=8, progress=False)
+    loader = bert_loader(str(tmp_path), batch_size=4)
+    assert sum(1 for _ in loader) == 2
+    served = set(re.findall(r"^(dlstore_\w+)", metrics.exposition(), re.M))
+    assert len(queried) >= 9 and queried <= served, sorted(queried - served)
+    labels = {label for panel in board["panels"] for target in panel["targets"]
+              for label in re.findall(r"by \(([^)]*)\)", target["expr"])}
+    assert {name.strip() for group in labels for name in group.split(",")} <= {"rank", "mount", "cause", "stage", "le"}

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import socket
 import re
 import sys
 import urllib.request
@@ -130,7 +131,7 @@ def test_serve_from_args_only_when_asked_and_checks_its_values():
     lines = []
     m = bench_metrics.serve_from_args(_args(metrics_port=0), "bert", "samples", log=lines.append)
     try:
-        port = m._server.server_port
+        port = m.port
         assert lines == [f"metrics: serving on http://0.0.0.0:{port}/metrics"]
     finally:
         m.close()
@@ -157,11 +158,37 @@ def test_missing_prometheus_client_is_one_line_and_exit_2(monkeypatch, capsys):
 
 @pytest.mark.slow
 def test_a_port_in_use_is_one_line_and_exit_2(capsys):
-    m = BenchMetrics("storage", "records")
-    port = m.serve(0)
+    taken = socket.socket()  # another program's: one exporter serves this process, whatever asks
+    taken.bind(("0.0.0.0", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
     try:
         assert bench_main(["storage", "--size", "tiny", "--metrics-port", str(port)]) == 2
         err = capsys.readouterr().err.strip()
         assert err.count("\n") == 0 and f"--metrics-port {port}" in err and "Traceback" not in err
     finally:
+        taken.close()
+
+
+@pytest.mark.slow
+def test_the_bench_and_the_loaders_share_one_exporter(tmp_path):
+    """--metrics-port serves through dlstore.metrics: one scrape has the bench's figures and every live loader's."""
+    from dlstore import metrics
+    from dlstore.pipeline import bert_loader
+    from dlstore.synthetic import generate_bert
+
+    generate_bert(str(tmp_path), shards=1, records_per_shard=8, progress=False)
+    loader = bert_loader(str(tmp_path), batch_size=4)
+    assert sum(1 for _ in loader) == 2
+    m = BenchMetrics("bert", "samples")
+    port = m.serve(0, addr="127.0.0.1")
+    try:
+        assert metrics.serving() == port
+        m.begin("page-cache", loader.stats()["engine"])
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+            body = r.read().decode()
+        assert re.search(r'^dlstore_bench_running\{bench="bert",.*\} 1\.0$', body, re.M)
+        assert re.search(r'^dlstore_batches_total\{.*loader="bert-\d+".*\} 2\.0$', body, re.M)
+    finally:
         m.close()
+    assert metrics.serving() is None

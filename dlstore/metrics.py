@@ -1,0 +1,228 @@
+"""Live figures of a training job's input, in the Prometheus text format: one exporter per process.
+
+:func:`serve` (or the environment variable ``DLSTORE_METRICS_PORT``) serves ``/metrics`` from a
+background thread; every live :class:`~dlstore.pipeline.Loader` of the process (and so the
+adapters, which read through one) is exported, read from its ``stats()`` at scrape time: nothing
+is counted twice and nothing runs per record. Under a launcher each process serves on ``port +
+local rank`` (``0``: a free port). The benchmark's ``--metrics-port`` serves through the same
+exporter (:mod:`dlstore.bench.metrics` adds its gauges to :func:`registry`).
+
+Series, each labelled ``rank`` (the consumer's rank), ``loader`` (the pipeline and a number, when
+a process has several loaders), ``mount`` (the mount points the rank reads, comma-separated, or
+``local``) and ``engine`` (the resolved I/O engine):
+
+``dlstore_records_total``, ``dlstore_read_bytes_total``
+    records and payload bytes taken from the source
+``dlstore_batches_total``, ``dlstore_samples_total``
+    batches and samples handed to the training loop
+``dlstore_skipped_records_total`` (label ``stage``: ``source`` for corrupt records the reader
+skipped, ``pipeline`` for records the pipeline could not process)
+``dlstore_corrupt_records_total``
+    corrupt records the source found and skipped (``on_error`` skip/warn)
+``dlstore_failovers_total``, ``dlstore_retries_total``
+    reads moved to another mount, reads retried (summed at each pass's end)
+``dlstore_batch_wait_seconds``
+    histogram of the time the training loop waited for each batch
+``dlstore_stall_seconds_total`` (label ``cause``: ``storage`` or ``decode``)
+    that wait, split by what the batch cost the loader (see :meth:`~dlstore.pipeline.Loader.stall_report`)
+``dlstore_engine_info``
+    1, with the engine's reason as ``reason``
+
+``prometheus_client`` is imported only when serving (``pip install prometheus_client``). Loaders made
+in other processes (DataLoader workers) are exported by those processes only.
+"""
+from __future__ import annotations
+
+import multiprocessing
+import threading
+import weakref
+from typing import Any, Dict, Iterator, Optional, Tuple
+
+from dlstore import settings
+from dlstore.errors import DlstoreError
+from dlstore.placement.world import detect_world
+
+__all__ = ["serve", "serving", "registry", "exposition", "track", "stop", "prometheus", "ENV_PORT",
+           "MetricsUnavailable"]
+
+#: The environment variable that makes the first loader of the process start the exporter on that port
+#: (the ``metrics_port`` setting).
+ENV_PORT = settings.SETTINGS["metrics_port"].env
+
+_LABELS = ("rank", "loader", "mount", "engine")
+_lock = threading.Lock()
+_live: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()  # loader -> its name
+_made = [0]
+_state: Dict[str, Any] = {"registry": None, "server": None, "thread": None, "port": None}
+
+
+class MetricsUnavailable(DlstoreError, ValueError):
+    """Metrics were asked for but ``prometheus_client`` is not installed."""
+
+
+def prometheus():
+    """The ``prometheus_client`` module, imported now.
+
+    Raises
+    ------
+    MetricsUnavailable
+        When it is not installed (a usage error: the bench exits 2).
+    """
+    try:
+        import prometheus_client
+    except ImportError:
+        raise MetricsUnavailable("metrics (--metrics-port, DLSTORE_METRICS_PORT) need prometheus_client: pip "
+                                 "install prometheus_client (or dlstore[bench])") from None
+    return prometheus_client
+
+
+def track(loader: Any) -> None:
+    """Exports ``loader`` (anything with ``stats()`` and ``wait_histogram()``, a Loader) while it lives.
+
+    Loaders call this when made; with ``DLSTORE_METRICS_PORT`` set, the first one starts the exporter
+    (in a process started by the launcher, not in one started through ``multiprocessing``, such as a
+    DataLoader worker).
+    """
+    with _lock:
+        name = f"{getattr(getattr(loader, 'pipeline', None), 'name', 'loader')}-{_made[0]}"
+        _made[0] += 1
+        _live[loader] = name
+    # Only a launched process serves by itself: processes it starts through multiprocessing (DataLoader
+    # workers) would all ask for its port.
+    if _state["server"] is None and settings.get("metrics_port") is not None and \
+            multiprocessing.parent_process() is None:
+        serve()
+
+
+def _label_values(loader: Any, name: str, stats: Dict[str, Any]) -> Tuple[str, ...]:
+    source = getattr(loader, "source", None)
+    world = getattr(source, "world", None)
+    rank = str(world.rank) if world is not None else str(detect_world().rank)
+    mounts = getattr(source, "rank_mounts", None) or []
+    return rank, name, ",".join(mounts) if mounts else "local", str(stats.get("engine"))
+
+
+class _LoaderCollector:
+    """Reads every live loader's ``stats()`` at scrape time into metric families."""
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+        def counter(name: str, text: str, extra: Tuple[str, ...] = ()) -> Any:
+            return CounterMetricFamily(name, text, labels=_LABELS + extra)
+
+        records = counter("dlstore_records", "Records taken from the source")
+        read = counter("dlstore_read_bytes", "Payload bytes of the records taken from the source")
+        batches = counter("dlstore_batches", "Batches handed to the training loop")
+        samples = counter("dlstore_samples", "Samples handed to the training loop (padding excluded)")
+        skipped = counter("dlstore_skipped_records", "Records left out: corrupt (source) or unprocessable "
+                                                     "(pipeline)", ("stage",))
+        corrupt = counter("dlstore_corrupt_records", "Corrupt records the source found and skipped")
+        failovers = counter("dlstore_failovers", "Reads moved to another mount after a failure")
+        retries = counter("dlstore_retries", "Reads retried after a failure")
+        stalls = counter("dlstore_stall_seconds", "Seconds the training loop waited for batches, by cause",
+                         ("cause",))
+        wait = HistogramMetricFamily("dlstore_batch_wait_seconds", "Seconds the training loop waited for each batch",
+                                     labels=_LABELS)
+        engine = GaugeMetricFamily("dlstore_engine_info", "The I/O engine that runs (1), and why",
+                                   labels=_LABELS + ("reason",))
+        with _lock:
+            loaders = list(_live.items())
+        for loader, name in loaders:
+            stats = loader.stats()
+            labels = list(_label_values(loader, name, stats))
+            records.add_metric(labels, stats["records"])
+            read.add_metric(labels, stats["bytes"])
+            batches.add_metric(labels, stats["batches"])
+            samples.add_metric(labels, stats["samples"])
+            skipped.add_metric(labels + ["source"], stats["skipped_source"])
+            skipped.add_metric(labels + ["pipeline"], stats["skipped_pipeline"])
+            corrupt.add_metric(labels, stats["skipped_source"])
+            failovers.add_metric(labels, stats["failovers"])
+            retries.add_metric(labels, stats["retries"])
+            report = stats["stalls"]
+            stalls.add_metric(labels + ["storage"], report["storage_wait_s"])
+            stalls.add_metric(labels + ["decode"], report["decode_wait_s"])
+            bounds, counts = loader.wait_histogram()
+            running, buckets = 0, []
+            for bound, n in zip(bounds, counts):
+                running += n
+                buckets.append(("+Inf" if bound == float("inf") else repr(float(bound)), running))
+            wait.add_metric(labels, buckets, report["wait_s"])
+            engine.add_metric(labels + [str(stats.get("engine_reason"))], 1)
+        yield from (records, read, batches, samples, skipped, corrupt, failovers, retries, stalls, wait, engine)
+
+    def describe(self) -> Iterator[Any]:
+        return iter(())  # the families are made at scrape time
+
+
+def registry() -> Any:
+    """The process's registry (a ``prometheus_client.CollectorRegistry`` holding the loaders' collector),
+    made on first use; other figures of the process (the benchmark's) are registered in it."""
+    with _lock:
+        if _state["registry"] is None:
+            prom = prometheus()
+            _state["registry"] = prom.CollectorRegistry()
+            _state["registry"].register(_LoaderCollector())
+        return _state["registry"]
+
+
+def exposition() -> str:
+    """What a scrape of ``/metrics`` gets now (the Prometheus text format)."""
+    return prometheus().generate_latest(registry()).decode()
+
+
+def serve(port: Optional[int] = None, addr: str = "0.0.0.0") -> int:
+    """Serves ``/metrics`` of every live loader of the process from a background thread.
+
+    Parameters
+    ----------
+    port : int, optional
+        Default: ``DLSTORE_METRICS_PORT``. Under a launcher the process serves on ``port + its local
+        rank``, so that the ranks of a host do not fight over one port; ``0``: a free port.
+    addr : str, optional
+        The address to bind.
+
+    Returns
+    -------
+    int
+        The port served. Called again while serving, it returns the port served (one exporter per
+        process).
+
+    Raises
+    ------
+    MetricsUnavailable
+        Without ``prometheus_client``.
+    ValueError
+        For a port out of 0..65535, or no port and no ``DLSTORE_METRICS_PORT``.
+    OSError
+        When the port cannot be bound, naming it.
+    """
+    if _state["server"] is not None:
+        return _state["port"]
+    port = settings.get("metrics_port", port)  # a bad value fails here, naming where it came from
+    if port is None:
+        raise ValueError(f"dlstore.metrics.serve(): give a port, or set {ENV_PORT}")
+    if port:
+        port += detect_world().local_rank
+    reg = registry()
+    try:
+        server, thread = prometheus().start_http_server(port, addr=addr, registry=reg)
+    except OSError as e:
+        raise OSError(e.errno, f"{e.strerror} (dlstore metrics on {addr}:{port})") from None
+    _state.update(server=server, thread=thread, port=server.server_port)
+    return server.server_port
+
+
+def serving() -> Optional[int]:
+    """The port served, or None."""
+    return _state["port"]
+
+
+def stop() -> None:
+    """Stops serving (the registry and the loaders stay; :func:`serve` may start again)."""
+    server = _state["server"]
+    if server is not None:
+        server.shutdown()
+        server.server_close()
+        _state.update(server=None, thread=None, port=None)

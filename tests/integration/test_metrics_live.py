@@ -1,0 +1,122 @@
+"""dlstore.metrics: /metrics scraped from a running training loop agrees with the loader's stats():
+records, bytes, the wait histogram, failovers and skipped records; DLSTORE_METRICS_PORT alone turns it on."""
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+import dlstore
+from dlstore import metrics
+from dlstore.pipeline import Bert, Loader
+from dlstore.placement.world import World
+from dlstore.synthetic import generate_bert
+from tests.helpers import REPO, flip_data_byte, replicate
+
+pytest.importorskip("prometheus_client", reason="dlstore.metrics serves through prometheus_client")
+
+_SAMPLE = re.compile(r"^(\w+)(?:\{(.*)\})? (\S+)$")
+
+
+def scrape(port):
+    """``{(name, frozenset(labels)): value}`` of one scrape."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    out = {}
+    for line in text.splitlines():
+        m = _SAMPLE.match(line)
+        if m and not line.startswith("#"):
+            labels = frozenset(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', m.group(2) or ""))
+            out[(m.group(1), labels)] = float(m.group(3))
+    return out
+
+
+def value(series, name, **labels):
+    hits = [v for (n, ls), v in series.items() if n == name and set(labels.items()) <= set(ls)]
+    assert len(hits) == 1, f"{name}{labels}: {len(hits)} series; served: {sorted({n for n, _ in series})}"
+    return hits[0]
+
+
+@pytest.fixture
+def served():
+    port = metrics.serve(0, "127.0.0.1")
+    yield port
+    metrics.stop()
+
+
+def test_a_training_loop_scraped_agrees_with_stats(tmp_path, served):
+    src = tmp_path / "src"
+    src.mkdir()
+    generate_bert(str(src), shards=3, records_per_shard=40, progress=False)
+    shards = sorted(p for p in os.listdir(src) if not p.startswith("."))
+    offsets = dlstore.sources.indexing.scan_offsets(str(src / shards[0]))[1]
+    flip_data_byte(src / shards[0], 7, offsets)  # corrupt on every mount: skipped
+    mounts = replicate(src, tmp_path, 2)
+    ds = dlstore.Dataset("part-*", mounts=mounts, world=World(rank=0, size=1), shuffle="block", seed=1,
+                         remainder="uneven", on_error="skip")
+    os.unlink(os.path.join(mounts[0], shards[2]))  # gone from the rank's mount: a failover to the replica
+    loader = Loader(ds, Bert(), 8, last_batch="PARTIAL", epochs=2, prefetch=1)
+    checked = 0
+    for step, _ in enumerate(loader):
+        time.sleep(0.002)  # the training step
+        if step in (5, 20):  # in epoch 0, and in epoch 1 after epoch 0's failover was counted
+            time.sleep(0.5)  # the loader fills its buffers and waits: nothing moves while both are read
+            series, stats = scrape(served), loader.stats()
+            labels = dict(rank="0", mount=mounts[0], engine=stats["engine"])
+            assert value(series, "dlstore_records_total", **labels) == stats["records"] > 0
+            assert value(series, "dlstore_read_bytes_total", **labels) == stats["bytes"] > 0
+            assert value(series, "dlstore_batches_total", **labels) == stats["batches"] == step + 1
+            assert value(series, "dlstore_batch_wait_seconds_count", **labels) == stats["stalls"]["steps"] == step + 1
+            assert value(series, "dlstore_batch_wait_seconds_sum", **labels) == pytest.approx(stats["stalls"]["wait_s"])
+            assert value(series, "dlstore_batch_wait_seconds_bucket", le="+Inf", **labels) == step + 1
+            assert value(series, "dlstore_skipped_records_total", stage="source", **labels) == \
+                stats["skipped_source"] == value(series, "dlstore_corrupt_records_total", **labels) >= 1
+            assert value(series, "dlstore_failovers_total", **labels) == stats["failovers"]
+            assert value(series, "dlstore_engine_info", reason=stats["engine_reason"], **labels) == 1
+            checked += 1
+    assert checked == 2
+    stats = loader.stats()
+    assert stats["failovers"] == 2 and stats["skipped_source"] == 2  # one each epoch
+    assert stats["samples"] == 2 * (3 * 40 - 1)
+    series = scrape(served)
+    assert value(series, "dlstore_failovers_total", rank="0") == 2
+    assert value(series, "dlstore_skipped_records_total", stage="source", rank="0") == 2
+    assert value(series, "dlstore_samples_total", rank="0") == stats["samples"]
+
+
+def test_the_environment_variable_alone_serves_every_loader(tmp_path):
+    generate_bert(str(tmp_path), shards=1, records_per_shard=16, progress=False)
+    script = ("import urllib.request, dlstore\n"
+              "from dlstore.pipeline import bert_loader\n"
+              f"loader = bert_loader({str(tmp_path)!r}, batch_size=4)\n"
+              "n = sum(1 for _ in loader)\n"
+              "port = dlstore.metrics.serving()\n"
+              "body = urllib.request.urlopen(f'http://127.0.0.1:{port}/metrics', timeout=10).read().decode()\n"
+              "print(n, [l for l in body.splitlines() if l.startswith('dlstore_batches_total')])\n")
+    env = dict(os.environ, DLSTORE_METRICS_PORT="0", PYTHONPATH=REPO)
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("4 ['dlstore_batches_total{") and out.stdout.rstrip().endswith("4.0']")
+
+
+def test_the_environment_variable_does_not_make_dataloader_workers_serve(tmp_path):
+    """Processes started through multiprocessing (DataLoader workers) would all ask for the same port."""
+    pytest.importorskip("torch")
+    generate_bert(str(tmp_path), shards=2, records_per_shard=16, progress=False)
+    script = ("import torch, dlstore\n"
+              "from dlstore.adapters.torch import DlstoreIterableDataset\n"
+              "from dlstore.pipeline import Bert\n"
+              f"ds = DlstoreIterableDataset({str(tmp_path)!r}, Bert(), batch_size=4)\n"
+              "loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2)\n"
+              "print(sum(len(b['input_ids']) for b in loader), dlstore.metrics.serving())\n")
+    with socket.socket() as probe:  # a port free now: two workers serving would both bind it
+        probe.bind(("0.0.0.0", 0))
+        port = probe.getsockname()[1]
+    env = dict(os.environ, DLSTORE_METRICS_PORT=str(port), PYTHONPATH=REPO)
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["32", "None"]
