@@ -4,30 +4,35 @@
 
 namespace dlstore {
 
-ThreadPool::ThreadPool(size_t threads) {
+ThreadPool::ThreadPool(size_t threads)
+    : state_(new State), workers_(new std::vector<std::thread>), owner_(static_cast<int>(getpid())) {
   if (threads == 0) threads = 1;
-  workers_.reserve(threads);
-  for (size_t i = 0; i < threads; ++i) workers_.emplace_back([this] { work(); });
+  workers_->reserve(threads);
+  for (size_t i = 0; i < threads; ++i) workers_->emplace_back([this] { work(); });
 }
 
 ThreadPool::~ThreadPool() {
+  if (static_cast<int>(getpid()) != owner_) return;  // a forked child: leaked on purpose (see the header)
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    stop_ = true;
+    std::lock_guard<std::mutex> lock(state_->mu);
+    state_->stop = true;
   }
-  cv_.notify_all();
-  for (auto& t : workers_) t.join();
+  state_->cv.notify_all();
+  for (auto& t : *workers_) t.join();
+  delete workers_;
+  delete state_;
 }
 
 void ThreadPool::work() {
+  State& s = *state_;
   for (;;) {
     std::function<void()> task;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [this] { return stop_ || !tasks_.empty(); });
-      if (tasks_.empty()) return;  // stop_ and drained: queued tasks always run, so futures resolve
-      task = std::move(tasks_.front());
-      tasks_.pop_front();
+      std::unique_lock<std::mutex> lock(s.mu);
+      s.cv.wait(lock, [&s] { return s.stop || !s.tasks.empty(); });
+      if (s.tasks.empty()) return;  // stop and drained: queued tasks always run, so futures resolve
+      task = std::move(s.tasks.front());
+      s.tasks.pop_front();
     }
     task();
   }

@@ -15,6 +15,9 @@ namespace dlstore {
 class ThreadPool {
  public:
   explicit ThreadPool(size_t threads);
+  // Joins the threads once the queued tasks have run. In a forked child (a DataLoader worker) the pool
+  // was inherited without its threads: it is leaked, since joining them, or destroying a condition
+  // variable they waited on, would hang, and destroying a joinable std::thread aborts the process.
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
@@ -25,21 +28,26 @@ class ThreadPool {
     auto task = std::make_shared<std::packaged_task<R()>>(std::forward<F>(f));
     std::future<R> fut = task->get_future();
     {
-      std::lock_guard<std::mutex> lock(mu_);
-      tasks_.emplace_back([task] { (*task)(); });
+      std::lock_guard<std::mutex> lock(state_->mu);
+      state_->tasks.emplace_back([task] { (*task)(); });
     }
-    cv_.notify_one();
+    state_->cv.notify_one();
     return fut;
   }
-  size_t size() const { return workers_.size(); }
+  size_t size() const { return workers_->size(); }
 
  private:
+  struct State {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::deque<std::function<void()>> tasks;
+    bool stop = false;
+  };
   void work();
-  std::vector<std::thread> workers_;
-  std::deque<std::function<void()>> tasks_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool stop_ = false;
+  // On the heap, so that a forked child can leak them (see the destructor).
+  State* state_;
+  std::vector<std::thread>* workers_;
+  int owner_;  // the process that started the threads
 };
 
 // The pool of helper threads the batch functions (Example parsing, JPEG decoding) share in this
