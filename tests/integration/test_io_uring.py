@@ -3,6 +3,8 @@ test_plan_reader.py and test_ranges_failover.py runs it through everything else)
 pieces and put in flight together, the end of a file short of a block, a file cut short while read,
 the queue depth, and the fallback where the kernel refuses io_uring."""
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -11,7 +13,7 @@ import dlstore
 from dlstore import _C, ReadOptions
 from dlstore.io.select import io_uring_depth, probe_io_uring, resolve_engine
 from dlstore.sources.dataset import Dataset
-from tests.helpers import batch_records, check_engine, write_tfrecord
+from tests.helpers import REPO, batch_records, check_engine, write_tfrecord
 
 needs_io_uring = pytest.mark.skipif(probe_io_uring() is not None, reason=f"io_uring refused here: {probe_io_uring()}")
 
@@ -148,17 +150,21 @@ def test_the_registry_is_the_list_of_engines():
 @needs_io_uring
 def test_a_forked_child_reads_through_rings_of_its_own(direct_dir):
     # A DataLoader worker is a fork of a parent that has read: its I/O threads are new, and so are
-    # their rings (the parent's belong to threads the child does not have).
-    import multiprocessing
-
+    # their rings (the parent's belong to threads the child does not have). In a fresh interpreter, so
+    # that no thread left by other tests holds a lock across the fork.
     recs = _records(9, 40, (0, 200_000))
     path = write_tfrecord(direct_dir / "f.tfrecord", recs)
-    assert [bytes(r) for r in dlstore.open_records(path, io="io_uring")] == recs
-    ctx = multiprocessing.get_context("fork")
-    with ctx.Pool(1) as pool:
-        got = pool.apply(_read_all, (path,))
-    assert got == recs
-
-
-def _read_all(path):
-    return [bytes(r) for r in dlstore.open_records(path, io="io_uring")]
+    script = (
+        "import os, sys, dlstore\n"
+        "path = sys.argv[1]\n"
+        "first = [bytes(r) for r in dlstore.open_records(path, io='io_uring')]\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    again = [bytes(r) for r in dlstore.open_records(path, io='io_uring')]\n"
+        "    os._exit(0 if again == first else 3)\n"
+        "_, status = os.waitpid(pid, 0)\n"
+        "print(len(first), os.waitstatus_to_exitcode(status))\n")
+    r = subprocess.run([sys.executable, "-c", script, path], capture_output=True, text=True, timeout=120,
+                       cwd=REPO)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == [str(len(recs)), "0"]
