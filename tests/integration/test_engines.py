@@ -10,7 +10,7 @@ import pytest
 import dlstore
 from dlstore.io import resolve_engine
 from dlstore.sources.reader import expand_paths
-from tests.helpers import ENGINES, batch_records, check_engine, oracle_tfrecord_bytes, write_tfrecord
+from tests.helpers import ENGINES, REPO, batch_records, check_engine, oracle_tfrecord_bytes, write_tfrecord
 from tests.resume import assert_resumes_exactly
 
 CHUNKS = [64 << 10, 1 << 20, 8 << 20]
@@ -319,3 +319,41 @@ def test_open_records_resumes_exactly_through_the_shared_harness(engine, engine_
         return dlstore.open_records(paths, io=engine, chunk_size=1 << 16)
 
     assert_resumes_exactly(make, stops=[0, 1, 3, 7], run=lambda source: source.batches(), values=batch_records)
+
+
+_FORK_AFTER_READ = """
+import gc, multiprocessing, sys
+import dlstore
+path, io = sys.argv[1], sys.argv[2]
+gc.disable()  # what the parent leaves behind stays until the child collects it
+batches = iter(dlstore.open_records(path, io=io).batches())
+next(batches)  # a reader left mid-pass, its I/O threads waiting for work, then left as garbage in a cycle
+cycle = [batches]
+cycle.append(cycle)
+del batches, cycle
+
+
+def read(p):
+    gc.collect()  # the child collects what it inherited (the parent's reader) before it reads
+    return sum(len(r) for r in dlstore.open_records(p, io=io))
+
+
+with multiprocessing.get_context("fork").Pool(1) as pool:
+    print(pool.apply(read, (path,)))
+"""
+
+
+@pytest.mark.slow  # a subprocess
+def test_a_forked_child_collects_its_parents_readers_without_hanging(tmp_path, engine_dir, engine):
+    """A DataLoader worker forked from a parent with a reader mid-pass: the inherited thread pools have no
+    threads in the child, and collecting them must neither hang (joining, destroying a condition variable
+    their threads waited on) nor abort (a joinable std::thread destroyed)."""
+    import subprocess
+    import sys
+
+    recs = [bytes([i]) * 50_000 for i in range(30)]
+    path = write_tfrecord(engine_dir / "f.tfrecord", recs)
+    r = subprocess.run([sys.executable, "-c", _FORK_AFTER_READ, str(path), engine], capture_output=True, text=True,
+                       timeout=120, cwd=REPO)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert int(r.stdout.split()[-1]) == sum(map(len, recs))
