@@ -48,6 +48,7 @@ def served():
     metrics.stop()
 
 
+@pytest.mark.filterwarnings("ignore:bad copy on mount:RuntimeWarning")  # the record is bad on every copy, on purpose
 def test_a_training_loop_scraped_agrees_with_stats(tmp_path, served):
     src = tmp_path / "src"
     src.mkdir()
