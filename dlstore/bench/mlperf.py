@@ -462,13 +462,7 @@ def run(args: argparse.Namespace) -> int:
                       "repeat": args.repeat, "verify": args.verify, "page_cache_bytes": cache},
            "tiers": results, "warnings": warnings}
     print(format_report(doc), flush=True)
-    if args.json:
-        report.write_json(args.json, doc)
-        print(f"\nwrote {args.json}")
-    if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write(markdown_report(doc))
-        print(f"wrote {args.markdown}")
+    report.write_outputs(doc, args.json, args.markdown, lambda: markdown_report(doc))
     return 0
 
 

@@ -324,13 +324,7 @@ def run_workload(workload: Workload, args: argparse.Namespace) -> int:
                          jobs=jobs, ranks=ranks, notes=notes, warnings=warnings)
     doc["command"] = ["python", "-m", "dlstore.bench"] + sys.argv[1:]
     print(format_report(doc), flush=True)
-    if args.json:
-        report.write_json(args.json, doc)
-        print(f"\nwrote {args.json}")
-    if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write(markdown_report(doc))
-        print(f"wrote {args.markdown}")
+    report.write_outputs(doc, args.json, args.markdown, lambda: markdown_report(doc))
     if args.plot:
         try:
             plot_document(doc, args.plot)

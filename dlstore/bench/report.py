@@ -102,6 +102,18 @@ def write_json(path: str, data: Any) -> str:
     return path
 
 
+def write_outputs(doc: Any, json_path: Optional[str], markdown_path: Optional[str],
+                  markdown: Callable[[], str]) -> None:
+    """A bench run's files, each where its option asked (``--json``, ``--markdown``), saying where."""
+    if json_path:
+        write_json(json_path, doc)
+        print(f"\nwrote {json_path}")
+    if markdown_path:
+        with open(markdown_path, "w") as f:
+            f.write(markdown())
+        print(f"wrote {markdown_path}")
+
+
 def summarize(values: Sequence[float]) -> Dict[str, Optional[float]]:
     """Median and spread of repeated measurements: ``median``, ``min``, ``max``, ``spread_pct``
     (``(max - min) / median`` in percent) and ``n``."""
