@@ -20,7 +20,7 @@ import hashlib
 import mmap
 import os
 import warnings
-from typing import Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -576,6 +576,32 @@ class DatasetIndex:
         self._group, self._pos = where  # per shard: its group, and its place among the group's names
         self._load()
 
+    def __getstate__(self) -> Dict[str, object]:
+        # A manifest may be a mapping of its file (memoryviews, arrays over it): a pickled index (a
+        # Dataset sent to DataLoader workers started with spawn or forkserver) names its manifests and
+        # maps them again where it is unpickled.
+        state = dict(self.__dict__)
+        state["_groups"] = [g._replace(manifest=None) for g in self._groups]
+        state.pop("_takes", None)
+        return state
+
+    def __setstate__(self, state: Dict[str, object]) -> None:
+        groups = []
+        for g in state["_groups"]:
+            found, manifest, why = read_manifest(g.directory)
+            if manifest is None:
+                raise DlstoreError(f"{g.manifest_path}: cannot read the manifest again in this process"
+                                   f"{': ' + why if why else ''}", path=g.manifest_path)
+            groups.append(g._replace(manifest_path=found, manifest=manifest))
+        self.__dict__.update(state, _groups=groups)
+        self._takes = self._offset_takes()
+
+    def _offset_takes(self) -> List[Optional[Callable[[np.ndarray], np.ndarray]]]:
+        # A large manifest's offsets are read entry by entry rather than through its mapping.
+        return [functools.partial(_gather_offsets, g.manifest_path, g.manifest)
+                if g.manifest.offsets_at + g.manifest.offsets.nbytes > _MAP_MANIFESTS_OVER else None
+                for g in self._groups]
+
     def _load(self) -> None:
         formats = {g.manifest.format for g in self._groups}
         if len(formats) > 1:
@@ -594,10 +620,7 @@ class DatasetIndex:
             self.counts[mine] = group.manifest.counts[self._entry[mine]]
             self.sizes[mine] = group.manifest.sizes[self._entry[mine]]
         self._checked = np.zeros(len(self._entry), dtype=bool)
-        # A large manifest's offsets are read entry by entry rather than through its mapping.
-        self._takes = [functools.partial(_gather_offsets, g.manifest_path, g.manifest)
-                       if g.manifest.offsets_at + g.manifest.offsets.nbytes > _MAP_MANIFESTS_OVER else None
-                       for g in self._groups]
+        self._takes = self._offset_takes()
 
     @property
     def paths(self) -> List[str]:
