@@ -84,9 +84,10 @@ def test_a_training_loop_scraped_agrees_with_stats(tmp_path, served):
     assert stats["failovers"] == 2 and stats["skipped_source"] == 2  # one each epoch
     assert stats["samples"] == 2 * (3 * 40 - 1)
     series = scrape(served)
-    assert value(series, "dlstore_failovers_total", rank="0") == 2
-    assert value(series, "dlstore_skipped_records_total", stage="source", rank="0") == 2
-    assert value(series, "dlstore_samples_total", rank="0") == stats["samples"]
+    mine = dict(rank="0", mount=mounts[0])  # loaders of earlier tests this process still holds serve too
+    assert value(series, "dlstore_failovers_total", **mine) == 2
+    assert value(series, "dlstore_skipped_records_total", stage="source", **mine) == 2
+    assert value(series, "dlstore_samples_total", **mine) == stats["samples"]
 
 
 def test_the_environment_variable_alone_serves_every_loader(tmp_path):
