@@ -24,8 +24,14 @@ def _records(rng, n):
 @pytest.fixture
 def replicas(tmp_path):
     """``(data, roots)``: 5 shards of 40 records on each of 3 replicated mounts, manifests made."""
-    rng = np.random.default_rng(21)
-    data = [_records(rng, 40) for _ in range(5)]
+    data, roots = _mounts_of(tmp_path, np.random.default_rng(21), shards=5, records=40)
+    _dataset(roots)  # the manifests, made before any damage
+    return data, roots
+
+
+def _mounts_of(tmp_path, rng, shards, records):
+    """``(data, roots)``: ``shards`` shards of ``records`` records each, the same on every mount."""
+    data = [_records(rng, records) for _ in range(shards)]
     roots = []
     for m in range(MOUNTS):
         root = tmp_path / f"mnt{m}"
@@ -33,7 +39,6 @@ def replicas(tmp_path):
         for s, recs in enumerate(data):
             write_tfrecord(root / f"shard-{s}.tfrecord", recs)
         roots.append(os.fspath(root))
-    _dataset(roots)  # the manifests, made before any damage
     return data, roots
 
 
@@ -204,15 +209,7 @@ def test_without_replicas_on_error_is_the_readers(tmp_path):
 def test_an_index_built_while_the_first_copy_is_rotten_comes_from_a_good_one(tmp_path):
     """No manifest yet, and mount 0's copy of a shard holds a bad record: the index is built from the
     next holder's copy, and every record is read once."""
-    rng = np.random.default_rng(8)
-    data = [_records(rng, 20) for _ in range(3)]
-    roots = []
-    for m in range(MOUNTS):
-        root = tmp_path / f"mnt{m}"
-        root.mkdir()
-        for s, recs in enumerate(data):
-            write_tfrecord(root / f"shard-{s}.tfrecord", recs)
-        roots.append(os.fspath(root))
+    data, roots = _mounts_of(tmp_path, np.random.default_rng(8), shards=3, records=20)
     frames = np.cumsum([0] + [16 + len(r) for r in data[1]])[:-1]
     flip_data_byte(os.path.join(roots[0], "shard-1.tfrecord"), 4, frames)
     flip_data_byte(os.path.join(roots[1], "shard-1.tfrecord"), 9, frames)
