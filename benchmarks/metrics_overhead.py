@@ -72,9 +72,29 @@ def _timed(loader, epochs: int) -> Dict:
     return {"samples": samples, "seconds": elapsed, "cpu_s": cpu}
 
 
+def _scraper(port: int, interval: float, active: Optional[threading.Event] = None):
+    """A thread scraping ``/metrics`` every ``interval`` seconds (while ``active`` is set, if given):
+    ``(scrape durations, stop event, thread)``, the thread started."""
+    import urllib.request
+
+    scrapes: List[float] = []
+    stop = threading.Event()
+
+    def scrape() -> None:
+        while not stop.wait(interval):
+            if active is None or active.is_set():
+                t0 = time.perf_counter()
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+                    r.read()
+                scrapes.append(time.perf_counter() - t0)
+
+    thread = threading.Thread(target=scrape, daemon=True)
+    thread.start()
+    return scrapes, stop, thread
+
+
 def measure_paired(plan: Dict) -> Dict:
     """*off* and *on* phases in turn in this process: ``{"off": figures, "on": figures}``."""
-    import urllib.request
 
     from dlstore import metrics
 
@@ -83,21 +103,9 @@ def measure_paired(plan: Dict) -> Dict:
     lines: List[str] = []
     loader, _ = _loader(plan, False)
     loader._report_stalls = lambda line: lines.append(line) if on.is_set() else None
-    scrapes: List[float] = []
-    stop = threading.Event()
-
-    def scrape() -> None:
-        while not stop.wait(plan["scrape_interval"]):
-            if on.is_set():
-                t0 = time.perf_counter()
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-                    r.read()
-                scrapes.append(time.perf_counter() - t0)
-
     for _ in loader:  # untimed: buffers allocated, files in the page cache
         pass
-    scraper = threading.Thread(target=scrape, daemon=True)
-    scraper.start()
+    scrapes, stop, scraper = _scraper(port, plan["scrape_interval"], on)
     sums = {mode: {"samples": 0, "seconds": 0.0, "cpu_s": 0.0} for mode in ("off", "on")}
     for k in range(plan["phases"]):
         for mode in (("off", "on") if k % 2 == 0 else ("on", "off")):
@@ -118,7 +126,6 @@ def measure_paired(plan: Dict) -> Dict:
 def measure(plan: Dict) -> Dict:
     if plan["mode"] == "paired":
         return measure_paired(plan)
-    import urllib.request
 
     on = plan["mode"] == "on"
     port = None
@@ -127,29 +134,13 @@ def measure(plan: Dict) -> Dict:
 
         port = metrics.serve(0, "127.0.0.1")
     loader, lines = _loader(plan, on)
-    scrapes = []
-    stop = threading.Event()
-
-    def scrape() -> None:
-        while not stop.wait(plan["scrape_interval"]):
-            t0 = time.perf_counter()
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-                r.read()
-            scrapes.append(time.perf_counter() - t0)
-
     for _ in loader:  # untimed: buffers allocated, files in the page cache
         pass
-    scraper = threading.Thread(target=scrape, daemon=True) if on else None
+    scrapes, stop, scraper = _scraper(port, plan["scrape_interval"]) if on else ([], None, None)
+    timed = _timed(loader, plan["epochs"])
+    samples, elapsed, cpu = timed["samples"], timed["seconds"], timed["cpu_s"]
     if scraper is not None:
-        scraper.start()
-    samples = 0
-    t0, cpu0 = time.perf_counter(), time.process_time()
-    for _ in range(plan["epochs"]):
-        for batch in loader:
-            samples += len(next(iter(batch.values())))
-    elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu0
-    stop.set()
-    if scraper is not None:
+        stop.set()
         scraper.join()
     stats = loader.stats()
     return {"samples_per_s": samples / elapsed, "samples": samples, "seconds": elapsed,
