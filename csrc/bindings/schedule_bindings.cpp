@@ -6,7 +6,6 @@
 
 #include "buffer_view.hpp"
 #include "dlstore/error.hpp"
-#include "dlstore/frame_layout.hpp"
 #include "dlstore/read_schedule.hpp"
 #include "dlstore/record_frame.hpp"
 #include "plan_stats.hpp"
@@ -75,9 +74,6 @@ py::object step_tuple(const dlstore::ReadSchedule& s, const Step& st) {
 }  // namespace
 
 void register_schedule(py::module_& m) {
-  m.attr("TFRECORD_HEADER") = dlstore::kTFHeader;
-  m.attr("TFRECORD_FOOTER") = dlstore::kTFFooter;
-
   py::class_<dlstore::ReadSchedule>(m, "ReadSchedule")
       .def(py::init([](std::vector<std::string> paths, py::handle file, py::handle offset, py::handle size,
                        py::handle emit, py::handle device, uint64_t chunk_size, size_t depth, size_t batch_size,

@@ -87,7 +87,10 @@ class GdsPlanReader:
         self._monitor = kvikio_monitor()  # kvikio counts by backend what it moves while this lives
         self._handles: Dict[int, Any] = {}
         self._file_sizes: Dict[int, int] = {}
-        self._reads: Dict[int, Tuple[Any, List[Tuple[int, Any, int, str, int]], np.ndarray, np.ndarray]] = {}
+        # chunk -> (buffer, per piece (future or its error, bytes, path, offset), positions, frame starts in
+        # the buffer, piece of each position, first position of each piece), from its read to its arrival
+        self._reads: Dict[int, Tuple[Any, List[Tuple[Any, int, str, int]], np.ndarray, np.ndarray, np.ndarray,
+                                     np.ndarray]] = {}
         n = len(self._file)
         self._src = np.zeros(n, dtype=np.int64)  # per read position: the buffer its payload is in ...
         self._at = np.zeros(n, dtype=np.int64)   # ... and where in it
