@@ -44,16 +44,18 @@ def _given_reads(monkeypatch, ds):
     for _ in ds.batches():
         pass
     monkeypatch.setattr(_C, "PlanReader", real)
-    assert len(given) == 1  # no failover: one plan for the epoch
-    paths, file, offset, size = given[0]
+    # No failover: one plan for the epoch, or one per window where the shuffle is planned in windows.
+    assert len(given) == 1 + len(ds.window_starts(len(ds)))
     reads = []
-    for f, o, n in zip(file.tolist(), offset.tolist(), size.tolist()):
-        path = paths[f]
-        mount = next(m for m in ds.mounts if path.startswith(m + os.sep))
-        if reads and reads[-1][0] == path and reads[-1][2] == o:
-            reads[-1] = (path, reads[-1][1], o + n, mount)
-        else:
-            reads.append((path, o, o + n, mount))
+    for paths, file, offset, size in given:
+        window = len(reads)
+        for f, o, n in zip(file.tolist(), offset.tolist(), size.tolist()):
+            path = paths[f]
+            mount = next(m for m in ds.mounts if path.startswith(m + os.sep))
+            if len(reads) > window and reads[-1][0] == path and reads[-1][2] == o:
+                reads[-1] = (path, reads[-1][1], o + n, mount)
+            else:
+                reads.append((path, o, o + n, mount))
     return reads
 
 
