@@ -354,8 +354,12 @@ class Dataset(ReadsWithOptions):
         """Records the next reader of a pass is given, from sample ``start`` on, after ``windows`` windows of
         the pass: None (the rest of the epoch) unless the shuffle is planned in windows. Windows hold whole
         batches of the epoch, the first :data:`FIRST_WINDOW_BATCHES`, each next one four times the last, up
-        to :data:`MAX_WINDOW_RECORDS` records."""
+        to :data:`MAX_WINDOW_RECORDS` records. Only a pass spread over more files than the
+        ``plan_window_files`` setting is planned in windows: over few files, its offsets come cheaply from
+        the manifest, and a reader per window would only open and map the same files again."""
         if not self.shuffle_kind.planned_in_windows:
+            return None
+        if min(len(self), len(self.shards)) <= settings.get("plan_window_files"):
             return None
         batch = self._read_batch_size()
         batches = min(FIRST_WINDOW_BATCHES * 4 ** min(windows, 16), max(1, MAX_WINDOW_RECORDS // batch))

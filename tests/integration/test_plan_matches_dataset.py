@@ -63,6 +63,7 @@ def _given_reads(monkeypatch, ds):
 @pytest.mark.parametrize("per_rank", [1, 2, 4])
 @pytest.mark.parametrize("shuffle", ["block", "global"])
 def test_plan_json_lists_the_reads_the_dataset_performs(tmp_path, monkeypatch, capsys, layout, per_rank, shuffle):
+    monkeypatch.setenv("DLSTORE_PLAN_WINDOW_FILES", "0")  # a global pass in windows, as at scale
     mounts = _mounts(tmp_path, layout)
     world = 2
     assert cli.main(["plan", "--mounts", *mounts, "--world-size", str(world), "--mounts-per-rank", str(per_rank),

@@ -12,6 +12,12 @@ from dlstore.sources import dataset as dataset_module
 from dlstore.sources.dataset import Dataset
 
 
+@pytest.fixture(autouse=True)
+def windows_for_few_files(monkeypatch):
+    """Windows wherever the shuffle is planned in them (by default only over more files than these tests write)."""
+    monkeypatch.setenv("DLSTORE_PLAN_WINDOW_FILES", "0")
+
+
 @pytest.fixture
 def shards(tmp_path):
     for s in range(5):
@@ -62,11 +68,16 @@ def test_the_first_batch_fetches_its_window_only_and_the_pass_every_frame_once(s
     assert ds.stats()["records"] == 5 * 37
 
 
-def test_other_shuffles_plan_the_whole_pass_at_once(shards, monkeypatch):
-    ds = Dataset(shards, shuffle="block", batch_size=3, remainder="uneven")
+@pytest.mark.parametrize("shuffle, files", [("block", "0"), ("none", "0"), ("global", "5")])
+def test_other_passes_are_planned_whole(shards, monkeypatch, shuffle, files):
+    # Other shuffles, and a global pass over no more files than plan_window_files: one plan for the pass.
+    monkeypatch.setenv("DLSTORE_PLAN_WINDOW_FILES", files)
+    ds = Dataset(shards, shuffle=shuffle, batch_size=3, remainder="uneven")
     calls = _fetched(monkeypatch, ds)
     assert sum(b.num_records for b in ds.batches()) == 5 * 37
-    assert calls == [5 * 37]
+    assert calls == [5 * 37] and len(ds.window_starts(5 * 37)) == 0
+    monkeypatch.setenv("DLSTORE_PLAN_WINDOW_FILES", "4")
+    assert len(ds.window_starts(5 * 37)) == (2 if shuffle == "global" else 0)  # over the setting: windows
 
 
 @pytest.mark.parametrize("at", [5, 12, 13, 51, 60, 184])  # inside, at and past window ends
