@@ -283,17 +283,19 @@ class Dataset(ReadsWithOptions):
 
     def _rank_plan(self, epoch: Optional[int], emitted: int, world: Optional[World],
                    health: Optional[MountHealth]) -> RankPlan:
-        """:func:`plan_rank` for ``read_plan``. This consumer's plan of a pass without failures is kept: where
-        records are handed out as read, the plan after ``emitted`` is the kept one less its first records,
-        so the windows of a pass slice one plan rather than plan the rest of the epoch each."""
+        """:func:`plan_rank` for ``read_plan``. This consumer's plan of a pass planned in windows is kept while
+        the pass has no failures: records are handed out as read, so the plan after ``emitted`` is the kept
+        one less its first records, and the windows of a pass slice one plan rather than plan the rest of
+        the epoch each (:meth:`batches` lets it go at the pass's end)."""
         epoch_plan = self.plan(epoch)
-        mine = world is None and (health is None or not health.avoid)
+        mine = (world is None and self.shuffle_kind.planned_in_windows
+                and (health is None or not health.avoid))
         kept = self.__dict__.get("_kept_rank")
         if mine and kept is not None and kept[0] is epoch_plan and kept[1] <= emitted and kept[2].emit is None:
             skip = emitted - kept[1]
             return RankPlan(*(a[skip:] for a in kept[2][:4]), None)
         rank = self._plan_rank(epoch_plan, emitted, world, health)
-        if mine:
+        if mine and rank.emit is None:
             self._kept_rank = (epoch_plan, emitted, rank)
         return rank
 
@@ -422,6 +424,7 @@ class Dataset(ReadsWithOptions):
         samples = self.plan(epoch).num_samples(self.world.consumer)
         windows = 0  # windows of this pass read (a shuffle planned in windows)
         ahead = None  # the next window's (start, plan, reader), made and started before its turn
+        tried = False  # whether the next window was planned ahead (or could not be: its turn plans it)
         try:
             while True:
                 start = self.sample_in_epoch
@@ -434,7 +437,7 @@ class Dataset(ReadsWithOptions):
                     except _NoPlace as gone:
                         raise self._gave_up(gone.shard, gone.block, health, None) from None
                     core = self._core(plan, start)
-                ahead = None
+                ahead, tried = None, False
                 total = len(plan.file) if plan.emit is None else len(plan.emit)
                 more = limit is not None and start + total < samples  # a window: the pass goes on after it
                 # The next window is planned, and its reads started, once this one's last reads are in
@@ -448,8 +451,8 @@ class Dataset(ReadsWithOptions):
                 try:
                     while True:
                         before = core.position
-                        if ahead is None and before > 0 and total - before <= lead:
-                            ahead = self._read_ahead(epoch, start + total, windows + 1, health)
+                        if not tried and before > 0 and total - before <= lead:
+                            ahead, tried = self._read_ahead(epoch, start + total, windows + 1, health), True
                         batch = core.next_batch()
                         warner.check(core)
                         if batch is None:
@@ -495,6 +498,7 @@ class Dataset(ReadsWithOptions):
             self.epoch, self.sample_in_epoch = epoch + 1, 0
         finally:
             core = ahead = None  # their files, mappings and buffers go now
+            self.__dict__.pop("_kept_rank", None)
             self._last = {**totals, **health.stats.as_dict(), "notes": notes}
 
     def _read_ahead(self, epoch: int, start: int, windows: int, health: MountHealth):

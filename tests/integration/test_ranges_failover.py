@@ -128,6 +128,7 @@ def test_a_missing_shard_fails_over_to_the_replica(tmp_path, engine):
 @pytest.mark.slow
 @pytest.mark.parametrize("shuffle", ["none", "block", "global"])
 def test_failover_mid_shard_neither_loses_nor_repeats(tmp_path, monkeypatch, shuffle):
+    monkeypatch.setenv("DLSTORE_PLAN_WINDOW_FILES", "0")  # a global pass in windows, as at scale
     data, roots = _replicated(tmp_path, shards=2, n=200)
     ds = Dataset("shard-*.tfrecord", mounts=roots, world=World(rank=0, size=1), shuffle=shuffle, buffer_size=50,
                  remainder="uneven", batch_size=16, block_size=64 << 10, chunk_size=64 << 10, seed=4)
