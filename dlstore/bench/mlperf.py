@@ -63,8 +63,8 @@ from dlstore.settings import _size as parse_size  # the settings' '2G', '500M', 
 from dlstore.sources.dataset import Dataset
 from dlstore.sources.indexing import open_shards
 
-__all__ = ["TIERS", "RunSpec", "dlio_steps", "describe_records", "add_arguments", "run", "run_rank", "measure_threads",
-           "measure_mpirun", "format_report", "markdown_report"]
+__all__ = ["TIERS", "RunSpec", "dlio_steps", "describe_records", "choose_tiers", "add_arguments", "run", "run_rank",
+           "measure_threads", "measure_mpirun", "format_report", "markdown_report"]
 
 TIERS = ("cold", "warm")
 LAUNCHES = ("mpirun", "threads")
@@ -357,9 +357,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="measure at N accelerators only (default: search for the most that pass)")
     p.add_argument("--max-accelerators", type=int, default=64, metavar="N",
                    help="the search's largest count (default: %(default)s)")
-    p.add_argument("--tiers", default="cold,warm", metavar="LIST",
+    p.add_argument("--tiers", default=None, metavar="LIST",
                    help="cache states to search in: cold (dropped or evicted before each run), warm (read once "
-                        "before each run); default: %(default)s")
+                        "before each run); default: cold,warm, or cold alone where a warm run could not be warm "
+                        "(the data outgrows the page cache, or io engine direct reads around it)")
     p.add_argument("--launch", choices=LAUNCHES, default=None,
                    help="ranks as processes under mpirun or as threads of this process (default: mpirun when "
                         "on PATH, else threads)")
@@ -389,6 +390,22 @@ def _tiers(text: str) -> List[str]:
     if unknown or not wanted:
         raise ValueError(f"--tiers: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(TIERS)}")
     return [t for t in TIERS if t in wanted]
+
+
+def choose_tiers(asked: Optional[str], data_bytes: int, cache_bytes: int, engine: str) -> Tuple[List[str], str]:
+    """The tiers to search and the header's words on them: ``--tiers`` when given; else cold and warm, or
+    cold alone where a warm run could not be warm (the data outgrows the page cache, or the engine reads
+    around it)."""
+    if asked is not None:
+        tiers = _tiers(asked)
+        return tiers, ", ".join(tiers)
+    if engine == "direct":
+        return ["cold"], ("cold only: io engine direct reads around the page cache, so a warm run would read as "
+                          "a cold one (--tiers cold,warm runs it all the same)")
+    if data_bytes > cache_bytes:
+        return ["cold"], (f"cold only: the data outgrows the page cache ({report.fmt_bytes(cache_bytes)}), so a "
+                          "warm run would start partly cold (--tiers cold,warm runs it all the same)")
+    return list(TIERS), ", ".join(TIERS)
 
 
 def _generate(args: argparse.Namespace, wl: MlperfWorkload, log: Callable[[str], None]) -> Optional[str]:
@@ -465,7 +482,7 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
     if args.accelerators is not None and args.accelerators < 1:
         raise ValueError("--accelerators must be at least 1")
-    tiers = _tiers(args.tiers)
+    tiers = _tiers(args.tiers or ",".join(TIERS))
     if args.rank_json:  # one rank of a run that a search launched under mpirun
         spec = RunSpec(tuple(layout_files(args.data)), wl, args.io, args.verify, args.shuffle, args.seed,
                        args.prefetch, args.threads, args.epochs)
@@ -489,6 +506,7 @@ def run(args: argparse.Namespace) -> int:
     info = sysinfo.collect(files, probe.engine, probe.engine_reason)
     info["loadavg"] = os.getloadavg()
     cache = available_page_cache_bytes()
+    tiers, tiers_note = choose_tiers(args.tiers, nbytes, cache, spec.io)
     extra = [("workload", wl.describe()),
              ("data", f"{len(files)} files, {records:,} records, {report.fmt_bytes(nbytes)} in "
                       f"{os.path.join(args.data, 'train')} (DLIO's layout: image bytes + size int64)"
@@ -507,6 +525,7 @@ def run(args: argparse.Namespace) -> int:
              ("AU", f"MLPerf's rule: computation_time x (steps - 1) / (epoch wall time - first step), mean over "
                     f"ranks and epochs; pass at >= {wl.au_threshold_pct:g}%; also the whole epoch (first step "
                     "counted)"),
+             ("tiers", tiers_note),
              ("machine", f"load average {info['loadavg'][0]:.2f} {info['loadavg'][1]:.2f} "
                          f"{info['loadavg'][2]:.2f} at the start; cores used by other processes during each run "
                          "in the table")]
@@ -532,8 +551,12 @@ def run(args: argparse.Namespace) -> int:
                 figures["cache_method"] = got["cache_method"]
                 figures["resident_at_start"] = got["resident"]
                 if tier == "warm" and got["resident"] is not None and got["resident"] < 0.95:
+                    why = ("the data outgrows the page cache" if nbytes > cache
+                           else "evicted by other processes")
+                    if spec.io == "direct":
+                        why += "; io engine direct reads around it anyway"
                     warnings.append(f"warm at {n} (run {i + 1}): only {100 * got['resident']:.0f}% of the data was "
-                                    "in the page cache at the start (evicted by other processes): partly cold")
+                                    f"in the page cache at the start ({why}): partly cold")
                 figures["ranks"] = got["ranks"]
                 warnings.extend(sysinfo.trust_warnings(f"{tier} at {n} (run {i + 1})",
                                                        figures["epochs"][0]["seconds"], figures["others_cores"]))

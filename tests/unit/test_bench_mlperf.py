@@ -293,6 +293,17 @@ def test_reported_au_matches_a_hand_computation_from_the_step_log(tmp_path):
     assert figures["au_pct"] == pytest.approx(sum(by_hand) / 2)
 
 
+def test_default_tiers_leave_warm_out_where_a_warm_run_could_not_be_warm():
+    assert mlperf.choose_tiers(None, 10, 20, "buffered") == (["cold", "warm"], "cold, warm")
+    tiers, note = mlperf.choose_tiers(None, 30, 20, "buffered")
+    assert tiers == ["cold"] and "outgrows the page cache" in note
+    tiers, note = mlperf.choose_tiers(None, 10, 20, "direct")
+    assert tiers == ["cold"] and "direct reads around the page cache" in note
+    assert mlperf.choose_tiers("warm,cold", 30, 20, "direct")[0] == ["cold", "warm"]  # asked for: run as asked
+    with pytest.raises(ValueError, match="unknown hot"):
+        mlperf.choose_tiers("hot", 10, 20, "buffered")
+
+
 def test_too_little_data_for_two_steps_is_refused_in_one_line(tmp_path):
     spec = _tiny(tmp_path, files=1, per_file=4)
     with pytest.raises(ValueError, match="MLPerf's AU needs at least 2"):
