@@ -246,6 +246,17 @@ def test_with_dlios_eight_read_threads_only_the_cut_and_the_records_read_twice_d
         assert sum((theirs - mine).values()) <= cut + twice
 
 
+def test_with_fewer_files_than_ranks_the_ranks_share_one_epoch(tmp_path):
+    # 2 files of 16 records over 3 ranks, batch 4: DLIO's floor(32 / 4 / 3) = 2 steps each. DLIO deals the
+    # records round-robin then; dlstore gives each rank a contiguous share of the epoch, none read twice.
+    spec = dataclasses.replace(_tiny(tmp_path, files=2, per_file=16), shuffle="none", keep_records=True)
+    got = mlperf.measure_threads(spec, 3, "warm")
+    taken = [_records_read(spec, epoch) for [epoch] in got["ranks"]]
+    assert [len(t) for t in taken] == [8, 8, 8]
+    assert len({pair for t in taken for pair in t}) == 24
+    assert taken[0] == [(0, k) for k in range(8)]
+
+
 @pytest.mark.slow  # importing TensorFlow takes seconds
 @pytest.mark.parametrize("files", [5, 2])
 def test_dlios_rule_is_what_tensorflows_pipeline_does(tmp_path, files):
