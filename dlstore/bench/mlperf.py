@@ -47,7 +47,8 @@ from dlstore import settings
 from dlstore._progress import Progress
 from dlstore.bench import report, sysinfo
 from dlstore.bench.mlperf_au import aggregate, rank_epoch, search_accelerators
-from dlstore.bench.mlperf_records import DlioExample, files_to_outgrow_cache, generate, layout_files, record_bytes
+from dlstore.bench.mlperf_records import (DlioExample, files_to_outgrow_cache, generate, layout_files, promised_files,
+                                          record_bytes, train_files)
 from dlstore.bench.mlperf_workloads import MlperfWorkload, accelerator_names, workload, workload_names
 from dlstore.bench.ranks import mean_known
 from dlstore.bench.steps import CountingSource, run_steps
@@ -409,13 +410,18 @@ def choose_tiers(asked: Optional[str], data_bytes: int, cache_bytes: int, engine
 
 
 def _generate(args: argparse.Namespace, wl: MlperfWorkload, log: Callable[[str], None]) -> Optional[str]:
-    """Writes the dataset when asked and missing; returns a note on what was written, or None."""
-    from dlstore.bench.mlperf_records import train_files
-
-    if not args.generate or train_files(args.data):
+    """Writes the dataset when asked and missing, or the files an interrupted ``--generate`` left unwritten;
+    returns a note on what was written, or None."""
+    if not args.generate:
         return None
+    there = train_files(args.data)
     per_file = args.records_per_file or wl.records_per_file
-    if args.files:
+    if there:
+        files = promised_files(there)
+        if len(there) == files:
+            return None
+        why = f"{files - len(there)} of them missing, the rest kept"
+    elif args.files:
         files, why = args.files, "--files"
     elif args.size:
         files, why = max(1, -(-parse_size(args.size) // (record_bytes(wl) * per_file))), f"--size {args.size}"
@@ -423,7 +429,7 @@ def _generate(args: argparse.Namespace, wl: MlperfWorkload, log: Callable[[str],
         files = min(wl.files, files_to_outgrow_cache(wl, records_per_file=per_file))
         why = (f"1.2x the page cache's {report.fmt_bytes(available_page_cache_bytes())}"
                + (f", capped at the workload's {wl.files} files" if files == wl.files else ""))
-    total = files * per_file * record_bytes(wl)
+    total = (files - len(there)) * per_file * record_bytes(wl)
     log(f"generating {files} files x {per_file} records (~{report.fmt_bytes(total)}, {why}) in "
         f"{os.path.join(args.data, 'train')}")
     bar = Progress(total, "generate", unit="B", enabled=False if args.quiet else None, piped="lines")

@@ -1,6 +1,7 @@
 """``bench mlperf``: the workload table, DLIO's record layout, MLPerf's AU rule, the search, a tiny run."""
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import hashlib
 import json
@@ -125,6 +126,28 @@ def test_layout_files_refuses_a_folder_without_dlio_files(tmp_path):
     (tmp_path / "train").mkdir()
     (tmp_path / "train" / "shard-0.tfrecord").write_bytes(b"")
     with pytest.raises(ValueError, match="shard-0.tfrecord: not a name of DLIO's layout"):
+        layout_files(str(tmp_path))
+
+
+def test_an_interrupted_generate_is_refused_then_finished_by_generate(tmp_path):
+    small = dataclasses.replace(workload("resnet50", "h100"), record_length=64.0)  # 8x8 images
+    paths = generate(str(tmp_path), small, 3, records_per_file=2)
+    os.remove(paths[1])
+    with pytest.raises(ValueError, match="2 of the 3 files their names promise \\(img_1_of_3.tfrecord is missing\\)"):
+        layout_files(str(tmp_path))
+    parser = argparse.ArgumentParser()
+    mlperf.add_arguments(parser)
+    args = parser.parse_args(["--data", str(tmp_path), "--generate", "--records-per-file", "2", "--quiet"])
+    note = mlperf._generate(args, small, lambda line: None)
+    assert "1 of them missing, the rest kept" in note
+    assert layout_files(str(tmp_path)) == paths
+
+
+def test_names_of_two_data_sets_in_one_folder_are_refused(tmp_path):
+    small = dataclasses.replace(workload("resnet50", "h100"), record_length=64.0)
+    generate(str(tmp_path), small, 2, records_per_file=1)
+    generate(str(tmp_path), small, 3, records_per_file=1)
+    with pytest.raises(ValueError, match="img_0_of_3.tfrecord: one of 3 files, where img_0_of_2.tfrecord is one of 2"):
         layout_files(str(tmp_path))
 
 
