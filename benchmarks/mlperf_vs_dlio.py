@@ -16,7 +16,9 @@ files, the same workload parameters, from a cold cache, at 1..N emulated acceler
   less the first step, mean over ranks); DLIO's from its own summary, and recomputed from its
   per-rank step logs to show the rule is the same; samples/s summed over ranks as DLIO sums them.
 - **Records**: each rank's samples per epoch, DLIO's from its step logs, dlstore's from its own; the
-  script checks that they are equal (``floor(records / batch / N)`` steps of ``batch``).
+  script checks that their numbers are equal (``floor(records / batch / N)`` steps of ``batch``). Both
+  deal the files to ranks alike (rank r reads every N-th file from its own); which records fall at a
+  rank's cut, or are read twice, differs (:func:`dlstore.bench.mlperf.describe_records`).
 - **Accounting differences**, which favour neither side's figure by construction but are named:
   DLIO holds an MPI barrier after every step, so every rank waits for the slowest at each step (its
   window counts the wait); and its reader's shutdown at the end of an epoch (``finalize``) falls
@@ -168,7 +170,8 @@ def run_dlstore(wl, data: str, n: int) -> Dict[str, Any]:
             "samples_per_rank": [r[0]["samples"] for r in first["ranks"]],
             "engine": first["engine"], "others_cores": got["others_cores"],
             "cache": doc["tiers"]["cold"]["cache_method"],
-            "shuffle": dict(doc["header"]).get("shuffle"), "seconds": seconds, "machine_busy_cores": busy}
+            "shuffle": dict(doc["header"]).get("shuffle"), "records": dict(doc["header"]).get("records"),
+            "seconds": seconds, "machine_busy_cores": busy}
 
 
 def dlio_au_without_barrier(run: Dict[str, Any], computation_time: float) -> Optional[float]:
@@ -188,11 +191,14 @@ def markdown(doc: Dict[str, Any]) -> str:
             report.Column("dlstore_samples_per_s", "dlstore samples/s", "{:,.0f}"),
             report.Column("dlstore_au_pct", "dlstore AU %", "{:.1f}"),
             report.Column("dlstore_au_whole_pct", "dlstore AU % (whole epoch)", "{:.1f}"),
-            report.Column("records_equal", "same records per rank", "{}", "<"),
+            report.Column("records_equal", "same record count per rank", "{}", "<"),
             report.Column("busy", "machine busy cores (DLIO / dlstore)", "{}", "<")]
     lines = [doc["workload_text"], "",
              f"data: {doc['data']}", f"cache: {doc['cache']}", f"dlstore: {doc['dlstore_engine']}; {doc['shuffle']}",
-             f"DLIO: {doc['dlio']['version']} ({doc['dlio']['reader']})", f"machine: {doc['machine']}", "",
+             f"DLIO: {doc['dlio']['version']} ({doc['dlio']['reader']})", f"machine: {doc['machine']}"]
+    if doc.get("records"):  # results written before the line was added lack it
+        lines.append(f"records per rank: {doc['records']}")
+    lines += ["",
              report.markdown_table(doc["rows"], cols), "Accounting differences:", ""]
     lines += [f"- {a}" for a in doc["accounting"]]
     return "\n".join(lines) + "\n"
@@ -278,6 +284,7 @@ def main(argv=None) -> int:
            "dlstore_engine": f"io engine {runs[counts[0]]['dlstore'][0]['engine']}, ranks under mpirun",
            "shuffle": f"dlstore shuffle: {runs[counts[0]]['dlstore'][0]['shuffle']}; DLIO: no sample shuffle "
                       f"(resnet50's config), files dealt to ranks round-robin",
+           "records": runs[counts[0]]["dlstore"][0]["records"],
            "dlio": {"version": "dlio-benchmark " + subprocess.run(
                [os.path.join(args.dlio_venv, "bin", "python"), "-c",
                 "from importlib.metadata import version; print(version('dlio-benchmark'))"],

@@ -8,12 +8,15 @@ path a training job runs:
 - **Data**: DLIO's TFRecord layout (``--data DIR``: ``DIR/train/img_<i>_of_<n>.tfrecord``, records
   with ``image`` and ``size``), as DLIO generates it, or written so by ``--generate`` (by default
   sized to hold 1.2 times what the page cache can use, so that no epoch is served from memory).
-- **Ranks**: one per emulated accelerator, each reading its share of every epoch through a shuffled
-  :class:`dlstore.Dataset` and a :class:`dlstore.pipeline.Loader` that parses both features in C++
+- **Ranks**: one per emulated accelerator, each reading the files DLIO's reader gives that rank
+  (every N-th of the sorted list, from its own) through a :class:`dlstore.Dataset` of them (shuffled
+  unless ``--shuffle none``) and a :class:`dlstore.pipeline.Loader` that parses both features in C++
   (:class:`~dlstore.bench.mlperf_records.DlioExample`), ``batch_size`` records per step and, per
-  epoch, DLIO's step count (``files x records per file / batch / ranks``, rounded down). Ranks are
-  processes under ``mpirun`` (``--launch mpirun``) or threads of this process (``--launch
-  threads``); the header says which.
+  epoch, DLIO's step count (``files x records per file / batch / ranks``, rounded down), reading its
+  files again from the start when they hold fewer, as DLIO does. Where a rank's cut (or the records it
+  reads twice) falls differs from DLIO's, whose read threads interleave files record by record
+  (:func:`describe_records`). Ranks are processes under ``mpirun`` (``--launch mpirun``) or threads
+  of this process (``--launch threads``); the header says which.
 - **Compute**: after each batch the rank sleeps the workload's ``computation_time``
   (:mod:`dlstore.bench.mlperf_workloads`, with its source) while the loader reads ahead.
 - **AU** by MLPerf's rule and the whole-epoch figure (:mod:`dlstore.bench.mlperf_au`); samples/s and
@@ -36,13 +39,16 @@ import sys
 import tempfile
 import threading
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+
+import numpy as np
 
 from dlstore import settings
 from dlstore._progress import Progress
 from dlstore.bench import report, sysinfo
 from dlstore.bench.mlperf_au import aggregate, rank_epoch, search_accelerators
-from dlstore.bench.mlperf_records import DlioExample, files_to_outgrow_cache, generate, layout_files, record_bytes
+from dlstore.bench.mlperf_records import (DlioExample, files_to_outgrow_cache, generate, layout_files, promised_files,
+                                          record_bytes, train_files)
 from dlstore.bench.mlperf_workloads import MlperfWorkload, accelerator_names, workload, workload_names
 from dlstore.bench.ranks import mean_known
 from dlstore.bench.steps import CountingSource, run_steps
@@ -56,9 +62,10 @@ from dlstore.placement.world import World, detect_world
 from dlstore.pipeline import Loader
 from dlstore.settings import _size as parse_size  # the settings' '2G', '500M', bytes
 from dlstore.sources.dataset import Dataset
+from dlstore.sources.indexing import open_shards
 
-__all__ = ["TIERS", "RunSpec", "dlio_steps", "add_arguments", "run", "run_rank", "measure_threads",
-           "measure_mpirun", "format_report", "markdown_report"]
+__all__ = ["TIERS", "RunSpec", "dlio_steps", "describe_records", "choose_tiers", "add_arguments", "run", "run_rank",
+           "measure_threads", "measure_mpirun", "format_report", "markdown_report"]
 
 TIERS = ("cold", "warm")
 LAUNCHES = ("mpirun", "threads")
@@ -66,7 +73,11 @@ LAUNCHES = ("mpirun", "threads")
 
 @dataclass(frozen=True)
 class RunSpec:
-    """What every rank of a run reads and how (picklable; the same for every rank)."""
+    """What every rank of a run reads and how (picklable; the same for every rank).
+
+    ``keep_records``: each epoch's figures also list the file and record index of every sample the
+    rank took, in order (``records``; for tests and checks against DLIO, not for large runs).
+    """
 
     files: Tuple[str, ...]
     workload: MlperfWorkload
@@ -77,11 +88,33 @@ class RunSpec:
     prefetch: int = 2
     threads: Optional[int] = None
     epochs: int = 1
+    keep_records: bool = False
+
+    def rank_files(self, world: World) -> List[str]:
+        """The files rank ``world.rank`` reads, as DLIO's TensorFlow reader deals them: with at least as many
+        files as ranks, every ``world.size``-th file of the sorted list from the rank's own (``tf.data``'s
+        ``shard``); with fewer, all of them (DLIO then deals the records, see :meth:`dataset`)."""
+        if len(self.files) >= world.size:
+            return list(self.files[world.rank::world.size])
+        return list(self.files)
 
     def dataset(self, world: World) -> Dataset:
-        """Rank ``world.rank``'s :class:`dlstore.Dataset` of the files (each record once per epoch over ranks)."""
-        return Dataset(list(self.files), world=world, shuffle=self.shuffle, seed=self.seed, remainder="drop",
-                       batch_size=self.workload.batch_size, io=self.io, verify=self.verify)
+        """Rank ``world.rank``'s :class:`dlstore.Dataset`: :meth:`rank_files`, read alone (a world of one) and
+        whole at each pass; with fewer files than ranks, the ranks' shares of one epoch of all the files.
+
+        ``shuffle="none"`` keeps DLIO's order of the files (sorted) and of their records; the other
+        shuffles order both per epoch from ``seed``. The remainder of a pass short of a batch is dropped,
+        as DLIO's reader drops it.
+        """
+        mine = self.rank_files(world)
+        alone = len(self.files) >= world.size
+        return Dataset(mine, world=detect_world(rank=0, size=1, local_rank=0, local_size=1) if alone else world,
+                       shuffle=self.shuffle, shuffle_shards=self.shuffle != "none", seed=self.seed,
+                       remainder="drop", batch_size=self.workload.batch_size, io=self.io, verify=self.verify)
+
+    def records(self) -> int:
+        """Records in all the files (their manifest's counts): what DLIO's step count divides."""
+        return int(open_shards(list(self.files)).counts.sum())
 
 
 def dlio_steps(records: int, batch_size: int, ranks: int) -> int:
@@ -89,22 +122,77 @@ def dlio_steps(records: int, batch_size: int, ranks: int) -> int:
     return records // batch_size // ranks
 
 
+def describe_records(wl: MlperfWorkload, shuffle: str) -> str:
+    """The header's words on which records each rank reads, and where they differ from DLIO's."""
+    t = wl.read_threads
+    if t > 1:
+        cut = (f"DLIO's {t} read threads interleave {t} files record by record (TFRecordDataset's "
+               f"num_parallel_reads), so its cut falls across the ends of a rank's last {t} files and what it "
+               f"reads twice across the starts of its first {t}; dlstore's falls at the end (start) of its own order")
+    else:
+        cut = "DLIO reads one file at a time, and so does dlstore: both cut at the end of the order"
+    order = ("--shuffle none: DLIO's order of the files and of their records, so with one DLIO read thread the "
+             "very records DLIO reads" if shuffle == "none" else
+             f"--shuffle {shuffle}: that order seeded per epoch; --shuffle none keeps DLIO's")
+    also = (f"; DLIO also passes the records through a seeded shuffle buffer of {wl.shuffle_size} (TensorFlow's, "
+            "not reproduced)" if wl.sample_shuffle else "")
+    return ("as DLIO 2.0.0's TensorFlow reader deals them: rank r of N reads files r, r+N, r+2N, ... of the sorted "
+            "list (tf.data's shard), floor(records / batch / N) batches of them per epoch, starting its files "
+            "over when they hold fewer (DLIO's repeat); the same records as DLIO's where a rank's files hold "
+            f"exactly that many, else at most those at the rank's cut (and read twice) differ: {cut} ({order}); "
+            f"with fewer files than ranks, DLIO deals records round-robin and dlstore contiguous shares{also}")
+
+
+class _RepeatedEpoch:
+    """One epoch of a Dataset, read again from its start at each of a loader's passes: DLIO's ``repeat()``.
+
+    A rank whose files hold fewer records than its steps take starts its stream over within the
+    epoch, as DLIO's reader does (its batched stream is repeated); the loader numbers its passes
+    0, 1, ..., and each reads the Dataset's epoch ``epoch``. All else goes to the Dataset.
+    """
+
+    def __init__(self, dataset: Dataset, epoch: int):
+        self._dataset = dataset
+        self._epoch = epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        self._dataset.set_epoch(self._epoch)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._dataset, name)
+
+
+def _keeping(loader: Loader, kept: List[Tuple[np.ndarray, np.ndarray]]) -> Iterator[Dict[str, Any]]:
+    """The loader's batches, the shard and record index of each sample kept (one copy per batch)."""
+    for batch in loader:
+        kept.append((batch["shard"].copy(), batch["record"].copy()))
+        yield batch
+
+
 # ---- one rank ------------------------------------------------------------------------------------
 
 def run_rank(spec: RunSpec, world: World, ready: Callable[[], None]) -> List[Dict[str, Any]]:
-    """One emulated accelerator: its epochs, each a Loader over this rank's Dataset, one batch a step.
+    """One emulated accelerator: its epochs, each DLIO's step count of batches from this rank's Dataset.
 
-    ``ready()`` is called once the first epoch's loader is built and returns when the run starts
-    (every rank built, the cache prepared). Returns each epoch's :func:`rank_epoch` figures, with the
-    engine that read.
+    Each epoch is a Loader over the rank's Dataset (:meth:`RunSpec.dataset`), one batch a step, for
+    ``floor(records / batch / ranks)`` steps; a rank whose files hold fewer records reads its epoch
+    again from the start for the rest (DLIO's ``repeat()``). ``ready()`` is called once the first
+    epoch's loader is built and returns when the run starts (every rank built, the cache prepared).
+    Returns each epoch's :func:`rank_epoch` figures, with the engine that read.
     """
     wl = spec.workload
-    dataset = spec.dataset(world)
-    steps = dlio_steps(int(dataset.counts.sum()), wl.batch_size, world.size)
+    records = spec.records()
+    steps = dlio_steps(records, wl.batch_size, world.size)
     if steps < 2:
-        raise ValueError(f"{len(spec.files)} files of {int(dataset.counts.sum())} records make {steps} steps of "
+        raise ValueError(f"{len(spec.files)} files of {records} records make {steps} steps of "
                          f"{wl.batch_size} per rank at {world.size} ranks: MLPerf's AU needs at least 2 "
                          "(more data, or fewer accelerators)")
+    dataset = spec.dataset(world)
+    per_pass = dataset.num_batches
+    if per_pass < 1:
+        raise ValueError(f"rank {world.rank}: its {len(dataset.shards)} files ({dataset.shards[0]}, ...) hold "
+                         f"{int(dataset.counts.sum())} records, less than a batch of {wl.batch_size}")
+    passes = -(-steps // per_pass)
     # One batch drawn first, untimed, as DLIO's reader is built and TensorFlow imported before its window:
     # the loader's first use in a process pays imports and thread pools; a cold run drops what it read.
     warm = Loader(spec.dataset(world), DlioExample(), wl.batch_size, prefetch=1, threads=spec.threads, epochs=1)
@@ -114,14 +202,16 @@ def run_rank(spec: RunSpec, world: World, ready: Callable[[], None]) -> List[Dic
         close_loader(warm)
     epochs = []
     for epoch in range(spec.epochs):
-        dataset.set_epoch(epoch)
-        source = CountingSource(dataset)
+        source = CountingSource(_RepeatedEpoch(dataset, epoch))
         loader = Loader(source, DlioExample(), wl.batch_size, prefetch=spec.prefetch, last_batch="DROP",
-                        threads=spec.threads, epochs=1, seed=spec.seed)
+                        threads=spec.threads, epochs=passes, seed=spec.seed,
+                        record_key="index" if spec.keep_records else None)
+        kept: List[Tuple[np.ndarray, np.ndarray]] = []
         try:
             if epoch == 0:
                 ready()
-            measured = run_steps(loader, [1] * steps, compute_s=wl.computation_time, counter=source)
+            measured = run_steps(_keeping(loader, kept) if spec.keep_records else loader, [1] * steps,
+                                 compute_s=wl.computation_time, counter=source)
         finally:
             close_loader(loader)
         if measured["batches"] < steps:
@@ -130,6 +220,10 @@ def run_rank(spec: RunSpec, world: World, ready: Callable[[], None]) -> List[Dic
         figures = rank_epoch(measured, wl.computation_time)
         figures.update(epoch=epoch + 1, rank=world.rank, engine=dataset.engine,
                        process_cpu_pct=measured["process_cpu_pct"])
+        if spec.keep_records:
+            shards = np.concatenate([k[0] for k in kept])
+            figures["records"] = list(zip(np.asarray(dataset.shards)[shards].tolist(),
+                                          np.concatenate([k[1] for k in kept]).tolist()))
         epochs.append(figures)
     return epochs
 
@@ -226,8 +320,8 @@ def measure_mpirun(spec: RunSpec, n: int, tier: str, argv: Sequence[str], timeou
             return json.load(f)
 
 
-def _child_argv(args: argparse.Namespace, data: str) -> List[str]:
-    argv = ["--workload", args.workload, "--accelerator", args.accelerator, "--data", data, "--io", args.io,
+def _child_argv(args: argparse.Namespace, data: str, engine: str) -> List[str]:
+    argv = ["--workload", args.workload, "--accelerator", args.accelerator, "--data", data, "--io", engine,
             "--shuffle", args.shuffle, "--seed", str(args.seed), "--prefetch", str(args.prefetch),
             "--epochs", str(args.epochs), "--quiet"]
     if args.batch_size is not None:
@@ -264,9 +358,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="measure at N accelerators only (default: search for the most that pass)")
     p.add_argument("--max-accelerators", type=int, default=64, metavar="N",
                    help="the search's largest count (default: %(default)s)")
-    p.add_argument("--tiers", default="cold,warm", metavar="LIST",
+    p.add_argument("--tiers", default=None, metavar="LIST",
                    help="cache states to search in: cold (dropped or evicted before each run), warm (read once "
-                        "before each run); default: %(default)s")
+                        "before each run); default: cold,warm, or cold alone where a warm run could not be warm "
+                        "(the data outgrows the page cache, or io engine direct reads around it)")
     p.add_argument("--launch", choices=LAUNCHES, default=None,
                    help="ranks as processes under mpirun or as threads of this process (default: mpirun when "
                         "on PATH, else threads)")
@@ -298,14 +393,35 @@ def _tiers(text: str) -> List[str]:
     return [t for t in TIERS if t in wanted]
 
 
-def _generate(args: argparse.Namespace, wl: MlperfWorkload, log: Callable[[str], None]) -> Optional[str]:
-    """Writes the dataset when asked and missing; returns a note on what was written, or None."""
-    from dlstore.bench.mlperf_records import train_files
+def choose_tiers(asked: Optional[str], data_bytes: int, cache_bytes: int, engine: str) -> Tuple[List[str], str]:
+    """The tiers to search and the header's words on them: ``--tiers`` when given; else cold and warm, or
+    cold alone where a warm run could not be warm (the data outgrows the page cache, or the engine reads
+    around it)."""
+    if asked is not None:
+        tiers = _tiers(asked)
+        return tiers, ", ".join(tiers)
+    if engine == "direct":
+        return ["cold"], ("cold only: io engine direct reads around the page cache, so a warm run would read as "
+                          "a cold one (--tiers cold,warm runs it all the same)")
+    if data_bytes > cache_bytes:
+        return ["cold"], (f"cold only: the data outgrows the page cache ({report.fmt_bytes(cache_bytes)}), so a "
+                          "warm run would start partly cold (--tiers cold,warm runs it all the same)")
+    return list(TIERS), ", ".join(TIERS)
 
-    if not args.generate or train_files(args.data):
+
+def _generate(args: argparse.Namespace, wl: MlperfWorkload, log: Callable[[str], None]) -> Optional[str]:
+    """Writes the dataset when asked and missing, or the files an interrupted ``--generate`` left unwritten;
+    returns a note on what was written, or None."""
+    if not args.generate:
         return None
+    there = train_files(args.data)
     per_file = args.records_per_file or wl.records_per_file
-    if args.files:
+    if there:
+        files = promised_files(there)
+        if len(there) == files:
+            return None
+        why = f"{files - len(there)} of them missing, the rest kept"
+    elif args.files:
         files, why = args.files, "--files"
     elif args.size:
         files, why = max(1, -(-parse_size(args.size) // (record_bytes(wl) * per_file))), f"--size {args.size}"
@@ -313,10 +429,10 @@ def _generate(args: argparse.Namespace, wl: MlperfWorkload, log: Callable[[str],
         files = min(wl.files, files_to_outgrow_cache(wl, records_per_file=per_file))
         why = (f"1.2x the page cache's {report.fmt_bytes(available_page_cache_bytes())}"
                + (f", capped at the workload's {wl.files} files" if files == wl.files else ""))
-    total = files * per_file * record_bytes(wl)
+    total = (files - len(there)) * per_file * record_bytes(wl)
     log(f"generating {files} files x {per_file} records (~{report.fmt_bytes(total)}, {why}) in "
         f"{os.path.join(args.data, 'train')}")
-    bar = Progress(total, "generate", unit="B", enabled=False if args.quiet else None)
+    bar = Progress(total, "generate", unit="B", enabled=False if args.quiet else None, piped="lines")
     try:
         generate(args.data, wl, files, per_file, progress=bar.update if bar.enabled else None)
     finally:
@@ -372,7 +488,7 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
     if args.accelerators is not None and args.accelerators < 1:
         raise ValueError("--accelerators must be at least 1")
-    tiers = _tiers(args.tiers)
+    tiers = _tiers(args.tiers or ",".join(TIERS))
     if args.rank_json:  # one rank of a run that a search launched under mpirun
         spec = RunSpec(tuple(layout_files(args.data)), wl, args.io, args.verify, args.shuffle, args.seed,
                        args.prefetch, args.threads, args.epochs)
@@ -388,35 +504,41 @@ def run(args: argparse.Namespace) -> int:
     spec = RunSpec(tuple(files), wl, args.io, args.verify, args.shuffle, args.seed, args.prefetch, args.threads,
                    args.epochs)
     probe = spec.dataset(detect_world(rank=0, size=1))
+    # The engine resolved once, over all the files: each rank reads its own share with it (under auto, a
+    # rank's share alone could resolve otherwise).
+    spec = dataclasses.replace(spec, io=probe.engine)
     records = int(probe.counts.sum())
     nbytes = int(sum(os.path.getsize(f) for f in files))
     info = sysinfo.collect(files, probe.engine, probe.engine_reason)
     info["loadavg"] = os.getloadavg()
     cache = available_page_cache_bytes()
+    tiers, tiers_note = choose_tiers(args.tiers, nbytes, cache, spec.io)
     extra = [("workload", wl.describe()),
              ("data", f"{len(files)} files, {records:,} records, {report.fmt_bytes(nbytes)} in "
                       f"{os.path.join(args.data, 'train')} (DLIO's layout: image bytes + size int64)"
                       + (f"; {generated}" if generated else "")
                       + (f"; {'outgrows' if nbytes > cache else 'fits in'} the page cache "
                          f"({report.fmt_bytes(cache)})")),
-             ("read", f"each rank: dlstore.Dataset (its share of every epoch), Loader prefetch {args.prefetch}, "
-                      f"C++ parse of image and size; CRC {'checked' if args.verify else 'not checked'}; one batch "
-                      "drawn untimed per rank before the cache is prepared (imports, threads); "
+             ("read", f"each rank: a dlstore.Dataset of its files, Loader prefetch {args.prefetch}, C++ parse of "
+                      f"image and size; CRC {'checked' if args.verify else 'not checked'}; one batch drawn untimed "
+                      "per rank before the cache is prepared (imports, threads); "
                       f"DLIO's {dlio_steps(records, wl.batch_size, 1)} steps per epoch at 1 accelerator "
                       "(floor(records / batch / accelerators))"),
+             ("records", describe_records(wl, args.shuffle)),
              ("shuffle", f"{probe.describe_shuffle()}; seed {args.seed}"),
              ("ranks", "one process per emulated accelerator under mpirun (" + (shutil.which("mpirun") or "-")
               + ")" if launch == "mpirun" else "one thread per emulated accelerator, in this process"),
              ("AU", f"MLPerf's rule: computation_time x (steps - 1) / (epoch wall time - first step), mean over "
                     f"ranks and epochs; pass at >= {wl.au_threshold_pct:g}%; also the whole epoch (first step "
                     "counted)"),
+             ("tiers", tiers_note),
              ("machine", f"load average {info['loadavg'][0]:.2f} {info['loadavg'][1]:.2f} "
                          f"{info['loadavg'][2]:.2f} at the start; cores used by other processes during each run "
                          "in the table")]
     del probe
     print(sysinfo.format_header(info, extra=extra) + "\n", flush=True)
 
-    argv = _child_argv(args, args.data)
+    argv = _child_argv(args, args.data, spec.io)
     warnings: List[str] = []
     results: Dict[str, Any] = {}
     for tier in tiers:
@@ -435,8 +557,12 @@ def run(args: argparse.Namespace) -> int:
                 figures["cache_method"] = got["cache_method"]
                 figures["resident_at_start"] = got["resident"]
                 if tier == "warm" and got["resident"] is not None and got["resident"] < 0.95:
+                    why = ("the data outgrows the page cache" if nbytes > cache
+                           else "evicted by other processes")
+                    if spec.io == "direct":
+                        why += "; io engine direct reads around it anyway"
                     warnings.append(f"warm at {n} (run {i + 1}): only {100 * got['resident']:.0f}% of the data was "
-                                    "in the page cache at the start (evicted by other processes): partly cold")
+                                    f"in the page cache at the start ({why}): partly cold")
                 figures["ranks"] = got["ranks"]
                 warnings.extend(sysinfo.trust_warnings(f"{tier} at {n} (run {i + 1})",
                                                        figures["epochs"][0]["seconds"], figures["others_cores"]))
@@ -457,7 +583,7 @@ def run(args: argparse.Namespace) -> int:
     doc = {"scenario": "mlperf", "command": ["python", "-m", "dlstore.bench", "mlperf"] + sys.argv[2:],
            "sysinfo": info, "header": extra, "workload": asdict(wl), "record_bytes_on_disk": nbytes / records,
            "config": {"data": args.data, "files": len(files), "records": records, "bytes": nbytes,
-                      "launch": launch, "io": args.io, "shuffle": args.shuffle, "seed": args.seed,
+                      "launch": launch, "io": args.io, "engine": spec.io, "shuffle": args.shuffle, "seed": args.seed,
                       "prefetch": args.prefetch, "threads": args.threads, "epochs": args.epochs,
                       "repeat": args.repeat, "verify": args.verify, "page_cache_bytes": cache},
            "tiers": results, "warnings": warnings}

@@ -16,7 +16,8 @@ from __future__ import annotations
 import glob
 import math
 import os
-from typing import Any, Dict, List, Optional
+import re
+from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -26,7 +27,7 @@ from dlstore.io.system import available_page_cache_bytes
 from dlstore.pipeline.stages import Field, Pipeline, PipelineRun
 from dlstore.writers import TFRecordWriter
 
-__all__ = ["FILE_PREFIX", "train_files", "file_name", "layout_files", "record_bytes", "generate",
+__all__ = ["FILE_PREFIX", "train_files", "file_name", "promised_files", "layout_files", "record_bytes", "generate",
            "files_to_outgrow_cache", "DlioExample"]
 
 #: DLIO's ``dataset.file_prefix`` default.
@@ -34,6 +35,10 @@ FILE_PREFIX = "img"
 #: Bytes a record's ``tf.train.Example`` adds around its image (field tags, lengths, the ``size`` entry),
 #: and TFRecord's framing (length, two CRCs): a record of DLIO's layout is about image + this.
 _OVERHEAD_BYTES = 43 + 16
+
+
+#: DLIO's file names: ``img_<i>_of_<n>.tfrecord``, ``i`` zero-padded to the digits of ``n``.
+_NAME = re.compile(rf"^{FILE_PREFIX}_(\d+)_of_(\d+)\.tfrecord$")
 
 
 def file_name(index: int, files: int) -> str:
@@ -46,25 +51,50 @@ def train_files(folder: str) -> List[str]:
     return sorted(glob.glob(os.path.join(folder, "train", "*.tfrecord")))
 
 
+def promised_files(paths: Sequence[str]) -> int:
+    """The file count DLIO's names ``img_<i>_of_<n>.tfrecord`` promise: their ``n``.
+
+    Raises
+    ------
+    ValueError
+        When a name is not DLIO's, or names promise different counts (naming the file).
+    """
+    promised: Optional[int] = None
+    for path in paths:
+        match = _NAME.match(os.path.basename(path))
+        n = int(match.group(2)) if match else 0
+        if not match or n < 1 or os.path.basename(path) != file_name(int(match.group(1)), n):
+            raise ValueError(f"{path}: not a name of DLIO's layout ({file_name(0, max(n, len(paths)))}, ...)")
+        if promised is not None and n != promised:
+            raise ValueError(f"{path}: one of {n} files, where {os.path.basename(paths[0])} is one of {promised}: "
+                             "two data sets in one folder")
+        promised = n
+    if promised is None:
+        raise ValueError("no file names to read a count from")
+    return promised
+
+
 def layout_files(folder: str) -> List[str]:
-    """:func:`train_files`, checked: at least one, and every name in DLIO's ``img_<i>_of_<n>`` form.
+    """:func:`train_files`, checked: every name in DLIO's ``img_<i>_of_<n>`` form, and all ``n`` there.
 
     Raises
     ------
     FileNotFoundError
         When ``folder/train`` holds no TFRecord file.
     ValueError
-        When a file's name is not DLIO's (naming the file).
+        When a file's name is not DLIO's (naming the file), or files are missing (an interrupted
+        ``--generate``: running it again finishes the set).
     """
     files = train_files(folder)
     if not files:
         raise FileNotFoundError(f"{os.path.join(folder, 'train')}: no *.tfrecord files (DLIO's layout: "
                                 f"<folder>/train/{file_name(0, 16)}, ...); --generate makes them")
-    n = len(files)
-    for path in files:
-        base = os.path.basename(path)
-        if not (base.startswith(FILE_PREFIX + "_") and base.endswith(f"_of_{base.split('_of_')[-1]}")):
-            raise ValueError(f"{path}: not a name of DLIO's layout ({file_name(0, n)}, ...)")
+    n = promised_files(files)
+    if len(files) != n:
+        present = {os.path.basename(f) for f in files}
+        missing = next(file_name(i, n) for i in range(n) if file_name(i, n) not in present)
+        raise ValueError(f"{os.path.join(folder, 'train')}: {len(files)} of the {n} files their names promise "
+                         f"({missing} is missing): an interrupted --generate? --generate finishes the set")
     return files
 
 

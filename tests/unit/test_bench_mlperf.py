@@ -1,9 +1,12 @@
 """``bench mlperf``: the workload table, DLIO's record layout, MLPerf's AU rule, the search, a tiny run."""
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import hashlib
 import json
 import os
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -126,6 +129,28 @@ def test_layout_files_refuses_a_folder_without_dlio_files(tmp_path):
         layout_files(str(tmp_path))
 
 
+def test_an_interrupted_generate_is_refused_then_finished_by_generate(tmp_path):
+    small = dataclasses.replace(workload("resnet50", "h100"), record_length=64.0)  # 8x8 images
+    paths = generate(str(tmp_path), small, 3, records_per_file=2)
+    os.remove(paths[1])
+    with pytest.raises(ValueError, match="2 of the 3 files their names promise \\(img_1_of_3.tfrecord is missing\\)"):
+        layout_files(str(tmp_path))
+    parser = argparse.ArgumentParser()
+    mlperf.add_arguments(parser)
+    args = parser.parse_args(["--data", str(tmp_path), "--generate", "--records-per-file", "2", "--quiet"])
+    note = mlperf._generate(args, small, lambda line: None)
+    assert "1 of them missing, the rest kept" in note
+    assert layout_files(str(tmp_path)) == paths
+
+
+def test_names_of_two_data_sets_in_one_folder_are_refused(tmp_path):
+    small = dataclasses.replace(workload("resnet50", "h100"), record_length=64.0)
+    generate(str(tmp_path), small, 2, records_per_file=1)
+    generate(str(tmp_path), small, 3, records_per_file=1)
+    with pytest.raises(ValueError, match="img_0_of_3.tfrecord: one of 3 files, where img_0_of_2.tfrecord is one of 2"):
+        layout_files(str(tmp_path))
+
+
 @pytest.mark.slow  # importing TensorFlow takes seconds
 def test_dlio_example_parses_records_tensorflow_wrote_as_dlio_does(tmp_path):
     tf = pytest.importorskip("tensorflow")
@@ -174,6 +199,121 @@ def test_ranks_read_dlios_steps_and_every_record_once(tmp_path):
     assert sorted(seen) == sorted(everything) and len(set(everything)) == 48
 
 
+# ---- which records each rank reads, against DLIO's rule ------------------------------------------------
+
+def dlio_epoch_records(counts, ranks, batch, read_threads):
+    """The ``(file, record)`` pairs each rank of DLIO 2.0.0 takes in one epoch, in its order.
+
+    DLIO's rule, from its source (in our words):
+
+    - ``dlio_benchmark/reader/tf_reader.py``, ``TFReader.next``: the sorted file list, when it holds at
+      least as many files as ranks, is cut by ``tf.data``'s ``shard``: rank r keeps files r, r + ranks,
+      r + 2 ranks, .... A ``TFRecordDataset`` with ``num_parallel_reads=read_threads`` reads them: it
+      opens ``read_threads`` files at a time and takes one record from each in turn until they end,
+      then the next ones (for files of one length, as DLIO writes them: groups of ``read_threads``
+      consecutive files, interleaved record by record). With fewer files than ranks, the stream of
+      all the files is sharded instead: record i of it to rank i % ranks. The stream is batched with
+      the short last batch dropped, and the batched stream is repeated without end.
+    - ``dlio_benchmark/main.py``, ``DLIOBenchmark._train``: every epoch iterates that dataset from its
+      start (a new iterator) and stops after ``floor(records / batch / ranks)`` steps.
+    """
+    assert len(set(counts)) == 1, "files of one length, as DLIO generates them"
+
+    def stream(files):
+        out = []
+        for g in range(0, len(files), read_threads):
+            group = files[g:g + read_threads]
+            out += [(f, k) for k in range(counts[0]) for f in group]
+        return out
+
+    steps = sum(counts) // batch // ranks
+    taken = []
+    for r in range(ranks):
+        mine = stream(list(range(r, len(counts), ranks))) if len(counts) >= ranks else stream(
+            list(range(len(counts))))[r::ranks]
+        one_pass = mine[:len(mine) // batch * batch]
+        taken.append([one_pass[i % len(one_pass)] for i in range(steps * batch)])
+    return taken
+
+
+def _records_read(spec, epoch):
+    """A rank's epoch figures' ``records`` as ``(file index, record)`` pairs."""
+    return [(spec.files.index(path), k) for path, k in epoch["records"]]
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_ranks_read_the_records_dlio_reads_when_it_reads_one_file_at_a_time(tmp_path, ranks):
+    # 5 files of 12 records, batch 4: they do not divide evenly among the ranks. DLIO's steps take 28 (2
+    # ranks) or 20 (3 ranks) records per rank: rank 0's files hold more (its stream is cut), the last
+    # rank's fewer (it reads its files again from the start).
+    spec = dataclasses.replace(_tiny(tmp_path, files=5, per_file=12), shuffle="none", epochs=2, keep_records=True)
+    got = mlperf.measure_threads(spec, ranks, "warm")
+    dlio = dlio_epoch_records([12] * 5, ranks, 4, read_threads=1)
+    assert len(dlio[0]) != 12 * len(range(0, 5, ranks))  # the uneven case: rank 0's stream is cut
+    for r in range(ranks):
+        for epoch in got["ranks"][r]:
+            assert _records_read(spec, epoch) == dlio[r]
+
+
+def test_with_dlios_eight_read_threads_only_the_cut_and_the_records_read_twice_differ(tmp_path):
+    spec = dataclasses.replace(_tiny(tmp_path, files=5, per_file=12), keep_records=True)  # the block shuffle
+    got = mlperf.measure_threads(spec, 2, "warm")
+    dlio = dlio_epoch_records([12] * 5, 2, 4, read_threads=8)
+    for r, [epoch] in enumerate(got["ranks"]):
+        mine, theirs = Counter(_records_read(spec, epoch)), Counter(dlio[r])
+        assert sum(mine.values()) == sum(theirs.values()) == 28
+        assert {f for f, _ in mine} == {f for f, _ in theirs} == set(range(r, 5, 2))  # DLIO's files for rank r
+        held = 12 * len(range(r, 5, 2))
+        one_pass = held // 4 * 4
+        cut, twice = held - min(one_pass, 28), max(0, 28 - one_pass)  # rank 0: 8 left out; rank 1: 4 read twice
+        assert sum((theirs - mine).values()) <= cut + twice
+
+
+def test_with_fewer_files_than_ranks_the_ranks_share_one_epoch(tmp_path):
+    # 2 files of 16 records over 3 ranks, batch 4: DLIO's floor(32 / 4 / 3) = 2 steps each. DLIO deals the
+    # records round-robin then; dlstore gives each rank a contiguous share of the epoch, none read twice.
+    spec = dataclasses.replace(_tiny(tmp_path, files=2, per_file=16), shuffle="none", keep_records=True)
+    got = mlperf.measure_threads(spec, 3, "warm")
+    taken = [_records_read(spec, epoch) for [epoch] in got["ranks"]]
+    assert [len(t) for t in taken] == [8, 8, 8]
+    assert len({pair for t in taken for pair in t}) == 24
+    assert taken[0] == [(0, k) for k in range(8)]
+
+
+@pytest.mark.slow  # importing TensorFlow takes seconds
+@pytest.mark.parametrize("files", [5, 2])
+def test_dlios_rule_is_what_tensorflows_pipeline_does(tmp_path, files):
+    # TFReader.next's pipeline, built as it builds it, over files whose records carry their identity.
+    tf = pytest.importorskip("tensorflow")
+    paths = [str(tmp_path / file_name(i, files)) for i in range(files)]
+    for i, path in enumerate(paths):
+        with tf.io.TFRecordWriter(path) as writer:
+            for k in range(12):
+                ids = tf.train.Int64List(value=[i, k])
+                writer.write(tf.train.Example(features=tf.train.Features(
+                    feature={"id": tf.train.Feature(int64_list=ids)})).SerializeToString())
+    for ranks in (2, 3):
+        for threads in (1, 2, 8):
+            expected = dlio_epoch_records([12] * files, ranks, 4, threads)
+            steps = 12 * files // 4 // ranks
+            for r in range(ranks):
+                names = tf.data.Dataset.list_files(paths, shuffle=False)
+                if files >= ranks:
+                    names = names.shard(num_shards=ranks, index=r)
+                ds = tf.data.TFRecordDataset(filenames=names, num_parallel_reads=threads)
+                if files < ranks:
+                    ds = ds.shard(num_shards=ranks, index=r)
+                ds = ds.batch(4, drop_remainder=True).repeat()
+                for _ in range(2):  # two epochs, each from the start
+                    seen = []
+                    for step, batch in enumerate(ds):
+                        ids = tf.io.parse_example(batch, {"id": tf.io.FixedLenFeature([2], tf.int64)})["id"]
+                        seen += [tuple(pair) for pair in ids.numpy().tolist()]
+                        if step + 1 == steps:
+                            break
+                    assert seen == expected[r], (ranks, threads, r)
+
+
 def test_reported_au_matches_a_hand_computation_from_the_step_log(tmp_path):
     spec = _tiny(tmp_path, seconds_per_batch=0.01)
     got = mlperf.measure_threads(spec, 2, "warm")
@@ -185,6 +325,17 @@ def test_reported_au_matches_a_hand_computation_from_the_step_log(tmp_path):
         assert epoch["au_pct"] == pytest.approx(by_hand[-1])
         assert all(s["slept"] >= 0.01 for s in epoch["steps"])  # the sleep happened, at least as long
     assert figures["au_pct"] == pytest.approx(sum(by_hand) / 2)
+
+
+def test_default_tiers_leave_warm_out_where_a_warm_run_could_not_be_warm():
+    assert mlperf.choose_tiers(None, 10, 20, "buffered") == (["cold", "warm"], "cold, warm")
+    tiers, note = mlperf.choose_tiers(None, 30, 20, "buffered")
+    assert tiers == ["cold"] and "outgrows the page cache" in note
+    tiers, note = mlperf.choose_tiers(None, 10, 20, "direct")
+    assert tiers == ["cold"] and "direct reads around the page cache" in note
+    assert mlperf.choose_tiers("warm,cold", 30, 20, "direct")[0] == ["cold", "warm"]  # asked for: run as asked
+    with pytest.raises(ValueError, match="unknown hot"):
+        mlperf.choose_tiers("hot", 10, 20, "buffered")
 
 
 def test_too_little_data_for_two_steps_is_refused_in_one_line(tmp_path):
@@ -203,6 +354,7 @@ def test_cli_generates_searches_and_reports(tmp_path, capsys):
     assert len(train_files(str(data))) == 2
     text = capsys.readouterr().out
     for words in ("resnet50_h100: batch 4", "scaled from 0.224 s per 400", "one thread per emulated accelerator",
+                  "as DLIO 2.0.0's TensorFlow reader deals them",
                   "MLPerf's rule", "load average", "AU % (MLPerf)", "warm: "):
         assert words in text
     doc = json.loads(out.read_text())
