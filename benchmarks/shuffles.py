@@ -364,16 +364,14 @@ HOW_TO_READ = """
 - **fio's buffers are huge pages** (`mem=mmaphuge`; as root the huge-page overcommit is raised for the
   job and put back), as dlstore's are (its buffers ask for transparent huge pages). On this VM's disk
   the layout reaches the device: a request into 4 KiB pages carries a segment per page, into huge
-  pages one, and the disk is about twice as fast with the latter. With fio's default malloc buffers
-  its sequential 1 MiB reads came to 1.1-1.7 GB/s where the same job into huge pages reads 2.4-2.9
-  (random 116 KiB at qd64: 1.2-1.4 against 1.9-2.4), and dlstore itself drops from 2.2 to 1.2 GB/s
-  with transparent huge pages disabled (`prctl(PR_SET_THP_DISABLE)`): the fio rows of runs before
-  this change were a reference for the wrong memory.
-- **Bytes in flight.** On this disk fio is fastest with little memory in flight: sequential 1 MiB
-  reads at depth 1 per job (2 MiB in all, each job rereading its one buffer) read ~2.9 GB/s, at depth
-  8 (16 MiB) ~2.4, and random reads likewise peak at depth 4-8. A reader that hands out batches
-  writes every record to memory not written just before (an epoch's batches of 256 records are 30 MB
-  each), so the best fio job is a bound the read path can approach but not reproduce here.
+  pages one, and the disk is about twice as fast with the latter (fio's sequential 1 MiB reads at
+  depth 1: 1.2-1.7 GB/s into malloc's pages, 2.7-2.8 into huge pages; dlstore's `none` falls from 2.2
+  to 1.2 GB/s with transparent huge pages disabled). Runs before that change held dlstore to the
+  malloc figures (docs/engines.md).
+- **What fio does not do.** fio checks no CRC, and guest CPU and memory work slows this disk (fio's
+  sequential reads lose 3-23% while one core runs CRC-32C); fio also rereads its own few buffers, and
+  reads fastest with little memory in flight (1 MiB x depth 2 x 2 jobs), where a reader that hands
+  out batches writes each record into memory not written just before.
 - **First epoch.** A fresh process pays once for memory it touches the first time (on a VM, a host
   fault per page): the last column is each process's first epoch, read before the measured one. Cold,
   the block shuffle's first epoch is slower than its later ones by about the time its ~130 MB of held
