@@ -171,6 +171,12 @@ SETTINGS: Dict[str, Setting] = {
                 "its blocks (0: the whole share). Reads jump about within a few shards at a time, which "
                 "seek-bound storage serves faster than jumps across the whole data set (docs/placement.md).",
                 _size, lambda v: v >= 0, "0 or more bytes"),
+        Setting("plan_window_files", 4096, "DLSTORE_PLAN_WINDOW_FILES",
+                "A global pass whose records lie in more files than this (its records or the shards, the "
+                "fewer) is given to the reader a window of batches at a time, each window's frame offsets "
+                "fetched and files checked when it is planned: a rank of a large job starts after its first "
+                "window, not after its whole epoch's (docs/placement.md). 0: every global pass.",
+                int, lambda v: v >= 0, "0 or more files"),
         Setting("shuffle_buffer", 64 * MiB, "DLSTORE_SHUFFLE_BUFFER",
                 "Bytes of records the shuffle buffer of Dataset's block and buffer shuffles holds (in "
                 "records: this over the dataset's mean record size, unless buffer_size is given).",

@@ -246,6 +246,8 @@ void register_reader(py::module_& m) {
            py::arg("format"), py::arg("batch_size"), py::arg("options"), py::arg("hold_bytes") = 0,
            py::arg("sequential") = true, py::arg("first_batch") = 0, py::arg("device") = py::none())
       .def("next_batch", &next_batch_of<dlstore::PlanReader>)
+      .def("start", &dlstore::PlanReader::start, py::call_guard<py::gil_scoped_release>(),
+           "Starts the first reads without waiting for any (a reader made ahead of its turn).")
       .def_property_readonly("position", &dlstore::PlanReader::position)
       .def("__len__", &dlstore::PlanReader::size)
       .def("stats", [](const dlstore::PlanReader& r) { return plan_stats_dict(r.stats()); })

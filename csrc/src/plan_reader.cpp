@@ -339,10 +339,28 @@ const uint8_t* PlanReader::data_of(int64_t pos, int64_t chunk, uint64_t* len) co
   return l.data[i];
 }
 
+void PlanReader::start() {
+  if (pending_) return;
+  for (;;) {
+    Step s = schedule_.next();
+    if (s.kind != Step::Kind::Read) {
+      pending_ = std::make_unique<Step>(std::move(s));
+      return;
+    }
+    submit(s.chunk);
+  }
+}
+
 bool PlanReader::next_batch(RecordBatch& out) {
   out.clear();
   for (;;) {
-    Step s = schedule_.next();
+    Step s;
+    if (pending_) {
+      s = std::move(*pending_);
+      pending_.reset();
+    } else {
+      s = schedule_.next();
+    }
     switch (s.kind) {
       case Step::Kind::Read:
         submit(s.chunk);

@@ -1,9 +1,9 @@
 """``io="auto"``: pick an engine once, and say why.
 
-- The dataset is larger than the memory the page cache can have: ``direct`` (O_DIRECT), so the
-  read neither thrashes the cache nor pays a copy out of it; ``io_uring`` (O_DIRECT too) where the
-  kernel allows it and records are read one by one in random order (a global shuffle), so that many
-  record reads are in flight at once instead of one per I/O thread.
+- The dataset is larger than the memory the page cache can have: O_DIRECT, so the read neither
+  thrashes the cache nor pays a copy out of it, through ``io_uring`` where the kernel allows it, so
+  that many reads are in flight at once instead of one per I/O thread (a global shuffle's records;
+  the 1 MiB pieces of the other shuffles' chunks), else ``direct``.
 - ``io_uring`` refused by the kernel (a seccomp filter, ``kernel.io_uring_disabled``, before 5.6):
   ``direct``, saying so.
 - It fits: ``buffered``, so every epoch after the first is served from RAM; or ``mmap`` when the
@@ -162,16 +162,16 @@ def _resolve_host(requested: str, paths: Sequence[str], total_bytes: int, availa
                    "page cache")
         if refused:
             return EngineChoice("buffered", requested, f"{exceeds}, but {refused}")
-        if random_reads:
-            no_ring = probe_io_uring()
-            if no_ring is None:
-                return EngineChoice("io_uring", requested,
-                                    f"{exceeds}, and a global shuffle reads record by record: io_uring keeps many "
-                                    "O_DIRECT record reads in flight at once" + _ring_text(paths))
-            return EngineChoice("direct", requested, f"{exceeds}: O_DIRECT avoids thrashing the cache and a copy "
-                                                     f"out of it (not io_uring: {no_ring})")
-        return EngineChoice("direct", requested,
-                            f"{exceeds}: O_DIRECT avoids thrashing the cache and a copy out of it")
+        no_ring = probe_io_uring()
+        if no_ring is None:
+            many = ("a global shuffle reads record by record, and io_uring keeps many O_DIRECT record reads in "
+                    "flight at once" if random_reads else
+                    "io_uring keeps every 1 MiB piece of each chunk in flight at once, where direct reads "
+                    "one piece per I/O thread")
+            return EngineChoice("io_uring", requested, f"{exceeds}: O_DIRECT avoids thrashing the cache and a copy "
+                                                       f"out of it; {many}" + _ring_text(paths))
+        return EngineChoice("direct", requested, f"{exceeds}: O_DIRECT avoids thrashing the cache and a copy "
+                                                 f"out of it (not io_uring: {no_ring})")
     fits = f"dataset {format_bytes(total_bytes)} fits in the {format_bytes(available)} available to the page cache"
     if random_reads:
         return EngineChoice("mmap", requested,

@@ -11,17 +11,29 @@ with :meth:`~Prefetcher.publish`; the consumer draws them with :meth:`~Prefetche
 each back with :meth:`~Prefetcher.release`. An exception in the thread is re-raised in the
 consumer, traceback included; :meth:`~Prefetcher.close` stops the thread and waits for it, so the
 producer's ``finally`` blocks (closing the reader) have run when it returns.
+
+A program that exits while a prefetcher's thread is still at work (a loop left without ``close()``)
+has the thread stopped and waited for at exit (:data:`EXIT_WAIT_S` at most): left running, the
+thread would come back from a C++ read into an interpreter being torn down, where CPython ends the
+thread by unwinding its stack through C++ frames, and the process aborts ("terminate called without
+an active exception").
 """
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
 import time
+import weakref
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-__all__ = ["BatchRing", "Prefetcher", "Stopped", "touched_empty"]
+__all__ = ["BatchRing", "Prefetcher", "Stopped", "touched_empty", "EXIT_WAIT_S"]
+
+#: Seconds the interpreter's exit waits for each prefetcher's thread still running (a read under way
+#: ends within the reader's ``read_timeout`` at worst; past this the exit goes on without it).
+EXIT_WAIT_S = 30.0
 
 
 def touched_empty(shape: Tuple[int, ...], dtype: Any) -> np.ndarray:
@@ -131,6 +143,7 @@ class Prefetcher:
         self._finished = False
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
         self._thread.start()
+        _running.add(self)
 
     # ---- producer side ----
 
@@ -196,10 +209,24 @@ class Prefetcher:
         """Gives slot ``slot`` back to the producer (also usable by the producer for a slot it drops)."""
         self._free.put(slot)
 
-    def close(self) -> None:
-        """Stops the producer and waits for its thread to end (its ``finally`` blocks have run)."""
+    def close(self, timeout: Optional[float] = None) -> None:
+        """Stops the producer and waits for its thread to end (its ``finally`` blocks have run), or for
+        ``timeout`` seconds at most."""
         self._stop.set()
         self._free.put(None)  # wakes a producer waiting in acquire()
         self._ready.put(_Done)  # and a consumer waiting in get(), when closed from another thread
         if self._thread is not threading.current_thread():
-            self._thread.join()
+            self._thread.join(timeout)
+        if not self._thread.is_alive():
+            _running.discard(self)
+
+
+#: Prefetchers whose threads were started and not seen to end (weakly held: a thread's target keeps its own).
+_running: "weakref.WeakSet[Prefetcher]" = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_at_exit() -> None:
+    # Runs before the interpreter starts tearing down, while a returning thread can still take the GIL.
+    for prefetcher in list(_running):
+        prefetcher.close(timeout=EXIT_WAIT_S)

@@ -271,6 +271,10 @@ class Shuffle:
         The reader's chunk (records read together) unless one is asked for; None: the engine's default.
         A chunk of random reads is a list of records, not a stretch of a file: a small one keeps the
         first batch near and the files opened (or mapped) at once few.
+    planned_in_windows : bool
+        The consumer's reads are given to the reader a window of batches at a time, each window's frame
+        offsets fetched from the manifest when it is planned: a pass starts after its first window, not
+        after every record's offset (a ``global`` rank's records lie in nearly every shard).
     """
 
     name: str
@@ -279,6 +283,7 @@ class Shuffle:
     random_reads: bool
     summary: str
     chunk_bytes: Optional[int] = None
+    planned_in_windows: bool = False
 
     @property
     def sequential(self) -> bool:
@@ -316,7 +321,8 @@ SHUFFLES: Dict[str, Shuffle] = {s.name: s for s in (
     Shuffle("buffer", _sequential_pieces, True, False,
             "read sequentially, emitted through a shuffle buffer of buffer_size records"),
     Shuffle("global", _global_pieces, False, True,
-            "a seeded permutation of all records of the epoch, read through the index", chunk_bytes=64 << 10),
+            "a seeded permutation of all records of the epoch, read through the index", chunk_bytes=64 << 10,
+            planned_in_windows=True),
 )}
 
 

@@ -38,7 +38,7 @@ from dlstore.io.cuda import parse_device
 from dlstore.io.failover import MountHealth
 from dlstore.io.select import EngineChoice, resolve_engine
 from dlstore.placement.mounts import assign_mounts, mount_for
-from dlstore.placement.rank import plan_rank
+from dlstore.placement.rank import RankPlan, plan_rank
 from dlstore.placement.sharding import EpochPlan, SamplerState, shuffle_named, shuffle_sizes
 from dlstore.placement.world import World, detect_world
 from dlstore.sources.reader import CorruptionWarnings
@@ -48,6 +48,12 @@ from dlstore.sources.reads import reader_plan
 from dlstore.sources.source import ReadOptions, ReadsWithOptions, Source
 
 __all__ = ["Dataset", "dataset_for"]
+
+#: Batches in the first window of a pass planned in windows (``Shuffle.planned_in_windows``): the first
+#: batch waits for this window's frame offsets and files only.
+FIRST_WINDOW_BATCHES = 4
+#: Records in a window at most (later windows grow fourfold up to it, in whole batches).
+MAX_WINDOW_RECORDS = 16384
 
 PathSpec = Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]]
 
@@ -258,13 +264,41 @@ class Dataset(ReadsWithOptions):
         return max(1, int(chunk // self.mean_record_bytes)) if self.mean_record_bytes else 1
 
     def read_plan(self, epoch: Optional[int] = None, emitted: int = 0, world: Optional[World] = None,
-                  health: Optional[MountHealth] = None) -> _ReaderPlan:
+                  health: Optional[MountHealth] = None, limit: Optional[int] = None) -> _ReaderPlan:
         """What this consumer (or ``world``'s, a rank of the same world) reads of ``epoch`` after handing out
         ``emitted`` samples: every record's file, frame and mount in reading order, and the order they are
         handed out in, as the reader is given them (:func:`dlstore.placement.rank.plan_rank`).
 
         ``health``: the mounts that failed in this pass, whose blocks are read from their next place.
+        ``limit``: only the next ``limit`` records, where records are handed out as read (a window of a
+        pass; see :attr:`~dlstore.placement.Shuffle.planned_in_windows`): only their frames are fetched.
         """
+        rank = self._rank_plan(epoch, emitted, world, health)
+        if limit is not None and rank.emit is None and limit < len(rank.shards):
+            rank = RankPlan(*(a[:limit] for a in rank[:4]), None)
+        if world is None:
+            self.index.check(rank.shards)  # the shards this rank opens first, not checked yet
+        return reader_plan(rank, self.index.frames, self._paths_of, mounts=self._layout is not None,
+                           num_shards=len(self.shards))
+
+    def _rank_plan(self, epoch: Optional[int], emitted: int, world: Optional[World],
+                   health: Optional[MountHealth]) -> RankPlan:
+        """:func:`plan_rank` for ``read_plan``. This consumer's plan of a pass without failures is kept: where
+        records are handed out as read, the plan after ``emitted`` is the kept one less its first records,
+        so the windows of a pass slice one plan rather than plan the rest of the epoch each."""
+        epoch_plan = self.plan(epoch)
+        mine = world is None and (health is None or not health.avoid)
+        kept = self.__dict__.get("_kept_rank")
+        if mine and kept is not None and kept[0] is epoch_plan and kept[1] <= emitted and kept[2].emit is None:
+            skip = emitted - kept[1]
+            return RankPlan(*(a[skip:] for a in kept[2][:4]), None)
+        rank = self._plan_rank(epoch_plan, emitted, world, health)
+        if mine:
+            self._kept_rank = (epoch_plan, emitted, rank)
+        return rank
+
+    def _plan_rank(self, epoch_plan: EpochPlan, emitted: int, world: Optional[World],
+                   health: Optional[MountHealth]) -> RankPlan:
         w = self.world if world is None else world
         rank_mounts = self._rank_mounts if world is None else self._assign(w)
         failed = health.avoid if health is not None else []  # mounts failed, or holding a bad copy
@@ -280,12 +314,8 @@ class Dataset(ReadsWithOptions):
                 chosen.append(place)
             return np.asarray(chosen, dtype=np.int64)[back.reshape(-1)]
 
-        rank = plan_rank(self.plan(epoch), w.consumer, rank_mounts, layout=self._layout, emitted=emitted,
-                         failed=failed, remap=remap)
-        if world is None:
-            self.index.check(rank.shards)  # the shards this rank opens first, not checked yet
-        return reader_plan(rank, self.index.frames, self._paths_of, mounts=self._layout is not None,
-                           num_shards=len(self.shards))
+        return plan_rank(epoch_plan, w.consumer, rank_mounts, layout=self._layout, emitted=emitted, failed=failed,
+                         remap=remap)
 
     def _path_of(self, shard: int, mount: int) -> str:
         return self.shards[shard] if self._layout is None else self._layout.path(shard, mount)
@@ -306,8 +336,34 @@ class Dataset(ReadsWithOptions):
                                      block=block)
         return (first, *fallbacks)
 
-    def _reader_plan(self, epoch: int, emitted: int, health: MountHealth) -> _ReaderPlan:
-        return self.read_plan(epoch, emitted, health=health)
+    def _reader_plan(self, epoch: int, emitted: int, health: MountHealth, limit: Optional[int] = None) -> _ReaderPlan:
+        return self.read_plan(epoch, emitted, health=health, limit=limit)
+
+    def window_starts(self, records: int, emitted: int = 0) -> np.ndarray:
+        """Where a pass from sample ``emitted`` that reads ``records`` records gives its reader the next
+        window (indices into the pass's read plan, the first window's start left out); empty when the
+        shuffle is not planned in windows (:meth:`read_plan`'s ``limit``)."""
+        starts, at, windows = [], 0, 0
+        while (size := self._window(emitted + at, windows)) is not None and at + size < records:
+            at += size
+            windows += 1
+            starts.append(at)
+        return np.asarray(starts, dtype=np.int64)
+
+    def _window(self, start: int, windows: int) -> Optional[int]:
+        """Records the next reader of a pass is given, from sample ``start`` on, after ``windows`` windows of
+        the pass: None (the rest of the epoch) unless the shuffle is planned in windows. Windows hold whole
+        batches of the epoch, the first :data:`FIRST_WINDOW_BATCHES`, each next one four times the last, up
+        to :data:`MAX_WINDOW_RECORDS` records. Only a pass spread over more files than the
+        ``plan_window_files`` setting is planned in windows: over few files, its offsets come cheaply from
+        the manifest, and a reader per window would only open and map the same files again."""
+        if not self.shuffle_kind.planned_in_windows:
+            return None
+        if min(len(self), len(self.shards)) <= settings.get("plan_window_files"):
+            return None
+        batch = self._read_batch_size()
+        batches = min(FIRST_WINDOW_BATCHES * 4 ** min(windows, 16), max(1, MAX_WINDOW_RECORDS // batch))
+        return (batch - start % batch) + (batches - 1) * batch
 
     def set_epoch(self, epoch: int) -> None:
         """Starts ``epoch`` from its first sample."""
@@ -361,16 +417,30 @@ class Dataset(ReadsWithOptions):
         warner = CorruptionWarnings(self.options.on_error == "warn", stacklevel=2)
         self._corruptions = []
         core = None
+        notes: List[str] = []
         batch_size = self._read_batch_size()
+        samples = self.plan(epoch).num_samples(self.world.consumer)
+        windows = 0  # windows of this pass read (a shuffle planned in windows)
+        ahead = None  # the next window's (start, plan, reader), made and started before its turn
         try:
             while True:
                 start = self.sample_in_epoch
-                try:
-                    plan = self._reader_plan(epoch, start, health)
-                except _NoPlace as gone:
-                    raise self._gave_up(gone.shard, gone.block, health, None) from None
-                core = self._core(plan, start)
+                limit = self._window(start, windows)
+                if ahead is not None and ahead[0] == start:
+                    _, plan, core = ahead
+                else:
+                    try:
+                        plan = self._reader_plan(epoch, start, health, limit)
+                    except _NoPlace as gone:
+                        raise self._gave_up(gone.shard, gone.block, health, None) from None
+                    core = self._core(plan, start)
+                ahead = None
                 total = len(plan.file) if plan.emit is None else len(plan.emit)
+                more = limit is not None and start + total < samples  # a window: the pass goes on after it
+                # The next window is planned, and its reads started, once this one's last reads are in
+                # flight (and its first batch has gone out), so that the device never waits between
+                # windows.
+                lead = (self._core_options.depth + 1) * batch_size if more else -1
                 # A batch cut short by an error that follows it is held back: when the plan restarts
                 # (another mount, a retry) it is read again whole, so the batches are a clean read's;
                 # it goes out only before an error that ends the pass.
@@ -378,6 +448,8 @@ class Dataset(ReadsWithOptions):
                 try:
                     while True:
                         before = core.position
+                        if ahead is None and before > 0 and total - before <= lead:
+                            ahead = self._read_ahead(epoch, start + total, windows + 1, health)
                         batch = core.next_batch()
                         warner.check(core)
                         if batch is None:
@@ -398,8 +470,13 @@ class Dataset(ReadsWithOptions):
                 finally:
                     _add_counts(totals, core.stats())
                     self._corruptions += core.corruptions()
+                    notes += [n for n in core.notes() if n not in notes]
                 if error is None:
+                    if more:
+                        windows += 1
+                        continue
                     break
+                ahead = None  # planned before the failure: the pass restarts with what it now knows
                 try:
                     restart = self._recover(error, plan, start, core, health, totals)
                 except DlstoreError as final:
@@ -417,9 +494,20 @@ class Dataset(ReadsWithOptions):
                 held = None
             self.epoch, self.sample_in_epoch = epoch + 1, 0
         finally:
-            notes = list(core.notes()) if core is not None else []
-            core = None  # its files, mappings and buffers go now
+            core = ahead = None  # their files, mappings and buffers go now
             self._last = {**totals, **health.stats.as_dict(), "notes": notes}
+
+    def _read_ahead(self, epoch: int, start: int, windows: int, health: MountHealth):
+        """``(start, plan, reader)`` of the window from sample ``start`` with its first reads started; None
+        when it cannot be planned now (its turn plans it again, and raises what planning raises)."""
+        try:
+            plan = self._reader_plan(epoch, start, health, self._window(start, windows))
+        except (_NoPlace, DlstoreError):
+            return None
+        core = self._core(plan, start)
+        if hasattr(core, "start"):  # the GPU reader starts its reads when first asked for a batch
+            core.start()
+        return start, plan, core
 
     def _recover(self, error: DlstoreError, plan: _ReaderPlan, start: int, core, health: MountHealth,
                  totals: Dict[str, int]) -> Optional[int]:
@@ -599,6 +687,7 @@ class Dataset(ReadsWithOptions):
         clone.world = self.world.with_worker(worker, num_workers)
         clone._last = {}
         clone._corruptions = []
+        clone.__dict__.pop("_kept_rank", None)  # the rank's plan, not the worker's
         return clone
 
     def __repr__(self) -> str:

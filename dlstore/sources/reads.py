@@ -101,20 +101,23 @@ def reader_plan(rank: RankPlan, frames: Frames, paths_of: Paths, *, mounts: bool
                       rank.shards, rank.records, places)
 
 
-def read_runs(plan: ReaderPlan) -> Tuple[np.ndarray, np.ndarray]:
+def read_runs(plan: ReaderPlan, cuts: Sequence[int] = ()) -> Tuple[np.ndarray, np.ndarray]:
     """The plan's reads as runs of neighbouring frames of one file, in reading order: the first and last
-    record of each (indices into the plan's per-record arrays)."""
+    record of each (indices into the plan's per-record arrays). ``cuts``: records that start a read
+    whatever precedes them (where a reader is given the next window of the plan)."""
     n = len(plan.file)
     new = np.ones(n, dtype=bool)
     new[1:] = (plan.file[1:] != plan.file[:-1]) | (plan.offset[1:] != plan.offset[:-1] + plan.size[:-1])
+    new[np.asarray(cuts, dtype=np.int64)] = True
     first = np.flatnonzero(new)
     return first, np.append(first[1:], n) - 1
 
 
-def merged_reads(plan: ReaderPlan, mount_names: Sequence[str] = ()) -> List[Dict[str, object]]:
-    """The plan's reads in reading order (:func:`read_runs`): per read its ``path``, byte range
-    ``[start, stop)``, ``records`` and ``mount`` (its name, or None without mounts)."""
-    first, last = read_runs(plan)
+def merged_reads(plan: ReaderPlan, mount_names: Sequence[str] = (),
+                 cuts: Sequence[int] = ()) -> List[Dict[str, object]]:
+    """The plan's reads in reading order (:func:`read_runs`, ``cuts`` included): per read its ``path``,
+    byte range ``[start, stop)``, ``records`` and ``mount`` (its name, or None without mounts)."""
+    first, last = read_runs(plan, cuts)
     stops = plan.offset[last] + plan.size[last]
     out = []
     for a, b, stop, f in zip(first.tolist(), last.tolist(), stops.tolist(), plan.file[first].tolist()):

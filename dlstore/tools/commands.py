@@ -236,7 +236,8 @@ def plan_document(args: argparse.Namespace) -> Dict[str, Any]:
     for rank in ranks:
         for worker in range(args.workers):
             w = world(rank, worker)
-            reads = merged_reads(ds.read_plan(args.epoch, world=w), ds.mounts)
+            whole = ds.read_plan(args.epoch, world=w)
+            reads = merged_reads(whole, ds.mounts, cuts=ds.window_starts(len(whole.file)))
             consumers.append({"rank": rank, "worker": worker, "consumer": w.consumer,
                               "mounts": [ds.mounts[m] for m in ds._assign(w)],
                               "records": sum(r["records"] for r in reads), "reads": reads})

@@ -103,16 +103,21 @@ def test_queue_depth_comes_from_the_device_or_the_setting(tmp_path, monkeypatch)
 
 
 @needs_io_uring
-def test_auto_picks_io_uring_for_a_cold_global_shuffle_and_says_why(tmp_path):
+def test_auto_picks_io_uring_for_cold_data_and_says_why(tmp_path):
     path = write_tfrecord(tmp_path / "a.tfrecord", [b"x" * 100])
     cold = resolve_engine("auto", [path], 30 << 30, available=20 << 30, random_reads=True)
     refused_direct = cold.engine == "buffered"  # a filesystem without O_DIRECT keeps auto on buffered
     assert cold.engine == "io_uring" or refused_direct, cold.reason
     if not refused_direct:
         assert "global shuffle reads record by record" in cold.reason and "reads in flight" in cold.reason
-    # In order (or block-wise) from a cold device: direct; from the page cache: no io_uring either.
-    assert resolve_engine("auto", [path], 30 << 30, available=20 << 30).engine in ("direct", "buffered")
+    # In order (or block-wise) from a cold device: io_uring too, its chunks' pieces all in flight.
+    chunks = resolve_engine("auto", [path], 30 << 30, available=20 << 30)
+    assert chunks.engine == ("buffered" if refused_direct else "io_uring"), chunks.reason
+    if not refused_direct:
+        assert "1 MiB piece" in chunks.reason and "reads in flight" in chunks.reason
+    # From the page cache: no io_uring.
     assert resolve_engine("auto", [path], 10 << 30, available=20 << 30, random_reads=True).engine == "mmap"
+    assert resolve_engine("auto", [path], 10 << 30, available=20 << 30).engine == "buffered"
 
 
 def test_refused_io_uring_reads_direct_and_says_why(direct_dir, refused):

@@ -44,16 +44,18 @@ def _given_reads(monkeypatch, ds):
     for _ in ds.batches():
         pass
     monkeypatch.setattr(_C, "PlanReader", real)
-    assert len(given) == 1  # no failover: one plan for the epoch
-    paths, file, offset, size = given[0]
+    # No failover: one plan for the epoch, or one per window where the shuffle is planned in windows.
+    assert len(given) == 1 + len(ds.window_starts(len(ds)))
     reads = []
-    for f, o, n in zip(file.tolist(), offset.tolist(), size.tolist()):
-        path = paths[f]
-        mount = next(m for m in ds.mounts if path.startswith(m + os.sep))
-        if reads and reads[-1][0] == path and reads[-1][2] == o:
-            reads[-1] = (path, reads[-1][1], o + n, mount)
-        else:
-            reads.append((path, o, o + n, mount))
+    for paths, file, offset, size in given:
+        window = len(reads)
+        for f, o, n in zip(file.tolist(), offset.tolist(), size.tolist()):
+            path = paths[f]
+            mount = next(m for m in ds.mounts if path.startswith(m + os.sep))
+            if len(reads) > window and reads[-1][0] == path and reads[-1][2] == o:
+                reads[-1] = (path, reads[-1][1], o + n, mount)
+            else:
+                reads.append((path, o, o + n, mount))
     return reads
 
 
@@ -61,6 +63,7 @@ def _given_reads(monkeypatch, ds):
 @pytest.mark.parametrize("per_rank", [1, 2, 4])
 @pytest.mark.parametrize("shuffle", ["block", "global"])
 def test_plan_json_lists_the_reads_the_dataset_performs(tmp_path, monkeypatch, capsys, layout, per_rank, shuffle):
+    monkeypatch.setenv("DLSTORE_PLAN_WINDOW_FILES", "0")  # a global pass in windows, as at scale
     mounts = _mounts(tmp_path, layout)
     world = 2
     assert cli.main(["plan", "--mounts", *mounts, "--world-size", str(world), "--mounts-per-rank", str(per_rank),

@@ -138,7 +138,7 @@ def test_failover_mid_shard_neither_loses_nor_repeats(tmp_path, monkeypatch, shu
     def flaky(self, plan, start=0):
         # The first reader over mnt0 hands out three batches, then its mount "fails" (EIO).
         core = make(self, plan, start)
-        plans.append(plan)
+        plans.append((start, plan))
         if len(plans) > 1:
             return core
 
@@ -160,11 +160,15 @@ def test_failover_mid_shard_neither_loses_nor_repeats(tmp_path, monkeypatch, shu
     ds.set_epoch(0)
     assert _drain(ds) == reference
     assert ds.stats()["failovers"] == 1
-    # The second reader starts at the first record not yet handed out, reading the mount that failed
-    # no more: every record is on the replica.
-    second = plans[1]
+    # The reader made after the failure starts at the first record not yet handed out, reading the mount
+    # that failed no more: every record is on the replica. (Under a shuffle planned in windows the next
+    # window's reader may have been made ahead, before the failure: it was dropped.)
+    second = [plan for start, plan in plans[1:] if start == 3 * 16][-1]
     assert all(p.startswith(roots[1]) for p in second.paths)
-    assert len(second.file) == len(reference) - 3 * 16 or second.emit is not None
+    rest = len(reference) - 3 * 16
+    if ds.shuffle_kind.planned_in_windows:  # the restarted pass's first window
+        rest = min(rest, ds._window(3 * 16, 0))
+    assert len(second.file) == rest or second.emit is not None
 
 
 def test_without_a_replica_bounded_retries_then_an_error_naming_mount_file_offset(tmp_path, no_delay):

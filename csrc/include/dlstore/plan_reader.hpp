@@ -49,6 +49,9 @@ class PlanReader {
   // or before a record that cannot be read or, under OnError::Raise, is corrupt: the next call raises
   // that error); false at the end.
   bool next_batch(RecordBatch& out);
+  // Starts the first reads (up to the schedule's depth) without waiting for any: a reader made ahead of
+  // its turn (the next window of a pass) has its reads in flight when the one before it ends.
+  void start();
   // Emission positions consumed so far (records handed out, plus corrupt ones skipped).
   size_t position() const { return schedule_.position(); }
   size_t size() const { return schedule_.size(); }
@@ -83,6 +86,7 @@ class PlanReader {
   // Records the schedule spilled: copies (and lengths), until they are handed out.
   std::unordered_map<int64_t, std::pair<std::shared_ptr<AlignedBuffer>, uint64_t>> spilled_;
   bool abandoned_ = false;  // a read timed out: its thread may never return, so it is not joined
+  std::unique_ptr<Step> pending_;  // the step start() stopped at, carried out first by next_batch()
   PlanStats moved_;         // the executor's counters: payload, gathered and spilled bytes
 };
 
