@@ -81,7 +81,7 @@ def measure(plan: Dict) -> Dict:
     from dlstore.placement import expand_runs
 
     ds = Dataset(plan["files"], io=plan["engine"], shuffle=plan["shuffle"], batch_size=plan["batch_size"],
-                 remainder="uneven", seed=plan["seed"])
+                 remainder="uneven", seed=plan["seed"], verify=plan.get("verify", True))
     # Every frame of the dataset as one sorted key (shard, offset), to tell which record a batch holds.
     shard_of = np.repeat(np.arange(len(ds.shards)), ds.counts)
     offsets, _ = ds.index.frames(shard_of, expand_runs(np.zeros(len(ds.counts), np.int64), ds.counts))
@@ -223,7 +223,7 @@ def run(args) -> Dict:
             print(f"round {r + 1} of {args.repeat}", flush=True)
             for cfg in order:
                 key = f"{cfg['cache']}/{cfg['engine']}/{cfg['shuffle']}"
-                plan = dict(cfg, files=files, batch_size=args.batch_size, seed=args.seed,
+                plan = dict(cfg, files=files, batch_size=args.batch_size, seed=args.seed, verify=args.verify,
                             epochs=args.epochs if cfg["cache"] == "warm" else 1)
                 path = os.path.join(tmp, "plan.json")
                 with open(path, "w") as f:
@@ -286,7 +286,8 @@ def run(args) -> Dict:
            "data": {"files": len(files), "bytes": sum(os.path.getsize(p) for p in files),
                     "records": int(probe.counts.sum()), "mean_record_bytes": probe.mean_record_bytes,
                     "size": None if args.data else args.size},
-           "config": {"batch_size": args.batch_size, "repeat": args.repeat, "epochs": args.epochs, "seed": args.seed},
+           "config": {"batch_size": args.batch_size, "repeat": args.repeat, "epochs": args.epochs, "seed": args.seed,
+                      "verify": args.verify},
            "load_before": loads[0], "load_after_rounds": loads[1:], "rows": rows,
            "fio": {"skipped": fio_why, "rows": fio_rows,
                    "depths": {e: engine_depth(e, files) for e in cold_engines},
@@ -401,7 +402,8 @@ def markdown(doc: Dict) -> str:
                 if doc.get("load_after_rounds") else ""),
              f"- **Data**: {d['files']} TFRecord files, {d['bytes'] / 1e9:.2f} GB, {d['records']:,} records "
              f"(mean {d['mean_record_bytes'] / 1e3:.1f} kB); one rank reads all of them; batch "
-             f"{doc['config']['batch_size']}; records only, no decoding",
+             f"{doc['config']['batch_size']}; records only, no decoding; "
+             + ("TFRecord CRCs checked" if doc["config"].get("verify", True) else "CRCs NOT checked (--no-verify)"),
              f"- **Method**: {doc['config']['repeat']} rounds, every configuration once per round in its own "
              "process, the order rotating; medians over rounds; each process reads one epoch untimed first (its "
              "rate in the last column: a fresh process's first touch of its buffers included), then the "
@@ -459,6 +461,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                    help="cold runs: fio on the same files beside them (default: on where fio is installed)")
     p.add_argument("--fio-depths", default=",".join(map(str, FIO_DEPTHS)),
                    help="queue depths of fio's grid (default: %(default)s; --quick: 1,4)")
+    p.add_argument("--verify", action=argparse.BooleanOptionalAction, default=True,
+                   help="check each record's CRCs, as a Dataset does by default (--no-verify: what they cost)")
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--epochs", type=int, default=3,
                    help="warm epochs measured after the untimed one, for RSS (default: 3)")
