@@ -14,7 +14,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
@@ -23,7 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import dlstore  # noqa: E402
 from benchmarks import _harness  # noqa: E402
 from dlstore.io.pagecache import drop_page_cache, drop_page_cache_refusal  # noqa: E402
-from dlstore.bench.fio import fio_missing_reason  # noqa: E402
+from dlstore.bench.fio import fio_missing_reason, run_fio  # noqa: E402
 from dlstore.bench.storage import dataset_paths  # noqa: E402
 
 CONFIGS = [dict(depth=4, io_threads=2, chunk_size=8 << 20), dict(depth=8, io_threads=4, chunk_size=8 << 20),
@@ -39,12 +38,10 @@ def run_dlstore(paths, total, cfg) -> float:
     return total / (time.perf_counter() - t) / 1e9
 
 
-def run_fio(paths, engine, depth, bs) -> float:
+def fio_rate(paths, engine, depth, bs) -> float:
+    """One fio job reading the files in turn (dlstore.bench.fio: huge-page buffers, as dlstore's)."""
     drop_page_cache()
-    out = subprocess.run(["fio", "--name=seq", "--rw=read", f"--bs={bs}", "--direct=1", f"--ioengine={engine}",
-                          f"--iodepth={depth}", "--filename=" + ":".join(paths), "--output-format=json"],
-                         capture_output=True, text=True, check=True).stdout
-    return json.loads(out)["jobs"][0]["read"]["bw_bytes"] / 1e9
+    return run_fio(paths, jobs=1, bs=bs, ioengine=engine, iodepth=depth).gb_per_s
 
 
 def main() -> int:
@@ -62,7 +59,7 @@ def main() -> int:
     results = {}
     for _ in range(args.rounds):  # interleaved, so drift on a shared disk hits every row alike
         for engine, depth, bs in FIO:
-            results.setdefault(f"fio {engine} qd{depth} bs{bs}", []).append(run_fio(paths, engine, depth, bs))
+            results.setdefault(f"fio {engine} qd{depth} bs{bs}", []).append(fio_rate(paths, engine, depth, bs))
         for cfg in CONFIGS:
             name = f"dlstore direct depth{cfg['depth']} threads{cfg['io_threads']} chunk{cfg['chunk_size'] >> 20}M"
             results.setdefault(name, []).append(run_dlstore(paths, total, cfg))

@@ -30,7 +30,8 @@ each fio job cold too, in every round: fio ``io_uring`` ``randread`` at the mean
 up to 4 KiB) with as many jobs as dlstore has I/O threads and the queue depth each thread of each
 engine keeps (``direct``: 1; ``io_uring``: its ``queue_depth``), which a ``global`` epoch is held
 to; and the grid of sequential 1 MiB and random record-sized reads at depths 1 to 64, whose best is
-what the device gives these files, which ``block`` and ``none`` are held to.
+what the device gives these files, which ``block`` and ``none`` are held to. fio's buffers are huge
+pages where the process may allow them, as dlstore's are (see :mod:`dlstore.bench.fio`).
 
 Measurements run in rounds, every configuration once per round in a rotating order, so drift on a
 shared machine spreads over all of them; figures are medians over rounds.
@@ -80,7 +81,7 @@ def measure(plan: Dict) -> Dict:
     from dlstore.placement import expand_runs
 
     ds = Dataset(plan["files"], io=plan["engine"], shuffle=plan["shuffle"], batch_size=plan["batch_size"],
-                 remainder="uneven", seed=plan["seed"])
+                 remainder="uneven", seed=plan["seed"], verify=plan.get("verify", True))
     # Every frame of the dataset as one sorted key (shard, offset), to tell which record a batch holds.
     shard_of = np.repeat(np.arange(len(ds.shards)), ds.counts)
     offsets, _ = ds.index.frames(shard_of, expand_runs(np.zeros(len(ds.counts), np.int64), ds.counts))
@@ -177,7 +178,8 @@ def run_fio_job(files: List[str], job: Dict) -> Dict:
     except FioError as e:
         return {"error": str(e)[:400]}
     return {"gb_per_s": r.gb_per_s, "description": r.describe(), "cpu_s_per_gb": r.cpu_seconds_per_gb,
-            "version": r.version}
+            "version": r.version, "buffers": r.config.get("mem"), "buffers_note": r.buffers_note or None,
+            "seconds": r.seconds}
 
 
 # ---- the run ----------------------------------------------------------------------------------------
@@ -221,7 +223,7 @@ def run(args) -> Dict:
             print(f"round {r + 1} of {args.repeat}", flush=True)
             for cfg in order:
                 key = f"{cfg['cache']}/{cfg['engine']}/{cfg['shuffle']}"
-                plan = dict(cfg, files=files, batch_size=args.batch_size, seed=args.seed,
+                plan = dict(cfg, files=files, batch_size=args.batch_size, seed=args.seed, verify=args.verify,
                             epochs=args.epochs if cfg["cache"] == "warm" else 1)
                 path = os.path.join(tmp, "plan.json")
                 with open(path, "w") as f:
@@ -276,6 +278,7 @@ def run(args) -> Dict:
         ok = [g["gb_per_s"] for g in runs if "error" not in g]
         fio_rows.append(dict(job, key=fio_key(job), gb_per_s=_harness.median(ok) if ok else None,
                              runs=ok, description=next((g["description"] for g in runs if "description" in g), None),
+                             buffers_notes=sorted({g["buffers_note"] for g in runs if g.get("buffers_note")}),
                              status="ok" if ok else f"failed: {runs[0].get('error') if runs else 'not run'}"))
     info = sysinfo.collect(files, probe.engine, probe.engine_reason)
     doc = {"benchmark": "shuffles", "when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -283,7 +286,8 @@ def run(args) -> Dict:
            "data": {"files": len(files), "bytes": sum(os.path.getsize(p) for p in files),
                     "records": int(probe.counts.sum()), "mean_record_bytes": probe.mean_record_bytes,
                     "size": None if args.data else args.size},
-           "config": {"batch_size": args.batch_size, "repeat": args.repeat, "epochs": args.epochs, "seed": args.seed},
+           "config": {"batch_size": args.batch_size, "repeat": args.repeat, "epochs": args.epochs, "seed": args.seed,
+                      "verify": args.verify},
            "load_before": loads[0], "load_after_rounds": loads[1:], "rows": rows,
            "fio": {"skipped": fio_why, "rows": fio_rows,
                    "depths": {e: engine_depth(e, files) for e in cold_engines},
@@ -358,6 +362,17 @@ HOW_TO_READ = """
   depth each engine keeps per thread is what `global` is held to, the best of the grid (sequential 1 MiB
   and random record-sized reads, depths 1 to 64) what `none` and `block` are held to. fio suffers from a
   loaded machine as dlstore does, so both are measured in every round and compared as medians.
+- **fio's buffers are huge pages** (`mem=mmaphuge`; as root the huge-page overcommit is raised for the
+  job and put back), as dlstore's are (its buffers ask for transparent huge pages). On this VM's disk
+  the layout reaches the device: a request into 4 KiB pages carries a segment per page, into huge
+  pages one, and the disk is about twice as fast with the latter (fio's sequential 1 MiB reads at
+  depth 1: 1.2-1.7 GB/s into malloc's pages, 2.7-2.8 into huge pages; dlstore's `none` falls from 2.2
+  to 1.2 GB/s with transparent huge pages disabled). Runs before that change held dlstore to the
+  malloc figures (docs/engines.md).
+- **What fio does not do.** fio checks no CRC, and guest CPU and memory work slows this disk (fio's
+  sequential reads lose 3-23% while one core runs CRC-32C); fio also rereads its own few buffers, and
+  reads fastest with little memory in flight (1 MiB x depth 2 x 2 jobs), where a reader that hands
+  out batches writes each record into memory not written just before.
 - **First epoch.** A fresh process pays once for memory it touches the first time (on a VM, a host
   fault per page): the last column is each process's first epoch, read before the measured one. Cold,
   the block shuffle's first epoch is slower than its later ones by about the time its ~130 MB of held
@@ -387,7 +402,8 @@ def markdown(doc: Dict) -> str:
                 if doc.get("load_after_rounds") else ""),
              f"- **Data**: {d['files']} TFRecord files, {d['bytes'] / 1e9:.2f} GB, {d['records']:,} records "
              f"(mean {d['mean_record_bytes'] / 1e3:.1f} kB); one rank reads all of them; batch "
-             f"{doc['config']['batch_size']}; records only, no decoding",
+             f"{doc['config']['batch_size']}; records only, no decoding; "
+             + ("TFRecord CRCs checked" if doc["config"].get("verify", True) else "CRCs NOT checked (--no-verify)"),
              f"- **Method**: {doc['config']['repeat']} rounds, every configuration once per round in its own "
              "process, the order rotating; medians over rounds; each process reads one epoch untimed first (its "
              "rate in the last column: a fresh process's first touch of its buffers included), then the "
@@ -417,6 +433,8 @@ def markdown(doc: Dict) -> str:
         for f in fio["rows"]:
             lines.append(f"| {f.get('description') or f['key']} | {_fmt(f.get('gb_per_s'), '.2f')} | "
                          + ", ".join(f"{g:.2f}" for g in f.get("runs", [])) + " |")
+        notes = sorted({n for f in fio["rows"] for n in f.get("buffers_notes") or ()})
+        lines += [""] + [f"fio's buffers: {n}" for n in notes] if notes else []
     elif fio.get("skipped"):
         lines += ["", f"No fio beside the cold rows: {fio['skipped']}."]
     lines += ["", "## Targets", "", "| target | measured | verdict |", "|:---|:---|:---|"]
@@ -443,6 +461,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                    help="cold runs: fio on the same files beside them (default: on where fio is installed)")
     p.add_argument("--fio-depths", default=",".join(map(str, FIO_DEPTHS)),
                    help="queue depths of fio's grid (default: %(default)s; --quick: 1,4)")
+    p.add_argument("--verify", action=argparse.BooleanOptionalAction, default=True,
+                   help="check each record's CRCs, as a Dataset does by default (--no-verify: what they cost)")
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--epochs", type=int, default=3,
                    help="warm epochs measured after the untimed one, for RSS (default: 3)")

@@ -11,19 +11,32 @@ each reading its files one after another (``file_service_type=sequential``), as 
 dlstore walks its files. Random jobs (``rw="randread"``) each read a share of every file's blocks in
 random order, ``jobs`` of them together reading the files' bytes once, as a global shuffle's record
 reads do. fio's JSON output is parsed into a :class:`FioResult`.
+
+fio's buffers are huge pages where this process may allow them (``mem=mmaphuge``, see
+:func:`huge_page_pool`), as dlstore's are (its aligned buffers ask for transparent huge pages). The
+layout of the buffer in physical memory reaches the device: a read into 4 KiB pages is a request of
+one segment per page (at most ``max_segments``, 254 on a virtio disk, so ~1 MiB per request), a read
+into a huge page one segment. A virtual disk whose host pays per segment (the 2-core VM of
+docs/engines_cold.md) then serves fio's default ``malloc`` buffers at about half the rate it serves the
+same reads into huge pages, so a 4 KiB-page fio is no reference for a reader whose buffers are huge.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import subprocess
 import tempfile
 from dataclasses import asdict, dataclass, field
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Callable, Iterator, List, Optional, Sequence, Tuple
 
 __all__ = ["FioError", "FioResult", "fio_missing_reason", "fio_job_file", "parse_fio_json", "run_fio", "fio_sweep",
-           "block_size_for"]
+           "block_size_for", "huge_pages_needed", "huge_page_pool", "BUFFERS"]
+
+# fio's ``mem`` for each way of backing its buffers: huge pages (what dlstore's buffers are) or malloc.
+BUFFERS = {"huge": "mmaphuge", "malloc": "malloc"}
+_OVERCOMMIT = "/proc/sys/vm/nr_overcommit_hugepages"
 
 
 class FioError(RuntimeError):
@@ -42,17 +55,20 @@ class FioResult:
     cpu_seconds_per_gb: Optional[float]
     version: str = ""
     config: dict = field(default_factory=dict)
+    buffers_note: str = ""  # why fio's buffers were not huge pages, where run_fio asked for them
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     def describe(self) -> str:
-        """Which fio job this is, e.g. ``fio psync qd1, 2 jobs, bs=1M sequential direct=1 reads``."""
+        """Which fio job this is, e.g. ``fio psync qd1, 2 jobs, bs=1M sequential direct=1 reads``
+        (``, huge-page buffers`` added where fio's buffers were huge pages)."""
         c = self.config
         jobs = f"{self.jobs} job{'s' if self.jobs != 1 else ''}"
         pattern = "random" if c.get("rw") == "randread" else "sequential"
+        huge = ", huge-page buffers" if c.get("mem") == BUFFERS["huge"] else ""
         return (f"fio {c.get('ioengine', '?')} qd{c.get('iodepth', 1)}, {jobs}, "
-                f"bs={c.get('bs', '?')} {pattern} direct={c.get('direct', '1')} reads")
+                f"bs={c.get('bs', '?')} {pattern} direct={c.get('direct', '1')} reads{huge}")
 
     @property
     def queue_depth_one(self) -> bool:
@@ -79,21 +95,25 @@ def block_size_for(record_bytes: float) -> str:
 
 
 def fio_job_file(paths: Sequence[str], jobs: int, bs: str = "1M", ioengine: str = "psync",
-                 iodepth: int = 1, rw: str = "read") -> str:
+                 iodepth: int = 1, rw: str = "read", buffers: str = "malloc") -> str:
     """A fio job file that reads ``paths`` once with O_DIRECT, split over ``jobs`` jobs.
 
     ``rw="read"``: with fewer files than jobs, each file gets its own job (fio reads whole files here;
     splitting one file between jobs would change the access pattern being compared).
     ``rw="randread"``: every job reads every file in random order, ``1 / jobs`` of their bytes each.
+    ``buffers``: ``"huge"`` (``mem=mmaphuge``: fio's buffers in huge pages, which the kernel must be
+    able to give: :func:`huge_page_pool`) or ``"malloc"`` (fio's default).
     """
     if not paths:
         raise ValueError("fio needs at least one file")
     if rw not in ("read", "randread"):
         raise ValueError(f"rw must be 'read' or 'randread', not {rw!r}")
+    if buffers not in BUFFERS:
+        raise ValueError(f"buffers must be one of {sorted(BUFFERS)}, not {buffers!r}")
     # invalidate=0: by default fio evicts each file from the page cache before reading it, which
     # would turn a warm benchmark cold behind its back. O_DIRECT bypasses the cache anyway.
     lines = ["[global]", f"rw={rw}", f"bs={bs}", "direct=1", f"ioengine={ioengine}", f"iodepth={iodepth}",
-             "invalidate=0"]
+             "invalidate=0", f"mem={BUFFERS[buffers]}"]
     if rw == "read":
         jobs = max(1, min(int(jobs), len(paths)))
         lines += ["file_service_type=sequential", ""]
@@ -149,9 +169,68 @@ def parse_fio_json(text: str) -> FioResult:
                      version=str(report.get("fio version", "")), config=config)
 
 
+def _size_bytes(size: str) -> int:
+    """fio's size text (``116k``, ``1M``, ``4096``) in bytes (k, M, G as powers of 1024, as fio reads them)."""
+    text = str(size).strip()
+    scale = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}.get(text[-1:].lower(), 1)
+    digits = text[:-1] if scale != 1 else text
+    if not digits.isdigit():
+        raise ValueError(f"not a fio size: {size!r}")
+    return int(digits) * scale
+
+
+def huge_pages_needed(jobs: int, bs: str, iodepth: int, page_bytes: int) -> int:
+    """Huge pages of ``page_bytes`` that ``jobs`` fio jobs with ``mem=mmaphuge`` map: each maps ``iodepth``
+    buffers of ``bs`` bytes and a 4 KiB page of alignment, rounded up to whole pages; fio-3.33 was seen
+    to need one page more than that (an iodepth of 2 x 1 MiB maps three 2 MiB pages), one more is slack."""
+    per_job = -(-(_size_bytes(bs) * max(1, int(iodepth)) + 4096) // page_bytes) + 2
+    return max(1, int(jobs)) * per_job
+
+
+@contextlib.contextmanager
+def huge_page_pool(jobs: int, bs: str, iodepth: int, overcommit_file: str = _OVERCOMMIT,
+                   meminfo: Optional[Callable[[], dict]] = None) -> Iterator[Optional[str]]:
+    """Lets ``jobs`` fio jobs map their buffers (``iodepth`` x ``bs`` each) in huge pages while the block
+    runs; yields None when they may, else why not.
+
+    Free pages of the reserved pool (``HugePages_Free``) serve as they are. Otherwise, as root, the
+    kernel's overcommit of huge pages (``/proc/sys/vm/nr_overcommit_hugepages``) is raised by what is
+    missing, so that fio's pages are taken from free memory when it maps them and given back when it
+    exits; the setting is put back on leaving the block. Nothing is reserved while fio is not running.
+    """
+    from dlstore.io.system import meminfo as read_meminfo
+
+    info = (meminfo or read_meminfo)()
+    page = info.get("Hugepagesize", 0)  # bytes
+    if not page:
+        yield "the kernel has no huge pages (no Hugepagesize in /proc/meminfo)"
+        return
+    missing = huge_pages_needed(jobs, bs, iodepth, page) - info.get("HugePages_Free", 0) + info.get("HugePages_Rsvd", 0)
+    if missing <= 0:
+        yield None
+        return
+    try:
+        with open(overcommit_file) as f:
+            before = f.read().strip()
+        with open(overcommit_file, "w") as f:
+            f.write(f"{int(before) + info.get('HugePages_Surp', 0) + missing}\n")
+    except (OSError, ValueError) as e:
+        yield f"cannot allow {missing} more huge pages ({overcommit_file}: {e})"
+        return
+    try:
+        yield None
+    finally:
+        with open(overcommit_file, "w") as f:
+            f.write(before + "\n")
+
+
 def run_fio(paths: Sequence[str], jobs: int, bs: str = "1M", ioengine: str = "psync", iodepth: int = 1,
-            timeout: Optional[float] = 600, rw: str = "read") -> FioResult:
+            timeout: Optional[float] = 600, rw: str = "read", buffers: str = "auto") -> FioResult:
     """Runs fio on ``paths`` (O_DIRECT, ``rw`` ``read`` or ``randread``) and returns its throughput.
+
+    ``buffers="auto"`` gives fio huge-page buffers where :func:`huge_page_pool` can (as dlstore's
+    buffers are), else malloc's, and the result's ``buffers_note`` says why not; ``"huge"`` and
+    ``"malloc"`` ask for one.
 
     Raises
     ------
@@ -161,10 +240,32 @@ def run_fio(paths: Sequence[str], jobs: int, bs: str = "1M", ioengine: str = "ps
     missing = fio_missing_reason()
     if missing:
         raise FioError(missing)
+    if buffers not in ("auto", *BUFFERS):
+        raise ValueError(f"buffers must be 'auto' or one of {sorted(BUFFERS)}, not {buffers!r}")
+    if buffers == "malloc":
+        return _run_fio_job(paths, jobs, bs, ioengine, iodepth, timeout, rw, "malloc")
+    with huge_page_pool(jobs, bs, iodepth) as refused:
+        if refused is None:
+            try:
+                return _run_fio_job(paths, jobs, bs, ioengine, iodepth, timeout, rw, "huge")
+            except FioError as e:
+                if buffers == "huge":
+                    raise
+                refused = f"fio failed with huge-page buffers: {e}"
+        elif buffers == "huge":
+            raise FioError(f"no huge pages for fio's buffers: {refused}")
+    result = _run_fio_job(paths, jobs, bs, ioengine, iodepth, timeout, rw, "malloc")
+    result.buffers_note = f"malloc buffers, not huge pages: {refused}"[:300]
+    return result
+
+
+def _run_fio_job(paths: Sequence[str], jobs: int, bs: str, ioengine: str, iodepth: int,
+                 timeout: Optional[float], rw: str, buffers: str) -> FioResult:
     with tempfile.TemporaryDirectory(prefix="dlstore-fio-") as tmp:
         job = os.path.join(tmp, "read.fio")
         with open(job, "w") as f:
-            f.write(fio_job_file(list(paths), jobs, bs=bs, ioengine=ioengine, iodepth=iodepth, rw=rw))
+            f.write(fio_job_file(list(paths), jobs, bs=bs, ioengine=ioengine, iodepth=iodepth, rw=rw,
+                                 buffers=buffers))
         cmd: List[str] = ["fio", "--output-format=json", job]
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)

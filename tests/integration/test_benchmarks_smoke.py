@@ -174,6 +174,22 @@ def test_shuffles_quick(tmp_path):
         keys = {f["key"].split("/")[1] + "/" + f["key"].split("/")[3] for f in doc["fio"]["rows"]}
         assert keys >= {"read/qd1x2", "read/qd4x2", "randread/qd1x2", "randread/qd4x2"}
         assert sum("fio" in t["target"] for t in doc["targets"]) == 6  # direct, io_uring x none, block, global
+        # fio's buffers are huge pages, as dlstore's are, unless this process may not allow them (then why)
+        for f in doc["fio"]["rows"]:
+            assert f["description"].endswith(", huge-page buffers") != bool(f["buffers_notes"]), f
+        if os.geteuid() == 0 and os.access("/proc/sys/vm/nr_overcommit_hugepages", os.W_OK):
+            assert all(f["description"].endswith(", huge-page buffers") for f in doc["fio"]["rows"])
+    assert doc["config"]["verify"] is True
+    # --no-verify: the CRCs' cost, measured by leaving them unchecked, and said so on the page
+    md = tmp_path / "nv.md"
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "shuffles.py"), "--quick", "--no-verify",
+                        "--no-fio", "--cache", "cold", "--engines", "direct", "--shuffles", "none", "--json",
+                        os.fspath(out), "--markdown", os.fspath(md)], capture_output=True, text=True, cwd=ROOT,
+                       env=env, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    assert doc["config"]["verify"] is False and doc["rows"][0]["status"] == "ok"
+    assert "CRCs NOT checked (--no-verify)" in md.read_text()
 
 
 @pytest.mark.slow  # subprocesses
