@@ -102,14 +102,16 @@ class RunSpec:
         """Rank ``world.rank``'s :class:`dlstore.Dataset`: :meth:`rank_files`, read alone (a world of one) and
         whole at each pass; with fewer files than ranks, the ranks' shares of one epoch of all the files.
 
-        ``shuffle="none"`` keeps DLIO's order of the files (sorted) and of their records; the other
-        shuffles order both per epoch from ``seed``. The remainder of a pass short of a batch is dropped,
-        as DLIO's reader drops it.
+        ``shuffle="none"`` keeps DLIO's order: the files sorted, read ``read_threads`` at a time one record
+        from each in turn, as its ``TFRecordDataset(num_parallel_reads=read_threads)`` reads them (the
+        Dataset's ``interleave``); the other shuffles order files and records per epoch from ``seed``. The
+        remainder of a pass short of a batch is dropped, as DLIO's reader drops it.
         """
         mine = self.rank_files(world)
         alone = len(self.files) >= world.size
         return Dataset(mine, world=detect_world(rank=0, size=1, local_rank=0, local_size=1) if alone else world,
                        shuffle=self.shuffle, shuffle_shards=self.shuffle != "none", seed=self.seed,
+                       interleave=self.workload.read_threads if self.shuffle == "none" else 1,
                        remainder="drop", batch_size=self.workload.batch_size, io=self.io, verify=self.verify)
 
     def records(self) -> int:
@@ -125,22 +127,18 @@ def dlio_steps(records: int, batch_size: int, ranks: int) -> int:
 def describe_records(wl: MlperfWorkload, shuffle: str) -> str:
     """The header's words on which records each rank reads, and where they differ from DLIO's."""
     t = wl.read_threads
-    if t > 1:
-        cut = (f"DLIO's {t} read threads interleave {t} files record by record (TFRecordDataset's "
-               f"num_parallel_reads), so its cut falls across the ends of a rank's last {t} files and what it "
-               f"reads twice across the starts of its first {t}; dlstore's falls at the end (start) of its own order")
-    else:
-        cut = "DLIO reads one file at a time, and so does dlstore: both cut at the end of the order"
-    order = ("--shuffle none: DLIO's order of the files and of their records, so with one DLIO read thread the "
-             "very records DLIO reads" if shuffle == "none" else
-             f"--shuffle {shuffle}: that order seeded per epoch; --shuffle none keeps DLIO's")
+    order = (f"--shuffle none: DLIO's order, its files read {t} at a time one record from each in turn (its "
+             f"TFRecordDataset's num_parallel_reads, the Dataset's interleave), so the very records DLIO reads"
+             if shuffle == "none" else
+             f"--shuffle {shuffle}: files and records in an order seeded per epoch, so where a rank's files "
+             f"hold more or fewer records than its steps take, those it leaves out or reads twice differ from "
+             f"DLIO's; --shuffle none reads DLIO's")
     also = (f"; DLIO also passes the records through a seeded shuffle buffer of {wl.shuffle_size} (TensorFlow's, "
             "not reproduced)" if wl.sample_shuffle else "")
     return ("as DLIO 2.0.0's TensorFlow reader deals them: rank r of N reads files r, r+N, r+2N, ... of the sorted "
             "list (tf.data's shard), floor(records / batch / N) batches of them per epoch, starting its files "
-            "over when they hold fewer (DLIO's repeat); the same records as DLIO's where a rank's files hold "
-            f"exactly that many, else at most those at the rank's cut (and read twice) differ: {cut} ({order}); "
-            f"with fewer files than ranks, DLIO deals records round-robin and dlstore contiguous shares{also}")
+            f"over when they hold fewer (DLIO's repeat) ({order}); with fewer files than ranks, DLIO deals "
+            f"records round-robin and dlstore contiguous shares{also}")
 
 
 class _RepeatedEpoch:

@@ -25,6 +25,8 @@ random orders come from :mod:`dlstore.placement.shuffle`.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import heapq
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
@@ -34,7 +36,7 @@ from dlstore.errors import PlacementError
 from dlstore.placement.shuffle import _STREAM_BLOCKS, _permutation, buffer_order, permute, random_words, shard_order
 
 __all__ = ["Piece", "Restart", "ReadOrder", "EpochPlan", "SamplerState", "REMAINDERS", "Shuffle", "SHUFFLES",
-           "shuffle_named", "merge_runs",
+           "shuffle_named", "merge_runs", "interleave_order",
            "cut_blocks", "expand_runs", "shuffle_sizes"]
 
 @dataclass(frozen=True)
@@ -180,6 +182,12 @@ REMAINDERS: Dict[str, Callable[[int, int, int], Split]] = {
 def _sequential_pieces(plan: "EpochPlan", start: int, stop: int,
                        consumer: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Pieces of the global sequence ``[start, stop)``, wrapping around past its end."""
+    if plan.interleave > 1:  # the sequence is the shards' records interleaved (interleave_order)
+        if stop <= start:
+            return _no_pieces()
+        where = np.arange(start, stop, dtype=np.int64) % plan.total
+        shards, records = plan.interleaved
+        return merge_runs(shards[where], records[where])
     parts = []
     total = plan.total
     while start < stop:
@@ -227,6 +235,35 @@ def _global_pieces(plan: "EpochPlan", start: int, stop: int,
     ends = np.cumsum(plan.counts)  # shards in index order
     shards = np.searchsorted(ends, picked, "right")
     return merge_runs(shards, picked - (ends - plan.counts)[shards])
+
+
+def interleave_order(counts: Sequence[int], cycle: int) -> Tuple[np.ndarray, np.ndarray]:
+    """``(file, record)`` of each record when files of ``counts`` records are read ``cycle`` at a time, one
+    record from each in turn: tf.data's ``interleave(cycle_length=cycle, block_length=1)``, which
+    ``TFRecordDataset(num_parallel_reads=cycle)`` is (deterministic).
+
+    The cycle visits its slots in turn. A slot with a file hands out that file's next record; a slot
+    whose file has ended is emptied (no record at that visit); an empty slot takes the next file and
+    hands out its first record at once. So file ``f``, taken at visit ``v``, hands out its ``k``-th
+    record at visit ``v + k * cycle``, and its slot takes another file at visit ``v + (count + 1) *
+    cycle``: files of one length are read in groups of ``cycle``, record by record. A loop over files
+    (not records) finds when each is taken; one sort orders the records.
+    """
+    counts = np.asarray(counts, dtype=np.int64)
+    n, total = len(counts), int(counts.sum())
+    file = np.repeat(np.arange(n, dtype=np.int64), counts)
+    first = np.cumsum(counts) - counts
+    record = np.arange(total, dtype=np.int64) - np.repeat(first, counts)
+    if cycle <= 1 or n <= 1:
+        return file, record
+    taken = np.empty(n, dtype=np.int64)
+    requests = [(slot, slot) for slot in range(min(cycle, n))]  # (visit, slot): slot s asks first at visit s
+    for f in range(n):
+        visit, slot = heapq.heappop(requests)
+        taken[f] = visit
+        heapq.heappush(requests, (visit + (int(counts[f]) + 1) * cycle, slot))
+    order = np.argsort(taken[file] + record * cycle, kind="stable")  # each visit hands out one record at most
+    return file[order], record[order]
 
 
 def merge_runs(shards: np.ndarray, records: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -377,6 +414,10 @@ class EpochPlan:
         What happens when the records do not divide evenly; see :data:`REMAINDERS`.
     batch_size : int
         Records per batch of one consumer.
+    interleave : int
+        ``none`` and ``buffer``: the global sequence reads this many shards at a time, one record from
+        each in turn (:func:`interleave_order`, the order of ``tf.data.TFRecordDataset`` with
+        ``num_parallel_reads=interleave``); 1: each shard whole, one after the other.
 
     Notes
     -----
@@ -390,7 +431,8 @@ class EpochPlan:
 
     def __init__(self, counts: Sequence[int], num_consumers: int, *, seed: int = 0, epoch: int = 0,
                  shuffle_shards: bool = True, shuffle: str = "none", buffer_size: int = 1024,
-                 block_records: int = 1024, block_window: int = 0, remainder: str = "pad", batch_size: int = 1):
+                 block_records: int = 1024, block_window: int = 0, remainder: str = "pad", batch_size: int = 1,
+                 interleave: int = 1):
         counts = np.asarray(counts)
         if counts.ndim != 1 or (counts.size and not np.issubdtype(counts.dtype, np.integer)):
             raise PlacementError(f"counts must be a list of record counts per shard, not {counts!r}")
@@ -407,6 +449,10 @@ class EpochPlan:
         self.block_records = _check_int("block_records", block_records, 1)
         self.block_window = _check_int("block_window", block_window, 0)
         self.batch_size = _check_int("batch_size", batch_size, 1)
+        self.interleave = _check_int("interleave", interleave, 1)
+        if self.interleave > 1 and shuffle_named(shuffle).pieces is not _sequential_pieces:
+            raise PlacementError(f"interleave={interleave} orders the shards' records for the shuffles that read "
+                                 f"in sequence (none, buffer), not for {shuffle!r}")
         self.shuffle_shards = bool(shuffle_shards)
         self.shuffle = shuffle
         self.remainder = remainder
@@ -424,7 +470,16 @@ class EpochPlan:
         """The arguments that, with counts and num_consumers, rebuild this plan."""
         return {"seed": self.seed, "epoch": self.epoch, "shuffle_shards": self.shuffle_shards,
                 "shuffle": self.shuffle, "buffer_size": self.buffer_size, "block_records": self.block_records,
-                "block_window": self.block_window, "remainder": self.remainder, "batch_size": self.batch_size}
+                "block_window": self.block_window, "remainder": self.remainder, "batch_size": self.batch_size,
+                "interleave": self.interleave}
+
+    @functools.cached_property
+    def interleaved(self) -> Tuple[np.ndarray, np.ndarray]:
+        """``(shard, record)`` at each position of the global sequence when ``interleave`` > 1: the shards
+        in the epoch's order read ``interleave`` at a time (:func:`interleave_order`); the epoch's
+        records, held once per plan."""
+        file, record = interleave_order(self.counts[self.shard_order], self.interleave)
+        return self.shard_order[file], record
 
     def _check(self, consumer: int) -> int:
         if isinstance(consumer, bool) or not isinstance(consumer, (int, np.integer)) \

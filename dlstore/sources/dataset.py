@@ -95,6 +95,10 @@ class Dataset(ReadsWithOptions):
         stay in the chunks they were read into, up to twice that many bytes, then are copied out.
     remainder : {"pad", "drop", "uneven"}
         When the records do not divide evenly among consumers (see ``docs/placement.md``).
+    interleave : int
+        ``none`` and ``buffer``: the shards are read this many at a time, one record from each in turn,
+        the order of ``tf.data.TFRecordDataset(num_parallel_reads=interleave)``
+        (:func:`~dlstore.placement.sharding.interleave_order`); 1 (default): each shard whole.
     batch_size : int, optional
         Records per batch of one consumer: :meth:`batches` yields batches of exactly this many
         (only an epoch's last may be shorter), and the remainder policies count in them. Left
@@ -125,7 +129,8 @@ class Dataset(ReadsWithOptions):
 
     def __init__(self, shards: PathSpec, *, mounts: Optional[Sequence[str]] = None, world: Optional[World] = None,
                  format: str = "auto", seed: int = 0, shuffle_shards: bool = True, shuffle: str = "block",
-                 buffer_size: Optional[int] = None, remainder: str = "pad", batch_size: Optional[int] = None,
+                 buffer_size: Optional[int] = None, remainder: str = "pad", interleave: int = 1,
+                 batch_size: Optional[int] = None,
                  mount_policy: str = "rank", mounts_per_rank: int = 1, throughput: Optional[Sequence[float]] = None,
                  block_size: Optional[int] = None, shuffle_window: Optional[int] = None, progress: bool = False,
                  device: Optional[str] = None, options: Optional[ReadOptions] = None, **read_options: Any):
@@ -141,6 +146,7 @@ class Dataset(ReadsWithOptions):
         self._layout, self.shards, self.index = self._find_shards(shards, mounts, format, progress)
         self.mounts = list(self._layout.mounts) if self._layout is not None else []
         self.seed, self.shuffle_shards, self.shuffle, self.remainder = seed, shuffle_shards, shuffle, remainder
+        self.interleave = interleave
         self.batch_size = None if batch_size is None else int(batch_size)
         self.block_size = settings.get("block_size", block_size)
         if buffer_size is not None and (isinstance(buffer_size, bool) or int(buffer_size) < 1):
@@ -235,7 +241,8 @@ class Dataset(ReadsWithOptions):
         shard order and a consumer's pieces are computed once per epoch."""
         options = dict(epoch=self.epoch if epoch is None else epoch, seed=self.seed, shuffle_shards=self.shuffle_shards,
                        shuffle=self.shuffle, buffer_size=self.buffer_size, block_records=self.block_records,
-                       block_window=self.block_window, remainder=self.remainder, batch_size=self.batch_size or 1)
+                       block_window=self.block_window, remainder=self.remainder, batch_size=self.batch_size or 1,
+                       interleave=self.interleave)
         key = (self.world.num_consumers, tuple(options.values()))
         kept = getattr(self, "_kept_plan", None)
         if kept is None or kept[0] is not self.counts or kept[1] != key:

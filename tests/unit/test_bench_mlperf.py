@@ -242,20 +242,24 @@ def _records_read(spec, epoch):
 
 
 @pytest.mark.parametrize("ranks", [2, 3])
-def test_ranks_read_the_records_dlio_reads_when_it_reads_one_file_at_a_time(tmp_path, ranks):
+@pytest.mark.parametrize("threads", [1, 2, 8])
+def test_ranks_read_the_records_dlio_reads_with_its_read_threads(tmp_path, ranks, threads):
     # 5 files of 12 records, batch 4: they do not divide evenly among the ranks. DLIO's steps take 28 (2
     # ranks) or 20 (3 ranks) records per rank: rank 0's files hold more (its stream is cut), the last
-    # rank's fewer (it reads its files again from the start).
-    spec = dataclasses.replace(_tiny(tmp_path, files=5, per_file=12), shuffle="none", epochs=2, keep_records=True)
+    # rank's fewer (it reads its files again from the start). DLIO's read threads interleave a rank's
+    # files record by record; so does the Dataset (interleave).
+    spec = _tiny(tmp_path, files=5, per_file=12)
+    spec = dataclasses.replace(spec, workload=dataclasses.replace(spec.workload, read_threads=threads),
+                               shuffle="none", epochs=2, keep_records=True)
     got = mlperf.measure_threads(spec, ranks, "warm")
-    dlio = dlio_epoch_records([12] * 5, ranks, 4, read_threads=1)
+    dlio = dlio_epoch_records([12] * 5, ranks, 4, read_threads=threads)
     assert len(dlio[0]) != 12 * len(range(0, 5, ranks))  # the uneven case: rank 0's stream is cut
     for r in range(ranks):
         for epoch in got["ranks"][r]:
             assert _records_read(spec, epoch) == dlio[r]
 
 
-def test_with_dlios_eight_read_threads_only_the_cut_and_the_records_read_twice_differ(tmp_path):
+def test_shuffled_only_the_cut_and_the_records_read_twice_differ(tmp_path):
     spec = dataclasses.replace(_tiny(tmp_path, files=5, per_file=12), keep_records=True)  # the block shuffle
     got = mlperf.measure_threads(spec, 2, "warm")
     dlio = dlio_epoch_records([12] * 5, 2, 4, read_threads=8)
@@ -277,7 +281,7 @@ def test_with_fewer_files_than_ranks_the_ranks_share_one_epoch(tmp_path):
     taken = [_records_read(spec, epoch) for [epoch] in got["ranks"]]
     assert [len(t) for t in taken] == [8, 8, 8]
     assert len({pair for t in taken for pair in t}) == 24
-    assert taken[0] == [(0, k) for k in range(8)]
+    assert taken[0] == [(f, k) for k in range(4) for f in (0, 1)]  # the interleaved stream's first 8 (none)
 
 
 @pytest.mark.slow  # importing TensorFlow takes seconds
