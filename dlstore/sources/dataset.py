@@ -688,9 +688,12 @@ class Dataset(ReadsWithOptions):
 
     def describe_shuffle(self) -> str:
         """The shuffle in words, with its block and buffer sizes in records and bytes (:meth:`Shuffle.describe`)."""
-        return self.shuffle_kind.describe(len(self), block_records=self.block_records, block_window=self.block_window,
-                                          buffer_size=self.buffer_size, mean_record_bytes=self.mean_record_bytes,
-                                          shuffle_shards=self.shuffle_shards)
+        words = self.shuffle_kind.describe(len(self), block_records=self.block_records, block_window=self.block_window,
+                                           buffer_size=self.buffer_size, mean_record_bytes=self.mean_record_bytes,
+                                           shuffle_shards=self.shuffle_shards)
+        if self.interleave > 1:
+            words += f"; the shards read {self.interleave} at a time, one record from each in turn (interleave)"
+        return words
 
     def for_worker(self, worker: int, num_workers: int) -> "Dataset":
         """A copy of this dataset for DataLoader worker ``worker`` of ``num_workers`` (same rank)."""

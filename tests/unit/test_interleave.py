@@ -79,6 +79,7 @@ def test_a_dataset_reads_in_the_interleaved_order_across_ranks(tmp_path):
                      world=World(rank=rank, size=2), remainder="uneven", batch_size=4)
         got += [bytes(r) for b in ds.batches() for r in _records(b)]
     assert got == expected
+    assert "3 at a time, one record from each in turn" in ds.describe_shuffle()
 
 
 def _records(batch):
