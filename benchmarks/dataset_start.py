@@ -133,16 +133,18 @@ def markdown(doc: Dict) -> str:
         f"manifest {doc['manifest_bytes'] / 1e6:,.0f} MB. "
         f"Cold: {doc['cold_method']}.",
         "",
-        "| shuffle | first batch, cold (median) | warm (median) | max RSS, cold | manifest read, cold | "
-        "stat calls before the first batch | stat calls in all | runs |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| shuffle | engine (io=auto) | first batch, cold (median) | warm (median) | max RSS, cold | "
+        "manifest read, cold | stat calls before the first batch | stat calls in all | runs |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for s in doc["shuffles"]:
         r = doc["results"][s]
         cold, warm = r["cold"], r["warm"]
         read = [c.get("manifest_read_bytes") for c in cold if c.get("manifest_read_bytes") is not None]
+        engines = sorted({c.get("engine") for c in cold + warm if c.get("engine")})
         lines.append(
-            f"| {s} | {med([c.get('start_s') for c in cold]):.3f} s | {med([c.get('start_s') for c in warm]):.3f} s | "
+            f"| {s} | {', '.join(engines) or '?'} | {med([c.get('start_s') for c in cold]):.3f} s | "
+            f"{med([c.get('start_s') for c in warm]):.3f} s | "
             f"{max(c.get('max_rss_mb', 0) for c in cold):.0f} MB | "
             f"{(max(read) / 1e6 if read else float('nan')):,.1f} MB | "
             f"{_count(r['strace'].get('stat_calls_before_first_batch'))} | {_count(r['strace'].get('stat_calls'))} | "

@@ -298,7 +298,7 @@ class Dataset(ReadsWithOptions):
         mine = (world is None and self.shuffle_kind.planned_in_windows
                 and (health is None or not health.avoid))
         kept = self.__dict__.get("_kept_rank")
-        if mine and kept is not None and kept[0] is epoch_plan and kept[1] <= emitted and kept[2].emit is None:
+        if mine and kept is not None and kept[0] is epoch_plan and kept[1] <= emitted:  # kept: emitted as read
             skip = emitted - kept[1]
             return RankPlan(*(a[skip:] for a in kept[2][:4]), None)
         rank = self._plan_rank(epoch_plan, emitted, world, health)
