@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from typing import Any, Callable, Dict, List, Tuple
 
 import numpy as np
@@ -41,6 +42,8 @@ GPU_TESTS = ["tests/unit/test_gds.py", "tests/integration/test_gds_dataset.py", 
              "tests/unit/test_adapters_device.py", "tests/unit/test_read_schedule.py"]
 STEPS = ("build", "tests", "identical", "sanitizer", "throughput", "pipelines")
 _HERE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # a source tree's root
+_LOG: List[str] = []  # every subprocess's output and every step's traceback, written out as gpu_check.log
+_DEADLINE = [float("inf")]  # time.monotonic() by which a subprocess must end (the budget, plus the last step's grace)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -70,31 +73,41 @@ def run(args: argparse.Namespace) -> int:
         "sanitizer": lambda: _sanitizer(work, index, args.device), "throughput": lambda: _throughput(index),
         "pipelines": lambda: _pipelines(args.device, work)}
     started, results = time.monotonic(), []
+    # A step started inside the budget may run 60 s past it, no more: the report is written after every step,
+    # so a run cut short by its caller still leaves what it found.
+    _DEADLINE[0] = started + args.budget + 60
+    facts = cuda.cuda_facts()
+    head = {"device": facts.devices[index], "driver": facts.driver, "kvikio": facts.kvikio, "cupy": facts.cupy,
+            "gds": gds_verdict(facts, index).reason}
     try:
         for name in STEPS:
             if name in args.skip or time.monotonic() - started > args.budget:
                 why = "--skip" if name in args.skip else f"the {args.budget:.0f} s budget was spent"
                 results.append({"step": name, "ok": None, "seconds": 0.0, "detail": f"not run: {why}"})
-                continue
-            t0 = time.monotonic()
-            try:
-                out = steps[name]()
-            except Exception as e:  # noqa: BLE001 - a step that breaks is a finding, and the others still run
-                out = {"ok": False, "detail": f"{type(e).__name__}: {e}"}
-            results.append({"step": name, "seconds": round(time.monotonic() - t0, 1), **out})
-            print(f"gpu-check: {name}: {'ok' if out['ok'] else 'not run' if out['ok'] is None else 'FAILED'}"
-                  f" ({results[-1]['seconds']} s) {out.get('detail', '')}", flush=True)
+            else:
+                t0 = time.monotonic()
+                try:
+                    out = steps[name]()
+                except Exception as e:  # noqa: BLE001 - a step that breaks is a finding, and the others still run
+                    out = {"ok": False, "detail": f"{type(e).__name__}: {e}"}
+                    _LOG.append(f"== {name}: {traceback.format_exc()}")
+                results.append({"step": name, "seconds": round(time.monotonic() - t0, 1), **out})
+                print(f"gpu-check: {name}: {'ok' if out['ok'] else 'not run' if out['ok'] is None else 'FAILED'}"
+                      f" ({results[-1]['seconds']} s) {out.get('detail', '')}", flush=True)
+            _write(args.out, {**head, "steps": results})
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    facts = cuda.cuda_facts()
-    doc = {"device": facts.devices[index], "driver": facts.driver, "kvikio": facts.kvikio, "cupy": facts.cupy,
-           "gds": gds_verdict(facts, index).reason, "steps": results}
-    with open(os.path.join(args.out, "gpu_check.json"), "w") as f:
-        json.dump(doc, f, indent=2, default=str)
-    with open(os.path.join(args.out, "gpu_check.md"), "w") as f:
-        f.write(markdown(doc))
-    print(f"gpu-check: wrote {args.out}/gpu_check.json and gpu_check.md")
+    print(f"gpu-check: wrote {args.out}/gpu_check.json, gpu_check.md and gpu_check.log")
     return 1 if any(r["ok"] is False for r in results) else 0
+
+
+def _write(out: str, doc: Dict[str, Any]) -> None:
+    with open(os.path.join(out, "gpu_check.json"), "w") as f:
+        json.dump(doc, f, indent=2, default=str)
+    with open(os.path.join(out, "gpu_check.md"), "w") as f:
+        f.write(markdown(doc))
+    with open(os.path.join(out, "gpu_check.log"), "w") as f:
+        f.write("\n".join(_LOG) + "\n")
 
 
 def markdown(doc: Dict[str, Any]) -> str:
@@ -111,7 +124,20 @@ def markdown(doc: Dict[str, Any]) -> str:
 
 
 def _run(cmd: List[str], timeout: float, **kw: Any) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kw)
+    """``cmd``'s output, kept whole in the log; it may not outlast the budget's deadline."""
+    timeout = max(10.0, min(timeout, _DEADLINE[0] - time.monotonic()))
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kw)
+    except subprocess.TimeoutExpired as e:
+        _LOG.append(f"== {' '.join(cmd)}: killed after {timeout:.0f} s\n"
+                    f"{_text(e.stdout)[-20000:]}\n{_text(e.stderr)[-20000:]}")
+        raise
+    _LOG.append(f"== {' '.join(cmd)}: exit {p.returncode}\n{p.stdout[-30000:]}\n{p.stderr[-30000:]}")
+    return p
+
+
+def _text(b: Any) -> str:
+    return b.decode(errors="replace") if isinstance(b, bytes) else (b or "")
 
 
 def _build() -> Dict[str, Any]:
@@ -126,7 +152,13 @@ def _tests() -> Dict[str, Any]:
         return {"ok": None, "detail": "no tests/ beside the package (an installed copy)"}
     # The modules that hold gpu/gds tests and the GPU reader's stand-in tests; none needs a package the GPU
     # machine lacks (no hypothesis, TensorFlow or DALI at import).
-    p = _run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"] + GPU_TESTS, 300, cwd=_HERE)
+    try:  # pytest-xdist, where installed (the GPU image has it), runs the modules on every core
+        import xdist  # noqa: F401
+        spread = ["-n", str(min(8, os.cpu_count() or 1))]
+    except ImportError:
+        spread = []
+    p = _run([sys.executable, "-m", "pytest", "-q", "-rfE", "--tb=short", "-p", "no:cacheprovider", *spread,
+              *GPU_TESTS], 300, cwd=_HERE)
     last = (p.stdout.strip().splitlines() or ["no output"])[-1]
     return {"ok": p.returncode == 0, "detail": last}
 
