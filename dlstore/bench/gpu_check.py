@@ -154,7 +154,7 @@ def _tests() -> Dict[str, Any]:
     # machine lacks (no hypothesis, TensorFlow or DALI at import).
     try:  # pytest-xdist, where installed (the GPU image has it), runs the modules on every core
         import xdist  # noqa: F401
-        spread = ["-n", str(min(8, os.cpu_count() or 1))]
+        spread = ["-n", str(min(8, os.cpu_count() or 1)), "-p", "no:benchmark"]  # pytest-benchmark refuses xdist
     except ImportError:
         spread = []
     p = _run([sys.executable, "-m", "pytest", "-q", "-rfE", "--tb=short", "-p", "no:cacheprovider", *spread,

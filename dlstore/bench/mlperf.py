@@ -56,6 +56,7 @@ from dlstore.bench.tiers import close_loader
 from dlstore.distributed import mpi_comm
 from dlstore.io import pagecache as cache_control
 from dlstore.io.select import ENGINES
+from dlstore.sources.source import SourceWrapper
 from dlstore.io.system import available_page_cache_bytes
 from dlstore.placement.sharding import SHUFFLES
 from dlstore.placement.world import World, detect_world
@@ -141,7 +142,7 @@ def describe_records(wl: MlperfWorkload, shuffle: str) -> str:
             f"records round-robin and dlstore contiguous shares{also}")
 
 
-class _RepeatedEpoch:
+class _RepeatedEpoch(SourceWrapper):
     """One epoch of a Dataset, read again from its start at each of a loader's passes: DLIO's ``repeat()``.
 
     A rank whose files hold fewer records than its steps take starts its stream over within the
@@ -150,14 +151,11 @@ class _RepeatedEpoch:
     """
 
     def __init__(self, dataset: Dataset, epoch: int):
-        self._dataset = dataset
+        super().__init__(dataset)
         self._epoch = epoch
 
     def set_epoch(self, epoch: int) -> None:
-        self._dataset.set_epoch(self._epoch)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._dataset, name)
+        self._source.set_epoch(self._epoch)
 
 
 def _keeping(loader: Loader, kept: List[Tuple[np.ndarray, np.ndarray]]) -> Iterator[Dict[str, Any]]:

@@ -6,6 +6,7 @@ import time
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from dlstore.bench import sysinfo
+from dlstore.sources.source import SourceWrapper
 
 
 __all__ = ["DEFAULT_STEPS", "DEFAULT_STEP_BATCHES", "plan_steps", "fit_batch_size", "CountingSource", "run_steps"]
@@ -52,7 +53,7 @@ def _batch_len(batch: Any) -> int:
     return len(batch)
 
 
-class CountingSource:
+class CountingSource(SourceWrapper):
     """A source that counts the record bytes and batches it delivers; all else goes to the wrapped one.
 
     The loader reads its source ahead (prefetch), so bytes counted during a step are what the
@@ -60,7 +61,7 @@ class CountingSource:
     """
 
     def __init__(self, source: Any):
-        self._source = source
+        super().__init__(source)
         self.bytes = 0
         self.records = 0
 
@@ -69,9 +70,6 @@ class CountingSource:
             self.bytes += batch.nbytes
             self.records += batch.num_records
             yield batch
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._source, name)
 
 
 def run_steps(batches: Iterable, plan: Sequence[int], *, compute_s: float = 0.0,

@@ -18,7 +18,7 @@ from typing import Any, Dict, Iterator, Mapping, MutableMapping, Optional, Proto
 
 from dlstore import settings
 
-__all__ = ["Source", "ReadOptions", "ON_ERROR", "state_at", "start_at"]
+__all__ = ["Source", "SourceWrapper", "ReadOptions", "ON_ERROR", "state_at", "start_at"]
 
 #: What a source does with a corrupt record: raise, skip (counted), or skip with a warning each.
 ON_ERROR = ("raise", "skip", "warn")
@@ -204,6 +204,56 @@ class Source(Protocol):
 
     def stats(self) -> Dict[str, Any]:
         """Counters of the last pass, with ``engine`` and ``engine_reason``."""
+
+
+class SourceWrapper:
+    """A :class:`Source` that hands every member of the protocol to the source it wraps.
+
+    Wrappers that change one thing (count the bytes, repeat an epoch) subclass it and override that.
+    Each member is spelt out rather than reached through ``__getattr__``: from Python 3.12,
+    ``isinstance(x, Source)`` looks members up without calling ``__getattr__``, so a wrapper built on
+    it alone is refused by the loader there.
+    """
+
+    def __init__(self, source: Source):
+        self._source = source
+
+    @property
+    def format(self) -> str:
+        return self._source.format
+
+    @property
+    def engine(self) -> str:
+        return self._source.engine
+
+    @property
+    def engine_reason(self) -> str:
+        return self._source.engine_reason
+
+    @property
+    def num_batches(self) -> Optional[int]:
+        return self._source.num_batches
+
+    def batches(self) -> Iterator[Any]:
+        return self._source.batches()
+
+    def set_epoch(self, epoch: int) -> None:
+        self._source.set_epoch(epoch)
+
+    def use_batch_size(self, batch_size: int) -> None:
+        self._source.use_batch_size(batch_size)
+
+    def state_dict(self) -> Dict[str, Any]:
+        return self._source.state_dict()
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self._source.load_state_dict(state)
+
+    def stats(self) -> Dict[str, Any]:
+        return self._source.stats()
+
+    def __getattr__(self, name: str) -> Any:  # what a Source has beyond the protocol (a Dataset's plan, say)
+        return getattr(self._source, name)
 
 
 def state_at(source: Source, epoch: int, sample_in_epoch: int) -> Dict[str, Any]:
