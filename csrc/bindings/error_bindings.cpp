@@ -1,5 +1,9 @@
 // Maps dlstore::Error to the Python classes in dlstore/errors.py, keeping its fields: path, offset,
 // record, errno and the reason without its location prefixes.
+//
+// The translator is module-local: a global one goes into pybind11's internals, which every extension built
+// with the same internals version shares (torch's among them), so a process that loaded such a module ran
+// its translators and ours from one list, and crashed on the first error raised here.
 #include <pybind11/pybind11.h>
 
 #include "dlstore/error.hpp"
@@ -9,7 +13,7 @@ namespace py = pybind11;
 
 void register_errors(py::module_& m) {
   (void)m;
-  py::register_exception_translator([](std::exception_ptr p) {
+  py::register_local_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const dlstore::Error& e) {
