@@ -1,9 +1,8 @@
 // Maps dlstore::Error to the Python classes in dlstore/errors.py, keeping its fields: path, offset,
 // record, errno and the reason without its location prefixes.
 //
-// The translator is module-local: a global one goes into pybind11's internals, which every extension built
-// with the same internals version shares (torch's among them), so a process that loaded such a module ran
-// its translators and ours from one list, and crashed on the first error raised here.
+// The translator is module-local: only this module's functions raise these errors, and a global one would
+// sit in pybind11's internals beside those of every extension sharing them.
 #include <pybind11/pybind11.h>
 
 #include "dlstore/error.hpp"

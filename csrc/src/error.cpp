@@ -5,7 +5,7 @@
 namespace dlstore {
 
 std::string describe(const std::string& path, int64_t offset, const std::string& what) {
-  std::ostringstream os;
+  Text os;
   if (!path.empty()) os << path << ": ";
   if (offset >= 0) os << "at byte " << offset << ": ";
   os << what;

@@ -7,7 +7,6 @@
 #include <limits>
 #include <memory>
 #include <mutex>
-#include <sstream>
 #include <unordered_map>
 
 #include "dlstore/error.hpp"
@@ -50,7 +49,7 @@ std::string printable(std::string_view s) {
 
 [[noreturn]] __attribute__((noinline, cold)) void fail(ErrorKind kind, const RecordContext& ctx,
                                                      const uint8_t* at, const std::string& what) {
-  std::ostringstream os;
+  Text os;
   if (ctx.feature) os << "feature '" << printable(*ctx.feature) << "': ";
   if (at) os << "at byte " << (at - ctx.record) << " of the record: ";
   os << what;
@@ -124,7 +123,7 @@ class WireCursor {
 
   void expect_wire(const Tag& t, uint32_t wire, const char* message) const {
     if (t.wire != wire) {
-      std::ostringstream os;
+      Text os;
       os << "field " << t.field << " of " << message << " has wire type " << t.wire << ", expected "
          << wire << wire_name(wire);
       corrupt(*ctx_, t.at, os.str());
@@ -137,7 +136,7 @@ class WireCursor {
     const uint64_t n = read_varint(p_, end_, *ctx_, what);
     const auto left = static_cast<uint64_t>(end_ - p_);
     if (n > left) {
-      std::ostringstream os;
+      Text os;
       os << "length " << n << " of " << what << " runs past the end of its message (" << left
          << " bytes left)";
       corrupt(*ctx_, at, os.str());
@@ -474,7 +473,7 @@ void parse_example_batch(const uint8_t* buffer, size_t buffer_size, const uint64
   size_t hint = 0;
   for (size_t i = 0; i < num_records; ++i) {
     if (offsets[i] > buffer_size || lengths[i] > buffer_size - offsets[i]) {
-      std::ostringstream os;
+      Text os;
       os << "(offset " << offsets[i] << ", length " << lengths[i] << ") lies outside the buffer of "
          << buffer_size << " bytes";
       throw_record_error(ErrorKind::Generic, static_cast<int64_t>(first_index + i), os.str());
@@ -583,7 +582,7 @@ void locate_bytes_feature(const uint8_t* buffer, size_t buffer_size, const uint6
                           uint64_t* value_offsets, uint64_t* value_lengths) {
   for (size_t i = 0; i < num_records; ++i) {
     if (offsets[i] > buffer_size || lengths[i] > buffer_size - offsets[i]) {
-      std::ostringstream os;
+      Text os;
       os << "(offset " << offsets[i] << ", length " << lengths[i] << ") lies outside the buffer of "
          << buffer_size << " bytes";
       throw_record_error(ErrorKind::Generic, static_cast<int64_t>(i), os.str());

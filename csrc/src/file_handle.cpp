@@ -1,8 +1,9 @@
 #include "dlstore/file_handle.hpp"
 
 #include <cerrno>
+#include <cstdint>
+#include <cstdlib>
 #include <fcntl.h>
-#include <fstream>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
@@ -72,9 +73,15 @@ size_t FileHandle::pread_full(void* dst, size_t n, uint64_t offset) const {
 static uint32_t block_queue_value(dev_t dev, const char* name) {
   const std::string base = "/sys/dev/block/" + std::to_string(major(dev)) + ":" + std::to_string(minor(dev));
   for (const char* rel : {"/queue/", "/../queue/"}) {
-    std::ifstream f(base + rel + name);
-    uint32_t v = 0;
-    if (f >> v && v > 0) return v;
+    const int fd = ::open((base + rel + name).c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    char text[32] = {};
+    const ssize_t n = ::read(fd, text, sizeof text - 1);
+    ::close(fd);
+    if (n <= 0) continue;
+    char* end = nullptr;
+    const unsigned long v = std::strtoul(text, &end, 10);  // no iostreams in the core (dlstore/text.hpp)
+    if (end != text && v > 0 && v <= UINT32_MAX) return static_cast<uint32_t>(v);
   }
   return 0;
 }

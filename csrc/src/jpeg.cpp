@@ -4,7 +4,6 @@
 #include <atomic>
 #include <cstring>
 #include <future>
-#include <sstream>
 
 #include "dlstore/error.hpp"
 #include "dlstore/thread_pool.hpp"

@@ -2,9 +2,10 @@
 #pragma once
 
 #include <cstdint>
-#include <sstream>
 #include <stdexcept>
 #include <string>
+
+#include "dlstore/text.hpp"
 
 namespace dlstore {
 
@@ -41,7 +42,7 @@ std::string describe(const std::string& path, int64_t offset, const std::string&
 #define DLSTORE_EXPECT(cond, kind, path, offset, msg)                                   \
   do {                                                                                  \
     if (!(cond)) {                                                                      \
-      std::ostringstream dlstore_os_;                                                   \
+      ::dlstore::Text dlstore_os_;                                                      \
       dlstore_os_ << msg;                                                               \
       ::dlstore::throw_error(::dlstore::ErrorKind::kind, (path), (offset), dlstore_os_.str()); \
     }                                                                                   \
