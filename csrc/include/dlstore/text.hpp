@@ -1,9 +1,8 @@
 // Text: builds error messages with `<<` and no iostreams.
 //
-// The C++ core formats no text through <sstream>: where the compiler's libstdc++ headers are newer than
-// the libstdc++ the process loads (the GPU machine's /opt/gcc beside Ubuntu's runtime), streams formatted
-// through a locale whose layout does not match, and the first message (a corrupt record) crashed the
-// process. Integers go through std::to_string, floating point through snprintf("%g"), as a default
+// The C++ core formats no text through <sstream>: on the GPU machine, whose Python builds extensions with
+// /opt/gcc's g++, `ostream << long` compiled into the extension crashed the process on the first message
+// (a corrupt record); most likely those headers do not match the libstdc++ the process loads. Integers go through std::to_string, floating point through snprintf("%g"), as a default
 // ostream would print them.
 #pragma once
 
