@@ -129,7 +129,8 @@ class Loader:
                  report_stalls: Union[bool, Callable[[str], None]] = False):
         if not isinstance(source, Source):
             raise TypeError(f"source must be a dlstore Source (dlstore.Dataset, dlstore.open_records, or "
-                            f"anything with the methods of dlstore.sources.source.Source), got {type(source).__name__}")
+                            f"anything with the methods of dlstore.sources.source.Source; a wrapper can subclass "
+                            f"dlstore.sources.source.SourceWrapper), got {type(source).__name__}")
         if getattr(source, "engine", None) == "gds":  # its batches are in GPU memory; the stages run on the host
             raise DlstoreError("a Loader runs its pipeline on host batches, and io='gds' reads into GPU memory: "
                                "iterate the source's batches() for the records on the GPU, or read with a host "

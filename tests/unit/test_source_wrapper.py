@@ -55,3 +55,18 @@ def test_repeated_epoch_keeps_its_epoch(dataset):
     source = _RepeatedEpoch(dataset, 3)
     source.set_epoch(0)
     assert dataset.state_dict()["epoch"] == 3
+
+
+def test_a_wrapper_reaching_the_protocol_through_getattr_alone_is_refused_and_told_what_to_use(dataset):
+    class Forwarding:
+        def __init__(self, source):
+            self._source = source
+
+        def __getattr__(self, name):
+            return getattr(self._source, name)
+
+    wrapper = Forwarding(dataset)
+    if isinstance(wrapper, Source):  # Python < 3.12 finds members through __getattr__
+        pytest.skip("this Python's isinstance reaches members through __getattr__")
+    with pytest.raises(TypeError, match="SourceWrapper"):
+        Loader(wrapper, Bert(seq_len=128), batch_size=4)
