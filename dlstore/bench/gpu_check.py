@@ -251,7 +251,7 @@ def _sanitizer(work: str, index: int, device: str) -> Dict[str, Any]:
 def _throughput(index: int) -> Dict[str, Any]:
     from dlstore.bench.storage import dataset_paths, run_storage
 
-    # The 1.5 GB set: the first GPU run read the 300 MB one in under a second a pass, and its cold ratios
+    # The ~1 GB default set: the first GPU run read the 300 MB one in under a second a pass, and its cold ratios
     # spread 0.93-1.23x.
     paths = dataset_paths(None, "default", progress=False)
     figures: Dict[str, Any] = {}
