@@ -37,7 +37,8 @@ CONFIGS: Dict[str, List[Dict[str, str]]] = {
     "io_uring": [{}, {"DLSTORE_QUEUE_DEPTH": "2"}, {"DLSTORE_QUEUE_DEPTH": "4"},
                  {"DLSTORE_IO_THREADS": "1", "DLSTORE_QUEUE_DEPTH": "4"}, {"DLSTORE_IO_THREADS": "1"},
                  {"DLSTORE_IO_THREADS": "4", "DLSTORE_DEPTH": "8"},
-                 {"DLSTORE_IO_THREADS": "4", "DLSTORE_QUEUE_DEPTH": "1"}],
+                 {"DLSTORE_IO_THREADS": "4", "DLSTORE_QUEUE_DEPTH": "1"},
+                 {"DLSTORE_IO_THREADS": "1", "DLSTORE_QUEUE_DEPTH": "4", "DLSTORE_CHUNK_SIZE": "64M"}],
     "direct": [{}, {"DLSTORE_IO_THREADS": "4", "DLSTORE_DEPTH": "8"}, {"DLSTORE_IO_THREADS": "1"},
                {"DLSTORE_CHUNK_SIZE": "4M"}],
 }
