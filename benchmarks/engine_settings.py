@@ -6,6 +6,7 @@ disk.
     python benchmarks/engine_settings.py                      # io_uring, shuffle none, the cached ~1 GB default set
     python benchmarks/engine_settings.py --engine direct --shuffle block --rounds 3
     python benchmarks/engine_settings.py --save               # benchmarks/results/engine_settings.json
+    python benchmarks/engine_settings.py --quick              # the tiny set, 2 settings, 2 fio jobs, 1 round
 
 Each dlstore measurement is one ``benchmarks/shuffles.py`` run (a fresh interpreter: an untimed epoch,
 the page cache dropped, one timed epoch, CRCs checked unless ``--no-verify``) with the settings given as
@@ -77,6 +78,7 @@ def main() -> int:
     p.add_argument("--engine", choices=sorted(CONFIGS), default="io_uring")
     p.add_argument("--shuffle", default="none", help="the Dataset's shuffle (default: %(default)s)")
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--quick", action="store_true", help="the tiny set, 2 settings, 2 fio jobs, 1 round: a smoke test")
     p.add_argument("--verify", action=argparse.BooleanOptionalAction, default=True,
                    help="check each record's CRCs, as a Dataset does by default (--no-verify: what they cost)")
     _harness.add_output_arguments(p, "engine_settings")
@@ -85,12 +87,15 @@ def main() -> int:
     if why:
         print(f"engine_settings needs root (to drop the page cache) and fio: {why}", file=sys.stderr)
         return 2
-    paths = dataset_paths(args.data, "default")
+    paths = dataset_paths(args.data, "tiny" if args.quick else "default")
+    configs, fio_jobs = CONFIGS[args.engine], FIO
+    if args.quick:
+        configs, fio_jobs, args.rounds = configs[:2], FIO[:2], 1
     data = args.data or os.path.join(os.path.dirname(paths[0]), "*")
     load_before = os.getloadavg()[0]
     rows: Dict[str, Dict] = {}
     for r in range(args.rounds):  # every configuration once a round, starting one further each round
-        jobs = [("fio", f) for f in FIO] + [("dlstore", c) for c in CONFIGS[args.engine]]
+        jobs = [("fio", f) for f in fio_jobs] + [("dlstore", c) for c in configs]
         jobs = jobs[r % len(jobs):] + jobs[:r % len(jobs)]
         for kind, what in jobs:
             if kind == "fio":

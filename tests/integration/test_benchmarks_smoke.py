@@ -193,6 +193,33 @@ def test_shuffles_quick(tmp_path):
 
 
 @pytest.mark.slow  # subprocesses
+def test_engine_settings_quick(tmp_path):
+    """benchmarks/engine_settings.py at tiny size: each setting read through a Dataset with its environment
+    variables (the engine says which queue depth it took), fio beside it, ratios against fio's best."""
+    pytest.importorskip("PIL", reason="the synthetic ImageNet-like set needs pillow")
+    from dlstore.bench.fio import fio_missing_reason
+    from dlstore.io.pagecache import drop_page_cache_refusal
+
+    why = drop_page_cache_refusal() or fio_missing_reason()
+    if why:
+        pytest.skip(f"engine_settings needs root and fio: {why}")
+    out = tmp_path / "e.json"
+    env = dict(os.environ, DLSTORE_CACHE=os.fspath(tmp_path / "cache"))
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "engine_settings.py"), "--quick", "--json",
+                        os.fspath(out)], capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    rows = doc["rows"]
+    dl = {k: v for k, v in rows.items() if v["kind"] == "dlstore"}
+    assert len(dl) == 2 and sum(v["kind"] == "fio" for v in rows.values()) == 2
+    assert all(v["gb_per_s"] and v["gb_per_s"] > 0 for v in rows.values()), rows
+    # The setting reached the Dataset: the engine names the queue depth it was given.
+    assert "the queue_depth setting" in dl["dlstore io_uring none: queue_depth=2"]["engine_reason"]
+    assert "queue_depth setting" not in dl["dlstore io_uring none: defaults"]["engine_reason"]
+    assert doc["best_fio_gb_per_s"] == max(v["gb_per_s"] for v in rows.values() if v["kind"] == "fio")
+
+
+@pytest.mark.slow  # subprocesses
 def test_metrics_overhead_quick(tmp_path):
     """benchmarks/metrics_overhead.py at tiny size: BERT and ResNet-50 measured off and on, the exporter
     scraped and the epoch lines taken when on."""
@@ -235,7 +262,7 @@ def test_a_run_never_overwrites_the_committed_results_unless_saved():
 
 def test_every_script_takes_save(tmp_path):
     for script in ("pipelines", "read_throughput", "shuffles", "direct_sweep", "warm_budget", "mounts",
-                   "metrics_overhead"):
+                   "metrics_overhead", "engine_settings"):
         r = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", f"{script}.py"), "--help"],
                            capture_output=True, text=True, cwd=ROOT, timeout=120)
         text = "".join(r.stdout.split())  # argparse wraps long names
