@@ -70,6 +70,25 @@ def run_worker(script: str, args: Sequence[str], result_prefix: str, timeout: fl
     return {"error": f"worker exited with {proc.returncode}: " + " | ".join(tail)[-400:]}
 
 
+def cold_fio_refusal() -> Optional[str]:
+    """Why cold runs beside fio cannot run here (dropping the page cache needs root; fio must be
+    installed), or None."""
+    from dlstore.bench.fio import fio_missing_reason
+    from dlstore.io.pagecache import drop_page_cache_refusal
+
+    return drop_page_cache_refusal() or fio_missing_reason()
+
+
+def cold_fio_rate(paths: Sequence[str], **fio: Any) -> float:
+    """GB/s of one fio run over ``paths`` from a dropped page cache (:func:`dlstore.bench.fio.run_fio`'s
+    keywords: ``jobs``, ``bs``, ``ioengine``, ``iodepth``...)."""
+    from dlstore.bench.fio import run_fio
+    from dlstore.io.pagecache import drop_page_cache
+
+    drop_page_cache()
+    return run_fio(paths, **fio).gb_per_s
+
+
 def add_output_arguments(p, name: str) -> None:
     """``--json FILE`` and ``--save``: where a script's results JSON goes (:func:`results_path`)."""
     p.add_argument("--json", metavar="FILE",

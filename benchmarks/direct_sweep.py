@@ -21,8 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import dlstore  # noqa: E402
 from benchmarks import _harness  # noqa: E402
-from dlstore.io.pagecache import drop_page_cache, drop_page_cache_refusal  # noqa: E402
-from dlstore.bench.fio import fio_missing_reason, run_fio  # noqa: E402
+from dlstore.io.pagecache import drop_page_cache  # noqa: E402
 from dlstore.bench.storage import dataset_paths  # noqa: E402
 
 CONFIGS = [dict(depth=4, io_threads=2, chunk_size=8 << 20), dict(depth=8, io_threads=4, chunk_size=8 << 20),
@@ -40,8 +39,7 @@ def run_dlstore(paths, total, cfg) -> float:
 
 def fio_rate(paths, engine, depth, bs) -> float:
     """One fio job reading the files in turn (dlstore.bench.fio: huge-page buffers, as dlstore's)."""
-    drop_page_cache()
-    return run_fio(paths, jobs=1, bs=bs, ioengine=engine, iodepth=depth).gb_per_s
+    return _harness.cold_fio_rate(paths, jobs=1, bs=bs, ioengine=engine, iodepth=depth)
 
 
 def main() -> int:
@@ -50,7 +48,7 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=2)
     _harness.add_output_arguments(p, "direct_sweep")
     args, json_path = _harness.parse(p, "direct_sweep")
-    why = drop_page_cache_refusal() or fio_missing_reason()
+    why = _harness.cold_fio_refusal()
     if why:
         print(f"direct_sweep needs root (to drop the page cache) and fio: {why}", file=sys.stderr)
         return 2

@@ -29,9 +29,8 @@ from typing import Dict, List, Tuple
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import _harness  # noqa: E402
-from dlstore.bench.fio import fio_missing_reason, run_fio  # noqa: E402
+from dlstore.bench import report  # noqa: E402
 from dlstore.bench.storage import dataset_paths  # noqa: E402
-from dlstore.io.pagecache import drop_page_cache, drop_page_cache_refusal  # noqa: E402
 
 # Settings (environment variables) tried per engine; {} is the defaults.
 CONFIGS: Dict[str, List[Dict[str, str]]] = {
@@ -39,7 +38,9 @@ CONFIGS: Dict[str, List[Dict[str, str]]] = {
                  {"DLSTORE_IO_THREADS": "1", "DLSTORE_QUEUE_DEPTH": "4"}, {"DLSTORE_IO_THREADS": "1"},
                  {"DLSTORE_IO_THREADS": "4", "DLSTORE_DEPTH": "8"},
                  {"DLSTORE_IO_THREADS": "4", "DLSTORE_QUEUE_DEPTH": "1"},
-                 {"DLSTORE_IO_THREADS": "1", "DLSTORE_QUEUE_DEPTH": "4", "DLSTORE_CHUNK_SIZE": "64M"}],
+                 {"DLSTORE_IO_THREADS": "1", "DLSTORE_QUEUE_DEPTH": "4", "DLSTORE_CHUNK_SIZE": "64M"},
+                 {"DLSTORE_IO_THREADS": "1", "DLSTORE_QUEUE_DEPTH": "2", "DLSTORE_CHUNK_SIZE": "2M",
+                  "DLSTORE_DEPTH": "2"}],
     "direct": [{}, {"DLSTORE_IO_THREADS": "4", "DLSTORE_DEPTH": "8"}, {"DLSTORE_IO_THREADS": "1"},
                {"DLSTORE_CHUNK_SIZE": "4M"}],
 }
@@ -67,11 +68,6 @@ def run_dlstore(data: str, engine: str, shuffle: str, verify: bool, cfg: Dict[st
     return {k: row.get(k) for k in ("gb_per_s", "cpu_s_per_gb", "engine_reason", "status")}
 
 
-def fio_rate(paths: List[str], bs: str, depth: int, jobs: int) -> float:
-    drop_page_cache()
-    return run_fio(paths, jobs=jobs, bs=bs, ioengine="io_uring", iodepth=depth).gb_per_s
-
-
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", help="TFRecord files (default: the cached generated ~1 GB ImageNet-like set)")
@@ -83,7 +79,7 @@ def main() -> int:
                    help="check each record's CRCs, as a Dataset does by default (--no-verify: what they cost)")
     _harness.add_output_arguments(p, "engine_settings")
     args, json_path = _harness.parse(p, "engine_settings")
-    why = drop_page_cache_refusal() or fio_missing_reason()
+    why = _harness.cold_fio_refusal()
     if why:
         print(f"engine_settings needs root (to drop the page cache) and fio: {why}", file=sys.stderr)
         return 2
@@ -101,7 +97,8 @@ def main() -> int:
             if kind == "fio":
                 bs, depth, n = what
                 name = f"fio io_uring read bs={bs} qd{depth} x {n} job{'s' if n > 1 else ''}"
-                rows.setdefault(name, {"kind": "fio", "runs": []})["runs"].append(fio_rate(paths, bs, depth, n))
+                rate = _harness.cold_fio_rate(paths, jobs=n, bs=bs, ioengine="io_uring", iodepth=depth)
+                rows.setdefault(name, {"kind": "fio", "runs": []})["runs"].append(rate)
             else:
                 name = f"dlstore {args.engine} {args.shuffle}: {config_name(what)}"
                 got = run_dlstore(data, args.engine, args.shuffle, args.verify, what)
@@ -125,10 +122,7 @@ def main() -> int:
            "engine": args.engine, "shuffle": args.shuffle, "verify": args.verify, "rounds": args.rounds,
            "bytes": total, "files": len(paths), "load_before": load_before, "load_after": os.getloadavg()[0],
            "best_fio_gb_per_s": best, "rows": rows}
-    os.makedirs(os.path.dirname(os.path.abspath(json_path)), exist_ok=True)
-    with open(json_path, "w") as f:
-        json.dump(doc, f, indent=1)
-    print(f"wrote {json_path}")
+    print(f"wrote {report.write_json(json_path, doc)}")
     return 0
 
 

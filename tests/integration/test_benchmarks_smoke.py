@@ -22,6 +22,13 @@ pytestmark = pytest.mark.slow  # runs the benchmark scripts in subprocesses
 SCRIPT = os.path.join(ROOT, "benchmarks", "pipelines.py")
 
 
+def _run_bench(tmp_path, script: str, *args: str) -> subprocess.CompletedProcess:
+    """``benchmarks/<script>.py args`` in a fresh interpreter, its generated sets cached under ``tmp_path``."""
+    env = dict(os.environ, DLSTORE_CACHE=os.fspath(tmp_path / "cache"))
+    return subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", f"{script}.py"), *args],
+                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
+
+
 def _load_script():
     spec = importlib.util.spec_from_file_location("dlstore_bench_pipelines", SCRIPT)
     module = importlib.util.module_from_spec(spec)
@@ -114,9 +121,7 @@ def test_targets_pass_fail_and_skip():
 def test_pipelines_quick(tmp_path):
     pytest.importorskip("PIL", reason="the synthetic ImageNet-like set needs pillow")
     out, md = tmp_path / "p.json", tmp_path / "p.md"
-    env = dict(os.environ, DLSTORE_CACHE=os.fspath(tmp_path / "cache"))
-    r = subprocess.run([sys.executable, SCRIPT, "--quick", "--json", os.fspath(out), "--markdown", os.fspath(md)],
-                       capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
+    r = _run_bench(tmp_path, "pipelines", "--quick", "--json", os.fspath(out), "--markdown", os.fspath(md))
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     with open(out) as f:
         doc = json.load(f)
@@ -149,8 +154,7 @@ def test_pipelines_quick(tmp_path):
     assert "## Targets" in text and "Where the semantics differ" in text and "PyTorch DataLoader + PIL" in text
     # --render writes the same page from the JSON alone.
     again = tmp_path / "again.md"
-    r = subprocess.run([sys.executable, SCRIPT, "--render", os.fspath(out), "--markdown", os.fspath(again)],
-                       capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+    r = _run_bench(tmp_path, "pipelines", "--render", os.fspath(out), "--markdown", os.fspath(again))
     assert r.returncode == 0, r.stderr[-2000:]
     assert again.read_text() == text
 
@@ -160,9 +164,7 @@ def test_shuffles_quick(tmp_path):
     cold rows, with its targets."""
     pytest.importorskip("PIL", reason="the synthetic ImageNet-like set needs pillow")
     out = tmp_path / "s.json"
-    env = dict(os.environ, DLSTORE_CACHE=os.fspath(tmp_path / "cache"))
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "shuffles.py"), "--quick", "--json",
-                        os.fspath(out)], capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
+    r = _run_bench(tmp_path, "shuffles", "--quick", "--json", os.fspath(out))
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     doc = json.loads(out.read_text())
     rows = {row["key"]: row for row in doc["rows"]}
@@ -182,10 +184,8 @@ def test_shuffles_quick(tmp_path):
     assert doc["config"]["verify"] is True
     # --no-verify: the CRCs' cost, measured by leaving them unchecked, and said so on the page
     md = tmp_path / "nv.md"
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "shuffles.py"), "--quick", "--no-verify",
-                        "--no-fio", "--cache", "cold", "--engines", "direct", "--shuffles", "none", "--json",
-                        os.fspath(out), "--markdown", os.fspath(md)], capture_output=True, text=True, cwd=ROOT,
-                       env=env, timeout=600)
+    r = _run_bench(tmp_path, "shuffles", "--quick", "--no-verify", "--no-fio", "--cache", "cold", "--engines",
+                   "direct", "--shuffles", "none", "--json", os.fspath(out), "--markdown", os.fspath(md))
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     doc = json.loads(out.read_text())
     assert doc["config"]["verify"] is False and doc["rows"][0]["status"] == "ok"
@@ -197,16 +197,13 @@ def test_engine_settings_quick(tmp_path):
     """benchmarks/engine_settings.py at tiny size: each setting read through a Dataset with its environment
     variables (the engine says which queue depth it took), fio beside it, ratios against fio's best."""
     pytest.importorskip("PIL", reason="the synthetic ImageNet-like set needs pillow")
-    from dlstore.bench.fio import fio_missing_reason
-    from dlstore.io.pagecache import drop_page_cache_refusal
+    from benchmarks import _harness
 
-    why = drop_page_cache_refusal() or fio_missing_reason()
+    why = _harness.cold_fio_refusal()
     if why:
         pytest.skip(f"engine_settings needs root and fio: {why}")
     out = tmp_path / "e.json"
-    env = dict(os.environ, DLSTORE_CACHE=os.fspath(tmp_path / "cache"))
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "engine_settings.py"), "--quick", "--json",
-                        os.fspath(out)], capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
+    r = _run_bench(tmp_path, "engine_settings", "--quick", "--json", os.fspath(out))
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     doc = json.loads(out.read_text())
     rows = doc["rows"]
@@ -226,10 +223,7 @@ def test_metrics_overhead_quick(tmp_path):
     pytest.importorskip("prometheus_client", reason="the exporter serves through prometheus_client")
     pytest.importorskip("PIL", reason="the synthetic ImageNet-like set needs pillow")
     out = tmp_path / "m.json"
-    env = dict(os.environ, DLSTORE_CACHE=os.fspath(tmp_path / "cache"))
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "metrics_overhead.py"), "--quick",
-                        "--scrape-interval", "0.05", "--json", os.fspath(out)], capture_output=True, text=True,
-                       cwd=ROOT, env=env, timeout=600)
+    r = _run_bench(tmp_path, "metrics_overhead", "--quick", "--scrape-interval", "0.05", "--json", os.fspath(out))
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     rows = {row["workload"]: row for row in json.loads(out.read_text())["rows"]}
     assert set(rows) == {"bert", "resnet50"}
