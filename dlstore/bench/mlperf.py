@@ -56,7 +56,6 @@ from dlstore.bench.tiers import close_loader
 from dlstore.distributed import mpi_comm
 from dlstore.io import pagecache as cache_control
 from dlstore.io.select import ENGINES
-from dlstore.sources.source import SourceWrapper
 from dlstore.io.system import available_page_cache_bytes
 from dlstore.placement.sharding import SHUFFLES
 from dlstore.placement.world import World, detect_world
@@ -64,6 +63,7 @@ from dlstore.pipeline import Loader
 from dlstore.settings import _size as parse_size  # the settings' '2G', '500M', bytes
 from dlstore.sources.dataset import Dataset
 from dlstore.sources.indexing import open_shards
+from dlstore.sources.source import SourceWrapper
 
 __all__ = ["TIERS", "RunSpec", "dlio_steps", "describe_records", "choose_tiers", "add_arguments", "run", "run_rank",
            "measure_threads", "measure_mpirun", "format_report", "markdown_report"]

@@ -2,8 +2,8 @@
 //
 // The C++ core formats no text through <sstream>: on the GPU machine, whose Python builds extensions with
 // /opt/gcc's g++, `ostream << long` compiled into the extension crashed the process on the first message
-// (a corrupt record); most likely those headers do not match the libstdc++ the process loads. Integers go through std::to_string, floating point through snprintf("%g"), as a default
-// ostream would print them.
+// (a corrupt record); most likely those headers do not match the libstdc++ the process loads. Integers go
+// through std::to_string, floating point through snprintf("%g"), as a default ostream would print them.
 #pragma once
 
 #include <cstdio>
