@@ -79,6 +79,20 @@ def cold_fio_refusal() -> Optional[str]:
     return drop_page_cache_refusal() or fio_missing_reason()
 
 
+def cold_set_or_refusal(name: str, data: Optional[str], quick: bool):
+    """What a cold script beside fio reads: ``(paths, glob)`` of ``data`` (default: the cached generated
+    ImageNet-like set, tiny with ``quick``), or ``None`` after printing, on stderr, why it cannot run
+    here (the caller exits 2)."""
+    from dlstore.bench.storage import dataset_paths
+
+    why = cold_fio_refusal()
+    if why:
+        print(f"{name} needs root (to drop the page cache) and fio: {why}", file=sys.stderr)
+        return None
+    paths = dataset_paths(data, "tiny" if quick else "default")
+    return paths, data or os.path.join(os.path.dirname(paths[0]), "*")
+
+
 def cold_fio_rate(paths: Sequence[str], **fio: Any) -> float:
     """GB/s of one fio run over ``paths`` from a dropped page cache (:func:`dlstore.bench.fio.run_fio`'s
     keywords: ``jobs``, ``bs``, ``ioengine``, ``iodepth``...)."""
@@ -87,6 +101,26 @@ def cold_fio_rate(paths: Sequence[str], **fio: Any) -> float:
 
     drop_page_cache()
     return run_fio(paths, **fio).gb_per_s
+
+
+def cold_dataset_row(data: str, engine: str, shuffle: str, *, verify: bool = True, batch_size: Optional[int] = None,
+                     settings: Optional[Mapping[str, str]] = None) -> Dict:
+    """One cold ``benchmarks/shuffles.py`` row (a fresh interpreter: an untimed epoch, the page cache
+    dropped, one timed epoch; no fio) for ``data`` (a glob), with ``settings`` (``DLSTORE_*`` environment
+    variables, as a user sets them) in its environment: the row's dict, or ``{"error": why}``."""
+    import tempfile
+
+    script = os.path.join(ROOT, "benchmarks", "shuffles.py")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "row.json")
+        cmd = [sys.executable, script, "--data", data, "--cache", "cold", "--engines", engine, "--shuffles", shuffle,
+               "--no-fio", "--repeat", "1", "--quiet", "--json", out]
+        cmd += ([] if verify else ["--no-verify"]) + ([] if batch_size is None else ["--batch-size", str(batch_size)])
+        p = subprocess.run(cmd, env=dict(os.environ, **(settings or {})), capture_output=True, text=True, timeout=900)
+        if p.returncode != 0 or not os.path.exists(out):
+            return {"error": (p.stderr.strip().splitlines() or [f"exit {p.returncode}"])[-1]}
+        with open(out) as f:
+            return json.load(f)["rows"][0]
 
 
 def add_output_arguments(p, name: str) -> None:

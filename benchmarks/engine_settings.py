@@ -18,11 +18,8 @@ rounds, ratios against the best fio median. Needs root (drops the page cache) an
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
-import tempfile
 import time
 from typing import Dict, List, Tuple
 
@@ -30,7 +27,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import _harness  # noqa: E402
 from dlstore.bench import report  # noqa: E402
-from dlstore.bench.storage import dataset_paths  # noqa: E402
 
 # Settings (environment variables) tried per engine; {} is the defaults.
 CONFIGS: Dict[str, List[Dict[str, str]]] = {
@@ -47,7 +43,6 @@ CONFIGS: Dict[str, List[Dict[str, str]]] = {
 # fio io_uring sequential reads: (block size, depth, jobs). One job reads the files in turn; two jobs
 # read every other file each, two streams at once.
 FIO: List[Tuple[str, int, int]] = [("1M", 2, 2), ("1M", 4, 1), ("1M", 8, 1), ("1M", 16, 2), ("8M", 2, 1)]
-SHUFFLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "shuffles.py")
 
 
 def config_name(cfg: Dict[str, str]) -> str:
@@ -56,15 +51,9 @@ def config_name(cfg: Dict[str, str]) -> str:
 
 def run_dlstore(data: str, engine: str, shuffle: str, verify: bool, cfg: Dict[str, str]) -> Dict:
     """One shuffles.py run with ``cfg`` in its environment: its row (GB/s, CPU s/GB, the engine's reason)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "r.json")
-        cmd = [sys.executable, SHUFFLES, "--data", data, "--cache", "cold", "--engines", engine, "--shuffles",
-               shuffle, "--no-fio", "--repeat", "1", "--quiet", "--json", out] + ([] if verify else ["--no-verify"])
-        p = subprocess.run(cmd, env=dict(os.environ, **cfg), capture_output=True, text=True, timeout=900)
-        if p.returncode != 0 or not os.path.exists(out):
-            return {"error": (p.stderr.strip().splitlines() or [f"exit {p.returncode}"])[-1]}
-        with open(out) as f:
-            row = json.load(f)["rows"][0]
+    row = _harness.cold_dataset_row(data, engine, shuffle, verify=verify, settings=cfg)
+    if "error" in row:
+        return row
     return {k: row.get(k) for k in ("gb_per_s", "cpu_s_per_gb", "engine_reason", "status")}
 
 
@@ -79,15 +68,13 @@ def main() -> int:
                    help="check each record's CRCs, as a Dataset does by default (--no-verify: what they cost)")
     _harness.add_output_arguments(p, "engine_settings")
     args, json_path = _harness.parse(p, "engine_settings")
-    why = _harness.cold_fio_refusal()
-    if why:
-        print(f"engine_settings needs root (to drop the page cache) and fio: {why}", file=sys.stderr)
+    found = _harness.cold_set_or_refusal("engine_settings", args.data, args.quick)
+    if found is None:
         return 2
-    paths = dataset_paths(args.data, "tiny" if args.quick else "default")
+    paths, data = found
     configs, fio_jobs = CONFIGS[args.engine], FIO
     if args.quick:
         configs, fio_jobs, args.rounds = configs[:2], FIO[:2], 1
-    data = args.data or os.path.join(os.path.dirname(paths[0]), "*")
     load_before = os.getloadavg()[0]
     rows: Dict[str, Dict] = {}
     for r in range(args.rounds):  # every configuration once a round, starting one further each round

@@ -287,7 +287,10 @@ def run(args) -> Dict:
                     "records": int(probe.counts.sum()), "mean_record_bytes": probe.mean_record_bytes,
                     "size": None if args.data else args.size},
            "config": {"batch_size": args.batch_size, "repeat": args.repeat, "epochs": args.epochs, "seed": args.seed,
-                      "verify": args.verify},
+                      "verify": args.verify,
+                      # Settings given as environment variables (DLSTORE_CHUNK_SIZE=2M ...): the workers inherit them.
+                      "environment": {k: v for k, v in sorted(os.environ.items())
+                                      if k.startswith("DLSTORE_") and k != "DLSTORE_NO_PROGRESS"}},
            "load_before": loads[0], "load_after_rounds": loads[1:], "rows": rows,
            "fio": {"skipped": fio_why, "rows": fio_rows,
                    "depths": {e: engine_depth(e, files) for e in cold_engines},
@@ -394,6 +397,7 @@ def _fmt(v, spec: str, none: str = "-") -> str:
 
 def markdown(doc: Dict) -> str:
     d, sysi = doc["data"], doc["system"]
+    env = doc["config"].get("environment") or {}
     lines = ["# Shuffles on the read path: cold and warm epochs through `dlstore.Dataset`", "",
              f"Written by `{' '.join(doc['command'])}` on {doc['when']}.", "",
              f"- **Machine**: {sysi.get('cpu', '?')}, {sysi.get('cores', '?')} cores; 1-minute load "
@@ -403,7 +407,8 @@ def markdown(doc: Dict) -> str:
              f"- **Data**: {d['files']} TFRecord files, {d['bytes'] / 1e9:.2f} GB, {d['records']:,} records "
              f"(mean {d['mean_record_bytes'] / 1e3:.1f} kB); one rank reads all of them; batch "
              f"{doc['config']['batch_size']}; records only, no decoding; "
-             + ("TFRecord CRCs checked" if doc["config"].get("verify", True) else "CRCs NOT checked (--no-verify)"),
+             + ("TFRecord CRCs checked" if doc["config"].get("verify", True) else "CRCs NOT checked (--no-verify)")
+             + ("; settings from the environment: " + ", ".join(f"`{k}={v}`" for k, v in env.items()) if env else ""),
              f"- **Method**: {doc['config']['repeat']} rounds, every configuration once per round in its own "
              "process, the order rotating; medians over rounds; each process reads one epoch untimed first (its "
              "rate in the last column: a fresh process's first touch of its buffers included), then the "

@@ -52,9 +52,10 @@ std::shared_ptr<AlignedBuffer> BufferPool::acquire(size_t at_least) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!free_.empty()) {
-      // A free buffer that is large enough, else the last one (grown below).
+      // The most recently released buffer that is large enough, else the last one (grown below):
+      // the buffers used last are the ones still warm (in cache, and backed by the host on a VM).
       size_t pick = free_.size() - 1;
-      for (size_t i = 0; i < free_.size(); ++i)
+      for (size_t i = free_.size(); i-- > 0;)
         if (free_[i]->size() >= want) {
           pick = i;
           break;

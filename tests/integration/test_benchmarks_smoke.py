@@ -217,6 +217,30 @@ def test_engine_settings_quick(tmp_path):
 
 
 @pytest.mark.slow  # subprocesses
+def test_read_footprint_quick(tmp_path):
+    """benchmarks/read_footprint.py at tiny size: fio's job, plain O_DIRECT reads into rings of two sizes
+    (one staged through a copy), and a Dataset epoch under a chunk-size setting, with ratios to fio."""
+    pytest.importorskip("PIL", reason="the synthetic ImageNet-like set needs pillow")
+    from benchmarks import _harness
+
+    why = _harness.cold_fio_refusal()
+    if why:
+        pytest.skip(f"read_footprint needs root and fio: {why}")
+    out = tmp_path / "f.json"
+    r = _run_bench(tmp_path, "read_footprint", "--quick", "--json", os.fspath(out))
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    kinds = [v["kind"] for v in doc["rows"].values()]
+    assert sorted(kinds) == ["dataset", "fio", "plain", "plain", "staged"], kinds
+    assert all(v["gb_per_s"] and v["gb_per_s"] > 0 for v in doc["rows"].values()), doc["rows"]
+    plain = sorted(v["footprint_bytes"] for v in doc["rows"].values() if v["kind"] == "plain")
+    assert plain == [8 << 20, 64 << 20]
+    dataset = next(v for v in doc["rows"].values() if v["kind"] == "dataset")
+    assert dataset["chunk_size"] == "2M" and dataset["peak_held_bytes"][0] <= 4 << 20, dataset
+    assert doc["fio_gb_per_s"] == next(v["gb_per_s"] for v in doc["rows"].values() if v["kind"] == "fio")
+
+
+@pytest.mark.slow  # subprocesses
 def test_metrics_overhead_quick(tmp_path):
     """benchmarks/metrics_overhead.py at tiny size: BERT and ResNet-50 measured off and on, the exporter
     scraped and the epoch lines taken when on."""
@@ -256,7 +280,7 @@ def test_a_run_never_overwrites_the_committed_results_unless_saved():
 
 def test_every_script_takes_save(tmp_path):
     for script in ("pipelines", "read_throughput", "shuffles", "direct_sweep", "warm_budget", "mounts",
-                   "metrics_overhead", "engine_settings"):
+                   "metrics_overhead", "engine_settings", "read_footprint"):
         r = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", f"{script}.py"), "--help"],
                            capture_output=True, text=True, cwd=ROOT, timeout=120)
         text = "".join(r.stdout.split())  # argparse wraps long names
