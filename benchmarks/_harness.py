@@ -79,17 +79,17 @@ def cold_fio_refusal() -> Optional[str]:
     return drop_page_cache_refusal() or fio_missing_reason()
 
 
-def cold_set_or_refusal(name: str, data: Optional[str], quick: bool):
-    """What a cold script beside fio reads: ``(paths, glob)`` of ``data`` (default: the cached generated
-    ImageNet-like set, tiny with ``quick``), or ``None`` after printing, on stderr, why it cannot run
-    here (the caller exits 2)."""
+def cold_set_or_refusal(name: str, data: Optional[str], size: str):
+    """What a cold script beside fio reads: ``(paths, glob)`` of ``data`` (a glob, directory or file;
+    default: the cached generated ImageNet-like set of preset ``size``), or ``None`` after printing, on
+    stderr, why it cannot run here (the caller exits 2)."""
     from dlstore.bench.storage import dataset_paths
 
     why = cold_fio_refusal()
     if why:
         print(f"{name} needs root (to drop the page cache) and fio: {why}", file=sys.stderr)
         return None
-    paths = dataset_paths(data, "tiny" if quick else "default")
+    paths = dataset_paths(data, size)
     return paths, data or os.path.join(os.path.dirname(paths[0]), "*")
 
 

@@ -22,7 +22,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import dlstore  # noqa: E402
 from benchmarks import _harness  # noqa: E402
 from dlstore.io.pagecache import drop_page_cache  # noqa: E402
-from dlstore.bench.storage import dataset_paths  # noqa: E402
 
 CONFIGS = [dict(depth=4, io_threads=2, chunk_size=8 << 20), dict(depth=8, io_threads=4, chunk_size=8 << 20),
            dict(depth=4, io_threads=4, chunk_size=4 << 20), dict(depth=2, io_threads=2, chunk_size=16 << 20)]
@@ -48,11 +47,10 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=2)
     _harness.add_output_arguments(p, "direct_sweep")
     args, json_path = _harness.parse(p, "direct_sweep")
-    why = _harness.cold_fio_refusal()
-    if why:
-        print(f"direct_sweep needs root (to drop the page cache) and fio: {why}", file=sys.stderr)
+    found = _harness.cold_set_or_refusal("direct_sweep", args.data, "small")  # --data or the cached set
+    if found is None:
         return 2
-    paths = dataset_paths(args.data, "small")  # --data (glob, dir, file) or the cached set
+    paths = found[0]
     total = sum(os.path.getsize(x) for x in paths)
     results = {}
     for _ in range(args.rounds):  # interleaved, so drift on a shared disk hits every row alike

@@ -68,7 +68,7 @@ def main() -> int:
                    help="check each record's CRCs, as a Dataset does by default (--no-verify: what they cost)")
     _harness.add_output_arguments(p, "engine_settings")
     args, json_path = _harness.parse(p, "engine_settings")
-    found = _harness.cold_set_or_refusal("engine_settings", args.data, args.quick)
+    found = _harness.cold_set_or_refusal("engine_settings", args.data, "tiny" if args.quick else "default")
     if found is None:
         return 2
     paths, data = found

@@ -41,6 +41,7 @@ FOOTPRINTS_MIB = (4, 8, 16, 32, 64, 128, 256)  # total ring bytes over all threa
 DATASETS = ((16, "2M"), (16, None), (64, None), (256, None))
 STAGED = (8, 128)  # MiB: reads land in the first, then are copied into the second
 FIO_JOB = {"jobs": 1, "bs": "1M", "ioengine": "io_uring", "iodepth": 4}  # fio's best here (docs/engines.md)
+FIO_BUFFERS = FIO_JOB["jobs"] * FIO_JOB["iodepth"] * READ  # fio's buffers: a block per read in flight
 
 
 class Ring:
@@ -53,13 +54,13 @@ class Ring:
         self.map = mmap.mmap(-1, self.nbytes + HUGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         import ctypes
 
-        addr = ctypes.addressof(ctypes.c_char.from_buffer(self.map))
-        self.start = (-addr) % HUGE
+        self.start = -ctypes.addressof(ctypes.c_char.from_buffer(self.map)) % HUGE  # a page multiple
         if hasattr(mmap, "MADV_HUGEPAGE"):
-            self.map.madvise(mmap.MADV_HUGEPAGE, self.start - self.start % mmap.PAGESIZE,
-                             self.nbytes + self.start % mmap.PAGESIZE)
+            self.map.madvise(mmap.MADV_HUGEPAGE, self.start, self.nbytes)
         self.view = memoryview(self.map)[self.start:self.start + self.nbytes]
-        self.view[:] = b"\1" * self.nbytes
+        one = b"\1" * READ
+        for at in range(0, self.nbytes, READ):
+            self.view[at:at + READ] = one
 
     def close(self) -> None:
         self.view.release()
@@ -132,7 +133,7 @@ def main() -> int:
                    help="the Dataset rows check CRCs (default off: the plain reads check nothing either)")
     _harness.add_output_arguments(p, "read_footprint")
     args, json_path = _harness.parse(p, "read_footprint")
-    found = _harness.cold_set_or_refusal("read_footprint", args.data, args.quick)
+    found = _harness.cold_set_or_refusal("read_footprint", args.data, "tiny" if args.quick else "default")
     if found is None:
         return 2
     paths, data = found
@@ -146,8 +147,9 @@ def main() -> int:
     for r in range(args.rounds):  # every configuration once a round, starting one further each round
         for kind, what in jobs[r % len(jobs):] + jobs[:r % len(jobs)]:
             if kind == "fio":
-                name = "fio io_uring read bs=1M qd4 x 1 job (huge-page buffers, 4 MiB)"
-                row = rows.setdefault(name, {"kind": kind, "footprint_bytes": 4 * MiB, "runs": []})
+                name = (f"fio {FIO_JOB['ioengine']} read bs={FIO_JOB['bs']} qd{FIO_JOB['iodepth']} x {FIO_JOB['jobs']} "
+                        f"job (huge-page buffers, {FIO_BUFFERS // MiB} MiB)")
+                row = rows.setdefault(name, {"kind": kind, "footprint_bytes": FIO_BUFFERS, "runs": []})
                 row["runs"].append(_harness.cold_fio_rate(paths, **FIO_JOB))
             elif kind == "plain":
                 name = f"plain O_DIRECT 1 MiB reads, {args.threads} threads, into {what} MiB"

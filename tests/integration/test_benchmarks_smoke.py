@@ -29,6 +29,21 @@ def _run_bench(tmp_path, script: str, *args: str) -> subprocess.CompletedProcess
                           capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
 
 
+def _run_cold_bench(tmp_path, script: str) -> dict:
+    """``benchmarks/<script>.py --quick``, a cold script beside fio, and its JSON; skipped, saying why, where
+    it cannot run (no root to drop the page cache, no fio, no pillow for the generated set)."""
+    pytest.importorskip("PIL", reason="the synthetic ImageNet-like set needs pillow")
+    from benchmarks import _harness
+
+    why = _harness.cold_fio_refusal()
+    if why:
+        pytest.skip(f"{script} needs root and fio: {why}")
+    out = tmp_path / f"{script}.json"
+    r = _run_bench(tmp_path, script, "--quick", "--json", os.fspath(out))
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    return json.loads(out.read_text())
+
+
 def _load_script():
     spec = importlib.util.spec_from_file_location("dlstore_bench_pipelines", SCRIPT)
     module = importlib.util.module_from_spec(spec)
@@ -196,16 +211,7 @@ def test_shuffles_quick(tmp_path):
 def test_engine_settings_quick(tmp_path):
     """benchmarks/engine_settings.py at tiny size: each setting read through a Dataset with its environment
     variables (the engine says which queue depth it took), fio beside it, ratios against fio's best."""
-    pytest.importorskip("PIL", reason="the synthetic ImageNet-like set needs pillow")
-    from benchmarks import _harness
-
-    why = _harness.cold_fio_refusal()
-    if why:
-        pytest.skip(f"engine_settings needs root and fio: {why}")
-    out = tmp_path / "e.json"
-    r = _run_bench(tmp_path, "engine_settings", "--quick", "--json", os.fspath(out))
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    doc = json.loads(out.read_text())
+    doc = _run_cold_bench(tmp_path, "engine_settings")
     rows = doc["rows"]
     dl = {k: v for k, v in rows.items() if v["kind"] == "dlstore"}
     assert len(dl) == 2 and sum(v["kind"] == "fio" for v in rows.values()) == 2
@@ -220,16 +226,7 @@ def test_engine_settings_quick(tmp_path):
 def test_read_footprint_quick(tmp_path):
     """benchmarks/read_footprint.py at tiny size: fio's job, plain O_DIRECT reads into rings of two sizes
     (one staged through a copy), and a Dataset epoch under a chunk-size setting, with ratios to fio."""
-    pytest.importorskip("PIL", reason="the synthetic ImageNet-like set needs pillow")
-    from benchmarks import _harness
-
-    why = _harness.cold_fio_refusal()
-    if why:
-        pytest.skip(f"read_footprint needs root and fio: {why}")
-    out = tmp_path / "f.json"
-    r = _run_bench(tmp_path, "read_footprint", "--quick", "--json", os.fspath(out))
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    doc = json.loads(out.read_text())
+    doc = _run_cold_bench(tmp_path, "read_footprint")
     kinds = [v["kind"] for v in doc["rows"].values()]
     assert sorted(kinds) == ["dataset", "fio", "plain", "plain", "staged"], kinds
     assert all(v["gb_per_s"] and v["gb_per_s"] > 0 for v in doc["rows"].values()), doc["rows"]
