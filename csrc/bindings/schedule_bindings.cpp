@@ -131,16 +131,17 @@ void register_schedule(py::module_& m) {
       });
 
   m.def("frame_problem",
-        [](py::buffer frame, const std::string& format, bool verify) -> py::object {
+        [](py::buffer frame, const std::string& format, bool verify, bool file_tail) -> py::object {
           // What is wrong with one indexed frame, in the host engines' words: (what, frame-relative offset),
-          // or None when it is sound. The GPU reader asks it of the rare frames its kernel flags.
+          // or None when it is sound. The GPU reader asks it of the rare frames its kernel flags;
+          // `file_tail`: the frame runs to the end of its file.
           const ContiguousBytes bytes(frame);
           dlstore::FramedRecord rec;
           uint64_t at = 0;
           std::string what = dlstore::check_frame(dlstore::parse_format(format), bytes.data(), bytes.size(), verify,
-                                                  rec, &at);
+                                                  file_tail, rec, &at);
           if (what.empty()) return py::none();
           return py::make_tuple(what, at);
         },
-        py::arg("frame"), py::arg("format") = "tfrecord", py::arg("verify") = true);
+        py::arg("frame"), py::arg("format") = "tfrecord", py::arg("verify") = true, py::arg("file_tail") = false);
 }

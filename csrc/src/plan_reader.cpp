@@ -201,7 +201,8 @@ std::unique_ptr<PlanReader::Loaded> load_chunk(const ReadPlan& plan, std::vector
     for (size_t r = p.first; r < p.last; ++r) {
       FramedRecord rec;
       uint64_t where = 0;
-      std::string what = check_frame(format, at, plan.size[r], verify, rec, &where);
+      const bool tail = plan.offset[r] + plan.size[r] == opened[i]->size;
+      std::string what = check_frame(format, at, plan.size[r], verify, tail, rec, &where);
       if (!what.empty()) {
         out->bad.emplace_back(static_cast<uint32_t>(r - b), std::move(what));
         out->bad_at.push_back(plan.offset[r] + where);

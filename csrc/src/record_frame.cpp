@@ -8,9 +8,14 @@
 namespace dlstore {
 namespace {
 
-std::string check_tfrecord(const uint8_t* p, uint64_t size, bool verify, FramedRecord& out, uint64_t* at) {
+std::string check_tfrecord(const uint8_t* p, uint64_t size, bool verify, bool file_tail, FramedRecord& out,
+                           uint64_t* at) {
   *at = 0;
-  if (size < kTFHeader + kTFFooter)
+  // A frame that runs to the end of its file and is too short is a file cut inside its last record (the
+  // indexer makes such a tail a frame of its own): said in record_scan's words, not as an index fault.
+  if (file_tail && size < kTFHeader)
+    return "truncated record header: the file ends " + std::to_string(size) + " bytes into a record header";
+  if (size < kTFHeader + kTFFooter && !file_tail)
     return "the index gives a frame of " + std::to_string(size) +
            " bytes, shorter than a TFRecord header and footer (16 bytes): the index does not match the file";
   const uint64_t length = le64(p);
@@ -20,6 +25,11 @@ std::string check_tfrecord(const uint8_t* p, uint64_t size, bool verify, FramedR
       return "bad length CRC: stored " + hex32(stored) + ", computed " + hex32(computed) + " (length field reads " +
              std::to_string(length) + ")";
   }
+  if (file_tail && (size < kTFHeader + kTFFooter || length > size - kTFHeader - kTFFooter))
+    return verify ? "truncated record: the header says " + std::to_string(length) + " bytes of data, but only " +
+                        std::to_string(size) + " bytes remain in the file, header and CRCs included"
+                  : "record length " + std::to_string(length) + " is larger than the rest of the file (" +
+                        std::to_string(size) + " bytes): the file is truncated or the length is corrupt";
   if (length != size - kTFHeader - kTFFooter)
     return "the record's length field says " + std::to_string(length) + " bytes of data, but the index gives a " +
            "frame of " + std::to_string(size) + " bytes: the index is stale or the file is corrupt";
@@ -34,7 +44,7 @@ std::string check_tfrecord(const uint8_t* p, uint64_t size, bool verify, FramedR
   return "";
 }
 
-std::string check_recordio(const uint8_t* p, uint64_t size, FramedRecord& out, uint64_t* at) {
+std::string check_recordio(const uint8_t* p, uint64_t size, bool file_tail, FramedRecord& out, uint64_t* at) {
   // Parts follow each other, each padded to 4 bytes; a lone record (cflag 0) is the common case.
   uint64_t pos = 0;
   bool assembling = false;
@@ -42,8 +52,10 @@ std::string check_recordio(const uint8_t* p, uint64_t size, FramedRecord& out, u
   for (;;) {
     *at = pos;
     if (size - pos < kRIOHeader)
-      return "truncated record header: the indexed frame ends " + std::to_string(size - pos) +
-             " bytes into a RecordIO header";
+      return file_tail ? "truncated record header: the file ends " + std::to_string(size - pos) +
+                             " bytes into a record header"
+                       : "truncated record header: the indexed frame ends " + std::to_string(size - pos) +
+                             " bytes into a RecordIO header";
     const uint32_t magic = le32(p + pos);
     if (magic != kRecordIOMagic)
       return "bad RecordIO magic " + hex32(magic) + " (expected " + hex32(kRecordIOMagic) + ")";
@@ -51,8 +63,10 @@ std::string check_recordio(const uint8_t* p, uint64_t size, FramedRecord& out, u
     const uint32_t cflag = lrec >> 29;
     const uint64_t length = lrec & ((1u << 29) - 1);
     if (size - pos - kRIOHeader < length)
-      return "truncated record: the header says " + std::to_string(length) + " bytes of data, but the indexed " +
-             "frame holds only " + std::to_string(size - pos - kRIOHeader);
+      return file_tail ? "truncated record: the header says " + std::to_string(length) + " bytes of data, but only " +
+                             std::to_string(size - pos) + " bytes remain in the file, header included"
+                       : "truncated record: the header says " + std::to_string(length) +
+                             " bytes of data, but the indexed frame holds only " + std::to_string(size - pos - kRIOHeader);
     const uint8_t* data = p + pos + kRIOHeader;
     if (!assembling) {
       if (cflag == 0) {
@@ -89,10 +103,11 @@ std::string check_recordio(const uint8_t* p, uint64_t size, FramedRecord& out, u
 
 }  // namespace
 
-std::string check_frame(Format format, const uint8_t* p, uint64_t size, bool verify, FramedRecord& out,
-                        uint64_t* at) {
+std::string check_frame(Format format, const uint8_t* p, uint64_t size, bool verify, bool file_tail,
+                        FramedRecord& out, uint64_t* at) {
   out = FramedRecord{};
-  return format == Format::TFRecord ? check_tfrecord(p, size, verify, out, at) : check_recordio(p, size, out, at);
+  return format == Format::TFRecord ? check_tfrecord(p, size, verify, file_tail, out, at)
+                                    : check_recordio(p, size, file_tail, out, at);
 }
 
 }  // namespace dlstore

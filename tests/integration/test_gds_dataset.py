@@ -140,6 +140,25 @@ def test_a_corrupt_record_is_raised_after_the_good_ones_naming_file_and_offset(t
     assert ds.state_dict() == host.state_dict()  # the one schedule: the same position after the error
 
 
+@pytest.mark.parametrize("cut", [6, 13, 100])  # into the last record: its header, its length's CRC, its data
+def test_a_shard_cut_inside_its_last_record_is_named_as_the_host_names_it(tmp_path, stand_in_gds, cut):
+    records = [b"%d|" % i + b"x" * (300 + 41 * i) for i in range(9)]
+    whole = write_tfrecord(tmp_path / "whole.tfrecord", records)
+    path = os.fspath(tmp_path / "d" / "x.tfrecord")
+    os.makedirs(os.path.dirname(path))
+    last = os.path.getsize(whole) - (16 + len(records[-1]))
+    with open(whole, "rb") as f, open(path, "wb") as out:
+        out.write(f.read(last + cut))  # indexed as it is: the cut tail is a frame of its own
+    errors = []
+    for io in ("gds", "buffered"):
+        ds = Dataset(path, io=io, shuffle="global", batch_size=4, seed=2, remainder="uneven")
+        errors.append(records_until_error(ds, dlstore.CorruptRecordError, records_of)[1])
+        skipping = Dataset(path, io=io, shuffle="global", batch_size=4, seed=2, remainder="uneven", on_error="skip")
+        assert collections.Counter(_flat(_epoch(skipping, 0))) == collections.Counter(records[:-1])
+    assert str(errors[0]) == str(errors[1]) and errors[0].offset == last
+    assert "truncated record" in str(errors[0])
+
+
 @pytest.mark.parametrize("policy", ["skip", "warn"])
 def test_corrupt_records_can_be_skipped_counted_and_listed(tmp_path, stand_in_gds, policy):
     data = _shards(tmp_path / "d")

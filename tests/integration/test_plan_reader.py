@@ -115,6 +115,60 @@ def test_a_frame_that_disagrees_with_the_index_is_corrupt(tmp_path):
         _read(ds)
 
 
+# A shard cut inside its last record, indexed as it is: the cut tail is a frame of its own, and the read
+# names it in the words open_records uses (not as an index that disagrees with its file).
+_CUTS = {"in the header": 6, "after the length field": 13, "in the data": 100}
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("shuffle", ["none", "block", "global"])
+@pytest.mark.parametrize("cut", sorted(_CUTS))
+@pytest.mark.parametrize("verify", [True, False])
+def test_a_shard_cut_inside_its_last_record_is_named_as_open_records_names_it(tmp_path, engine, shuffle, cut,
+                                                                              verify):
+    records = [b"%d|" % i + b"x" * (200 + 37 * i) for i in range(12)]
+    whole = write_tfrecord(tmp_path / "whole.tfrecord", records)
+    last = os.path.getsize(whole) - (16 + len(records[-1]))
+    path = os.fspath(tmp_path / "cut" / "x.tfrecord")
+    os.makedirs(os.path.dirname(path))
+    with open(whole, "rb") as f, open(path, "wb") as out:
+        out.write(f.read(last + _CUTS[cut]))
+    with pytest.raises(dlstore.CorruptRecordError) as scanned:
+        list(dlstore.open_records(path, verify=verify))
+    assert scanned.value.offset == last and "index" not in str(scanned.value)
+
+    ds = Dataset(path, shuffle=shuffle, batch_size=5, io=engine, seed=3, verify=verify, remainder="uneven")
+    got, err = records_until_error(ds, dlstore.CorruptRecordError)
+    assert str(err) == str(scanned.value)
+    assert (err.path, err.offset) == (path, last)
+    assert set(got) <= set(records[:-1])
+    skipping = Dataset(path, shuffle=shuffle, batch_size=5, io=engine, seed=3, verify=verify, remainder="uneven",
+                       on_error="skip")
+    assert collections.Counter(_read(skipping)) == collections.Counter(records[:-1])
+    assert skipping.stats()["skipped"] == 1
+
+
+def test_a_recordio_shard_cut_inside_its_last_record_is_named_as_open_records_names_it(tmp_path):
+    payloads = [b"r%d" % i * (50 + i) for i in range(10)]
+    whole = os.fspath(tmp_path / "whole.rec")
+    with dlstore.RecordIOWriter(whole) as w:
+        for p in payloads:
+            w.write(p)
+    size = os.path.getsize(whole)
+    last = size - (8 + (len(payloads[-1]) + 3) // 4 * 4)
+    for keep in (5, 20):  # inside the last record's header, inside its data
+        path = os.fspath(tmp_path / f"cut{keep}" / "x.rec")
+        os.makedirs(os.path.dirname(path))
+        with open(whole, "rb") as f, open(path, "wb") as out:
+            out.write(f.read(last + keep))
+        with pytest.raises(dlstore.CorruptRecordError) as scanned:
+            list(dlstore.open_records(path, format="recordio"))
+        ds = Dataset(path, format="recordio", shuffle="global", batch_size=4, remainder="uneven")
+        _, err = records_until_error(ds, dlstore.CorruptRecordError)
+        assert str(err) == str(scanned.value)
+        assert (err.path, err.offset) == (path, last)
+
+
 def _masked_crc(data):
     from dlstore import _C
 

@@ -224,7 +224,8 @@ class GdsPlanReader:
         bad_at, bad_what = [], []
         for i in flagged.tolist():
             frame = cp.asnumpy(buf[int(rel[i]):int(rel[i] + self._size[pos[i]])])
-            found = _C.frame_problem(frame, "tfrecord", self._verify)
+            tail = int(self._offset[pos[i]] + self._size[pos[i]]) == self._file_sizes[int(self._file[pos[i]])]
+            found = _C.frame_problem(frame, "tfrecord", self._verify, tail)
             what, at = found if found is not None else ("the device's frame check failed", 0)
             bad_at.append(int(self._offset[pos[i]]) + int(at))
             bad_what.append(what)
