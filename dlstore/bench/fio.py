@@ -179,6 +179,23 @@ def _size_bytes(size: str) -> int:
     return int(digits) * scale
 
 
+def fitting_block_size(paths: Sequence[str], bs: str) -> str:
+    """``bs``, or where a file is smaller, the largest multiple of 4 KiB that it holds: fio refuses a
+    block larger than a file ("blocksize is larger than data set range"), and such a file is read in one
+    request either way.
+
+    Raises
+    ------
+    FioError
+        When a file is under 4 KiB, one O_DIRECT block: fio cannot read it with O_DIRECT.
+    """
+    smallest = min(paths, key=os.path.getsize)
+    size = os.path.getsize(smallest)
+    if size < 4096:
+        raise FioError(f"{smallest} holds {size} bytes, under one 4 KiB O_DIRECT block: fio cannot read it")
+    return bs if _size_bytes(bs) <= size else f"{size // 4096 * 4}k"
+
+
 def huge_pages_needed(jobs: int, bs: str, iodepth: int, page_bytes: int) -> int:
     """Huge pages of ``page_bytes`` that ``jobs`` fio jobs with ``mem=mmaphuge`` map: each maps ``iodepth``
     buffers of ``bs`` bytes and a 4 KiB page of alignment, rounded up to whole pages; fio-3.33 was seen
@@ -232,14 +249,19 @@ def run_fio(paths: Sequence[str], jobs: int, bs: str = "1M", ioengine: str = "ps
     buffers are), else malloc's, and the result's ``buffers_note`` says why not; ``"huge"`` and
     ``"malloc"`` ask for one.
 
+    Files smaller than ``bs`` are read with the largest block they hold (:func:`fitting_block_size`);
+    the result's ``config["bs"]`` says which.
+
     Raises
     ------
     FioError
-        When fio is missing, fails (e.g. the filesystem refuses O_DIRECT) or times out.
+        When fio is missing, fails (e.g. the filesystem refuses O_DIRECT) or times out, or a file is under
+        4 KiB.
     """
     missing = fio_missing_reason()
     if missing:
         raise FioError(missing)
+    bs = fitting_block_size(paths, bs) if paths else bs
     if buffers not in ("auto", *BUFFERS):
         raise ValueError(f"buffers must be 'auto' or one of {sorted(BUFFERS)}, not {buffers!r}")
     if buffers == "malloc":
@@ -272,7 +294,9 @@ def _run_fio_job(paths: Sequence[str], jobs: int, bs: str, ioengine: str, iodept
         except subprocess.TimeoutExpired:
             raise FioError(f"fio did not finish within {timeout} s") from None
     if proc.returncode != 0:
-        detail = (proc.stderr.strip() or proc.stdout.strip())[-500:]
+        # One line: fio repeats a job file's error once per job.
+        lines = dict.fromkeys(x.strip() for x in (proc.stderr.strip() or proc.stdout.strip()).splitlines())
+        detail = "; ".join(x for x in lines if x)[-500:]
         raise FioError(f"fio exited with {proc.returncode}: {detail}")
     return parse_fio_json(proc.stdout)
 

@@ -173,8 +173,9 @@ def other_processes_cores(before: List[tuple], after: List[tuple], process_cpu_s
                           seconds: float) -> Optional[float]:
     """Cores that processes other than this one kept busy, on average, between two
     :func:`per_core_cpu_ticks` samples ``seconds`` apart: the machine's busy time (/proc/stat, every
-    core) less this process's CPU time, over the wall time. None where /proc/stat is missing."""
-    if not before or not after or seconds <= 0:
+    core) less this process's CPU time, over the wall time. None where /proc/stat is missing, or over
+    under 50 clock ticks (0.5 s), where the ticks' rounding on every core outweighs what is measured."""
+    if not before or not after or seconds * os.sysconf("SC_CLK_TCK") < 50:
         return None
     busy_s = sum(b1 - b0 for (b0, _), (b1, _) in zip(before, after)) / os.sysconf("SC_CLK_TCK")
     return max(0.0, busy_s - process_cpu_s) / seconds

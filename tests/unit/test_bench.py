@@ -16,8 +16,8 @@ import pytest
 from dlstore.bench import load_scenario, report, sysinfo
 from dlstore.io import pagecache as cache
 from dlstore.bench import storage as storage_bench
-from dlstore.bench.fio import (FioError, fio_job_file, fio_missing_reason, huge_page_pool, huge_pages_needed,
-                               parse_fio_json, run_fio)
+from dlstore.bench.fio import (FioError, fio_job_file, fio_missing_reason, fitting_block_size, huge_page_pool,
+                               huge_pages_needed, parse_fio_json, run_fio)
 from dlstore.bench.storage import _BatchBarrier, count_records
 
 from tests.helpers import REPO as ROOT
@@ -201,6 +201,32 @@ def test_huge_page_pool_raises_the_overcommit_and_puts_it_back(tmp_path):
         assert "no huge pages" in refused
 
 
+def test_fio_reads_a_file_smaller_than_its_block_with_the_largest_block_it_holds(tmp_path):
+    small, big = tmp_path / "small", tmp_path / "big"
+    small.write_bytes(b"x" * 416_331)  # a BERT shard of 500 records
+    big.write_bytes(b"x" * (2 << 20))
+    assert fitting_block_size([os.fspath(big)], "1M") == "1M"
+    assert fitting_block_size([os.fspath(big), os.fspath(small)], "1M") == "404k"  # 4 KiB blocks it holds whole
+    assert fitting_block_size([os.fspath(small)], "116k") == "116k"
+    tiny = tmp_path / "tiny"
+    tiny.write_bytes(b"x" * 100)
+    with pytest.raises(FioError, match=f"{tiny} holds 100 bytes, under one 4 KiB O_DIRECT block"):
+        fitting_block_size([os.fspath(big), os.fspath(tiny)], "1M")
+
+
+def test_a_failing_fio_is_said_in_one_line(tmp_path, monkeypatch):
+    import dlstore.bench.fio as fio
+
+    said = "fio: blocksize is larger than data set range\n" * 2  # once per job, as fio-3.33 says it
+    monkeypatch.setattr(fio, "fio_missing_reason", lambda: None)
+    monkeypatch.setattr(fio.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 2, "", said))
+    path = tmp_path / "f"
+    path.write_bytes(b"x" * (1 << 20))
+    with pytest.raises(FioError) as e:
+        run_fio([os.fspath(path)], jobs=2, buffers="malloc")
+    assert str(e.value) == "fio exited with 2: fio: blocksize is larger than data set range"
+
+
 def test_run_fio_on_a_real_file(tmp_path):
     if fio_missing_reason():
         pytest.skip(fio_missing_reason())
@@ -220,6 +246,10 @@ def test_run_fio_on_a_real_file(tmp_path):
     rand = run_fio(paths, jobs=2, rw="randread", bs="64k", ioengine="io_uring", iodepth=4, buffers="malloc")
     assert rand.config.get("mem") == "malloc" and not rand.buffers_note, (rand.config, rand.buffers_note)
     assert 0 < rand.bytes <= 2 * ((3 << 20) + (64 << 10)), rand.bytes  # each job rounds its share up to bs
+    small = tmp_path / "small"
+    small.write_bytes(os.urandom(400_000))  # smaller than the 1 MiB block: read with the 388k it holds
+    r = run_fio([os.fspath(small)], jobs=1, buffers="malloc")
+    assert r.config.get("bs") == "388k" and r.bytes == 388 << 10
 
 
 # ---- report ------------------------------------------------------------------------------------------
@@ -277,6 +307,8 @@ def test_other_processes_cores_is_the_machine_busy_time_less_ours():
     assert sysinfo.other_processes_cores(before, after, 1.0, 2.0) == pytest.approx(1.5)
     assert sysinfo.other_processes_cores(before, after, 9.0, 2.0) == 0.0  # never negative
     assert sysinfo.other_processes_cores([], [], 1.0, 2.0) is None
+    # Over a few ticks, each core's rounding (a tick each) outweighs what is measured: no figure.
+    assert sysinfo.other_processes_cores(before, after, 0.0, 10 / tick) is None
 
 
 @pytest.mark.slow
