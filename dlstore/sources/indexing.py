@@ -30,7 +30,7 @@ from dlstore.errors import DlstoreError
 from dlstore.formats.registry import format_named
 from dlstore.formats.manifest import MANIFEST_NAME, STAMP_AT, Manifest, decode_manifest, encode_manifest, encode_stamp
 from dlstore.sources.reader import (PathSpec, RecordReader, detect_files, expand_paths, list_record_files,
-                                    open_records, record_file_names, split_glob)
+                                    mixed_formats, open_records, record_file_names, split_glob)
 
 __all__ = ["index_path_for", "build_index", "scan_offsets", "load_index", "find_index", "ensure_index",
            "manifest_path_for", "read_manifest", "write_manifest", "record_manifest", "DatasetIndex",
@@ -605,7 +605,11 @@ class DatasetIndex:
     def _load(self) -> None:
         formats = {g.manifest.format for g in self._groups}
         if len(formats) > 1:
-            raise DlstoreError(f"the shards mix formats {sorted(formats)}; read each format apart")
+            shards: Dict[str, List[str]] = {}
+            for g in self._groups:
+                shards.setdefault(g.manifest.format, []).extend(os.path.join(g.directory, n) for n in g.names)
+            said, first = mixed_formats(shards)
+            raise DlstoreError(f"the shards mix formats, {said}; read each format apart", path=first)
         fmt = self._options[0]
         self.format = formats.pop() if formats else (fmt if fmt != "auto" else "tfrecord")
         self.manifests = [g.manifest_path for g in self._groups]

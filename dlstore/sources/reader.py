@@ -486,11 +486,23 @@ def detect_files(files: Sequence[str], format: str = "auto",
     DlstoreError
         When the files mix formats, or one cannot be read.
     """
-    formats, comps = set(), []
+    formats: Dict[str, List[str]] = {}
+    comps = []
     for f in files:
         fmt, comp = detect(f, _head(f), format, compression)
-        formats.add(fmt)
+        formats.setdefault(fmt, []).append(f)
         comps.append(comp)
     if len(formats) > 1:
-        raise DlstoreError(f"the files mix formats {sorted(formats)}; read each format apart")
-    return formats.pop(), comps
+        said, first = mixed_formats(formats)
+        raise DlstoreError(f"the files mix formats, {said}; read each format apart", path=first)
+    return next(iter(formats)), comps
+
+
+def mixed_formats(files_by_format: Dict[str, List[str]]) -> Tuple[str, str]:
+    """Each format with how many files hold it and one of them, the rarest first (where to look for the odd
+    ones out), and that rarest format's first file: ``("recordio in 1 file (/d/b.rec) and tfrecord in 400
+    files (e.g. /d/a.tfrecord)", "/d/b.rec")``."""
+    ranked = sorted(files_by_format.items(), key=lambda kv: (len(kv[1]), kv[0]))
+    said = [f"{fmt} in 1 file ({files[0]})" if len(files) == 1 else f"{fmt} in {len(files)} files (e.g. {files[0]})"
+            for fmt, files in ranked]
+    return ", ".join(said[:-1]) + " and " + said[-1], ranked[0][1][0]

@@ -230,3 +230,27 @@ def test_compressed_shards_are_refused_with_the_reason(tmp_path):
         w.write(b"abc")
     with pytest.raises(dlstore.DlstoreError, match="compressed shards cannot be split"):
         Dataset(tmp_path / "x.tfrecord.gz")
+
+
+def test_mixed_formats_are_refused_naming_the_odd_file_out(tmp_path):
+    os.makedirs(tmp_path / "tf")
+    for i in range(3):
+        with dlstore.TFRecordWriter(tmp_path / "tf" / f"{i}.tfrecord") as w:
+            w.write(b"abc")
+    odd = os.fspath(tmp_path / "tf" / "odd.rec")
+    with dlstore.RecordIOWriter(odd) as w:
+        w.write(b"abc")
+    said = f"recordio in 1 file ({odd}) and tfrecord in 3 files (e.g. {tmp_path / 'tf' / '0.tfrecord'})"
+    for opened in (lambda: dlstore.open_records(tmp_path / "tf"), lambda: Dataset(tmp_path / "tf")):
+        with pytest.raises(dlstore.DlstoreError) as e:
+            opened()
+        assert str(e.value) == f"the files mix formats, {said}; read each format apart" and e.value.path == odd
+    # Directories of one format each, already indexed: told from their manifests, in the same words.
+    os.makedirs(tmp_path / "rec")
+    shutil.move(odd, tmp_path / "rec" / "odd.rec")
+    Dataset(tmp_path / "tf"), Dataset(tmp_path / "rec")
+    with pytest.raises(dlstore.DlstoreError) as e:
+        Dataset([tmp_path / "tf", tmp_path / "rec"]).batches()
+    moved = os.fspath(tmp_path / "rec" / "odd.rec")
+    assert str(e.value) == f"the shards mix formats, {said.replace(odd, moved)}; read each format apart"
+    assert e.value.path == moved
