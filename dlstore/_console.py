@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import warnings
 from typing import Callable
 
 from dlstore.errors import DlstoreError
@@ -69,8 +70,13 @@ def run(prog: str, command: Callable[[], int]) -> int:
     pipe: no output, status 141. Ctrl-C: ``prog: interrupted``, status 130. Anything else is a bug in
     dlstore and keeps its traceback.
     """
+    def show(message, category, filename, lineno, file=None, line=None) -> None:
+        print(f"{prog}: warning: {message}", file=sys.stderr)  # one line, not the source line that warned
+
     try:
-        status = command()
+        with warnings.catch_warnings():
+            warnings.showwarning = show
+            status = command()
         sys.stdout.flush()  # a closed pipe shows up here rather than at exit
         return status
     except BrokenPipeError:

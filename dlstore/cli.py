@@ -168,6 +168,10 @@ def _check_settings(**overrides) -> None:
 
     for name in settings.SETTINGS:
         settings.get(name, overrides.get(name))
+    if settings.get("io", overrides.get("io")) == "gds":  # where it cannot run, say why now: no file is at fault
+        from dlstore.io.select import resolve_engine
+
+        resolve_engine("gds", [], 0)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -279,24 +283,24 @@ def _add_plan_parser(sub) -> None:
 
     pl = sub.add_parser("plan", help=cmd_plan.__doc__, description=cmd_plan.__doc__)
     pl.add_argument("--mounts", nargs="+", help="mount point directories (the dataset root on each)")
-    pl.add_argument("--world-size", type=int, required=True, help="number of ranks")
+    pl.add_argument("--world-size", type=positive_int, required=True, help="number of ranks")
     pl.add_argument("--simulate", type=parse_simulate, metavar="SHARDS:RECORDS_PER_SHARD",
                     help="plan one rank (--rank) of a dataset that exists only as counts, on --mounts-count "
                          "mounts that each hold all of it, and say what it costs")
-    pl.add_argument("--mounts-count", type=int, default=1, help="with --simulate: the number of mounts")
+    pl.add_argument("--mounts-count", type=positive_int, default=1, help="with --simulate: the number of mounts")
     pl.add_argument("--list-reads", action="store_true",
                     help="with --simulate --json: list every read (path, byte range, records, mount), not only counts")
     pl.add_argument("--rank", type=int, help="the one rank to plan (default: every rank; with --simulate: 0)")
-    pl.add_argument("--record-bytes", type=int, default=110_000,
+    pl.add_argument("--record-bytes", type=positive_int, default=110_000,
                     help="with --simulate: the mean record size, which sizes blocks and the shuffle buffer "
                          "(default 110000, ImageNet's)")
     pl.add_argument("--shards", nargs="+", help="shard paths or globs relative to the mounts (default: all record "
                                                 "files under them)")
     pl.add_argument("--policy", default="rank", choices=sorted(ASSIGNMENTS), help="how ranks get mounts")
-    pl.add_argument("--mounts-per-rank", type=int, default=1, help="mounts one rank reads at once")
+    pl.add_argument("--mounts-per-rank", type=positive_int, default=1, help="mounts one rank reads at once")
     pl.add_argument("--throughput", help="per-mount throughput, comma-separated, for --policy weighted")
-    pl.add_argument("--local-size", type=int, help="ranks per host (default: all on one host)")
-    pl.add_argument("--workers", type=int, default=1, help="DataLoader workers per rank")
+    pl.add_argument("--local-size", type=positive_int, help="ranks per host (default: all on one host)")
+    pl.add_argument("--workers", type=positive_int, default=1, help="DataLoader workers per rank")
     pl.add_argument("--seed", type=int, default=0)
     pl.add_argument("--epoch", type=int, default=0)
     pl.add_argument("--shuffle", default="block", choices=sorted(SHUFFLES),
@@ -304,7 +308,7 @@ def _add_plan_parser(sub) -> None:
     pl.add_argument("--no-shard-shuffle", action="store_true", help="keep shards in path order")
     pl.add_argument("--remainder", choices=sorted(REMAINDERS),
                     help="what happens to the records that do not divide evenly (default: pad)")
-    pl.add_argument("--batch-size", type=int, default=1)
+    pl.add_argument("--batch-size", type=positive_int, default=1)
     pl.add_argument("--json", nargs="?", const="-", metavar="FILE",
                     help="the plan as JSON, to FILE or (without one) instead of the text: every consumer's "
                          "reads (path, byte range, records, mount), as Dataset performs them")

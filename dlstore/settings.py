@@ -19,6 +19,8 @@ from dlstore.io.system import available_cores
 __all__ = ["Setting", "Default", "Adjust", "Case", "SETTINGS", "get", "is_default", "effective", "markdown_table"]
 
 MiB = 1 << 20
+GiB = 1 << 30
+TiB = 1 << 40
 
 
 def _size(text: Any) -> int:
@@ -118,7 +120,7 @@ SETTINGS: Dict[str, Setting] = {
                 str, lambda v: v in _IO_REQUESTS, "one of " + ", ".join(_IO_REQUESTS)),
         Setting("chunk_size", 8 * MiB, "DLSTORE_CHUNK_SIZE",
                 "Bytes per read. Large reads keep O_DIRECT streaming; records are split out in C++.",
-                _size, lambda v: v >= 64 << 10, "at least 64 KiB",
+                _size, lambda v: 64 << 10 <= v <= GiB, "at least 64 KiB and at most 1 GiB",
                 adjust=(Adjust("mmap reading files in order: 8x", lambda c: c.engine == "mmap" and c.in_order,
                                lambda v, c: v * 8,
                                "its chunks are views of the mapping, so a larger one costs no memory and halves "
@@ -127,7 +129,7 @@ SETTINGS: Dict[str, Setting] = {
         Setting("headroom", 1 * MiB, "DLSTORE_HEADROOM",
                 "Space before each chunk that joins a record split across two reads without a copy "
                 "of the whole record; larger records are assembled apart.",
-                _size, lambda v: v >= 64 << 10, "at least 64 KiB"),
+                _size, lambda v: 64 << 10 <= v <= GiB, "at least 64 KiB and at most 1 GiB"),
         Setting("depth", 4, "DLSTORE_DEPTH", "Chunks in flight per reader (read-ahead).", int, _positive,
                 "a positive integer",
                 adjust=(Adjust("a shuffle buffer: 2x", lambda c: c.reorders, lambda v, c: v * 2,
@@ -157,7 +159,8 @@ SETTINGS: Dict[str, Setting] = {
                 int, lambda v: v >= 0, "0 (the device's limit) or a positive integer"),
         Setting("read_timeout", 120.0, "DLSTORE_READ_TIMEOUT",
                 "Seconds an open or a read may take before it counts as failed (a hung mount) and is "
-                "retried on a replica mount; 0 waits forever.", float, lambda v: v >= 0, "a non-negative number"),
+                "retried on a replica mount; 0 waits forever.", float, lambda v: 0 <= v <= 1e7,
+                "0 (wait forever) or a number of seconds up to 1e7"),
         Setting("max_retries", 2, "DLSTORE_MAX_RETRIES",
                 "Retries of a failed read at the same place, once no replica mount is left to fail over to.",
                 int, lambda v: v >= 0, "a non-negative integer"),
@@ -165,12 +168,12 @@ SETTINGS: Dict[str, Setting] = {
                 "Bytes of a shard read in one go through one mount, and the unit the block shuffle "
                 "reorders. A rank reading several mounts alternates between them block by block, so "
                 "all of them stream at once.",
-                _size, lambda v: v >= 64 << 10, "at least 64 KiB"),
+                _size, lambda v: 64 << 10 <= v <= GiB, "at least 64 KiB and at most 1 GiB"),
         Setting("shuffle_window", 128 * MiB, "DLSTORE_SHUFFLE_WINDOW",
                 "Bytes of a consumer's shard-shuffled sequence within which the block shuffle reorders "
                 "its blocks (0: the whole share). Reads jump about within a few shards at a time, which "
                 "seek-bound storage serves faster than jumps across the whole data set (docs/placement.md).",
-                _size, lambda v: v >= 0, "0 or more bytes"),
+                _size, lambda v: 0 <= v <= TiB, "0 or more bytes, at most 1 TiB"),
         Setting("plan_window_files", 4096, "DLSTORE_PLAN_WINDOW_FILES",
                 "A global pass whose records lie in more files than this (its records or the shards, the "
                 "fewer) is given to the reader a window of batches at a time, each window's frame offsets "
@@ -180,7 +183,7 @@ SETTINGS: Dict[str, Setting] = {
         Setting("shuffle_buffer", 64 * MiB, "DLSTORE_SHUFFLE_BUFFER",
                 "Bytes of records the shuffle buffer of Dataset's block and buffer shuffles holds (in "
                 "records: this over the dataset's mean record size, unless buffer_size is given).",
-                _size, lambda v: v >= 64 << 10, "at least 64 KiB"),
+                _size, lambda v: 64 << 10 <= v <= TiB, "at least 64 KiB and at most 1 TiB"),
         Setting("cache_dir", "~/.cache/dlstore", "DLSTORE_CACHE",
                 "Where generated datasets and indexes of read-only data are kept.", os.path.expanduser),
         Setting("no_progress", False, "DLSTORE_NO_PROGRESS",
@@ -219,7 +222,7 @@ def get(name: str, override: Any = None) -> Any:
         raw, source = s.base_default(), "default"
     try:
         value = s.parse(raw)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: int(float("inf"))
         raise ValueError(f"{name}={raw!r} (from {source}) is not valid: expected {s.check_text or 'a value'}") from None
     if s.check is not None and not s.check(value):
         raise ValueError(f"{name}={raw!r} (from {source}) is not valid: expected {s.check_text}")

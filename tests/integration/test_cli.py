@@ -203,6 +203,32 @@ def test_settings_mistakes_are_usage_errors_not_corrupt_files(tmp_path):
 def test_unknown_command_and_bad_option_values_are_one_line():
     assert "invalid choice" in _one_line_error(dlstore("frobnicate"))
     assert "--world-size" in _one_line_error(dlstore("plan", "--mounts", REPO, "--world-size", "many"))
+    for option in ("--world-size", "--local-size", "--record-bytes"):  # 0 divided by, or ignored
+        args = ["--world-size", "2", option, "0"] if option != "--world-size" else ["--world-size", "0"]
+        err = _one_line_error(dlstore("plan", "--simulate", "10:10", *args))
+        assert f"argument {option}: expected a positive integer, not 0" in err
+
+
+def test_an_engine_that_cannot_run_here_is_a_usage_error_not_corrupt_files(tmp_path):
+    from dlstore.io import cuda
+
+    missing = cuda.gds_verdict(cuda.cuda_facts(), 0).missing
+    if not missing:
+        pytest.skip("gds can run here")
+    path = write_tfrecord(tmp_path / "a.tfrecord", [b"a"] * 3)
+    out = dlstore("verify", "--io", "gds", path)
+    assert out.returncode == 2 and "CORRUPT" not in out.stdout
+    assert _one_line_error(out) == f"dlstore verify: {missing}\n"
+
+
+def test_a_warning_is_one_line_of_the_command(tmp_path):
+    path = write_tfrecord(tmp_path / "a.tfrecord", [b"a"] * 3)
+    assert dlstore("index", tmp_path).returncode == 0
+    os.utime(path, ns=(1, 1))  # "rewritten" since the manifest was made
+    out = dlstore("index", tmp_path)
+    assert out.returncode == 0
+    assert out.stderr.startswith("dlstore index: warning: ") and "rebuilt it" in out.stderr
+    assert len(out.stderr.splitlines()) == 1, out.stderr  # not Python's warning with its source line
 
 
 def test_version():

@@ -39,6 +39,22 @@ def test_precedence_and_validation(monkeypatch):
         settings.get("io", "fast")
 
 
+@pytest.mark.parametrize("name, env, value", [
+    ("chunk_size", "DLSTORE_CHUNK_SIZE", "inf"),     # int(float("inf")) overflows
+    ("chunk_size", "DLSTORE_CHUNK_SIZE", "1e20"),    # more than a size_t holds
+    ("chunk_size", "DLSTORE_CHUNK_SIZE", "1e12"),    # an allocation that fails
+    ("block_size", "DLSTORE_BLOCK_SIZE", "nan"),
+    ("shuffle_buffer", "DLSTORE_SHUFFLE_BUFFER", "1e30"),
+    ("read_timeout", "DLSTORE_READ_TIMEOUT", "inf"),  # overflowed the C++ wait: every read timed out at once
+    ("read_timeout", "DLSTORE_READ_TIMEOUT", "1e10"),
+    ("read_timeout", "DLSTORE_READ_TIMEOUT", "nan"),
+])
+def test_values_beyond_any_use_are_refused_in_one_line(monkeypatch, name, env, value):
+    monkeypatch.setenv(env, value)
+    with pytest.raises(ValueError, match=f"{name}='{value}' \\(from environment variable {env}\\) is not valid"):
+        settings.get(name)
+
+
 @pytest.mark.parametrize("cores", [3], indirect=True)
 def test_case_rules_change_defaults_only(cores):
     plan = settings.Case("buffered", in_order=False, mounts=3, reorders=True)
