@@ -307,10 +307,16 @@ def run_scrub(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"clean": r.clean, "mounts": r.mounts, "copies": r.copies, "records": r.records,
                           "bytes": r.bytes, "seconds": r.seconds, "unreported": r.unreported,
-                          "bad": [asdict(b) for b in r.bad]}, indent=1))
+                          "bad": [asdict(b) for b in r.bad],
+                          "missing": [{"shard": shard, "not_on": lacking} for shard, lacking in r.missing]}, indent=1))
     else:
         for bad in r.bad:
             print(bad.line(), flush=True)
+        if r.missing:
+            first = "; ".join(f"{shard} not on {', '.join(lacking)}" for shard, lacking in r.missing[:3])
+            more = f"; and {len(r.missing) - 3} more" if len(r.missing) > 3 else ""
+            print(f"note: {len(r.missing)} of {r.shards} shards have no copy on some mounts (a Dataset reads "
+                  f"them from the mounts holding them): {first}{more}")
         if r.unreported:
             print(f"{r.unreported} more corrupt records were found than reported one by one")
         verdict = "OK" if r.clean else "CORRUPT"

@@ -45,12 +45,16 @@ class ScrubReport:
     """What a scrub found: copies read, records and bytes checked, and each bad copy."""
 
     mounts: List[str]
+    shards: int = 0
     copies: int = 0
     records: int = 0
     bytes: int = 0
     seconds: float = 0.0
     bad: List[BadCopy] = field(default_factory=list)
     unreported: int = 0  # corrupt records counted beyond the reader's detailed reports
+    # Shards some mounts hold no copy of, with those mounts: a mixed layout, which a Dataset reads as it is
+    # (each such shard from the mounts holding it), so not a bad copy; said, in case a copy went missing.
+    missing: List[Tuple[str, List[str]]] = field(default_factory=list)
 
     @property
     def clean(self) -> bool:
@@ -154,7 +158,14 @@ def scrub_mounts(mounts: Sequence[str], shards: Optional[Sequence[str]] = None, 
             for done in [pool.submit(read_mount, m) for m in per_mount if per_mount[m]]:
                 done.result()
     report.seconds = time.monotonic() - start
+    report.shards = len(shard_names)
     for s, holders in enumerate(holders_of):
+        if len(holders) < len(names):
+            report.missing.append((shard_names[s], [names[m] for m in range(len(names)) if m not in holders]))
+        # A copy whose own check failed is listed by that below; one that reads clean yet differs from the
+        # others (cut on a record boundary, another file of the same name) only by this.
+        report.bad += [b for b in _disagreeing_copies(names, shard_names[s], holders, sizes, s)
+                       if not _failed(results[(s, names.index(b.mount))])]
         for m in holders:
             check = results[(s, m)]
             report.copies += 1
@@ -172,3 +183,31 @@ def scrub_mounts(mounts: Sequence[str], shards: Optional[Sequence[str]] = None, 
                         and all(at != offset for at, _ in results[(s, o)].corrupt)]
                 report.bad.append(BadCopy(names[m], path, shard_names[s], offset, what, good))
     return report
+
+
+def _failed(check: _CopyCheck) -> bool:
+    return check.unreadable is not None or bool(check.corrupt) or check.unreported > 0
+
+
+def _disagreeing_copies(names: List[str], shard: str, holders: List[int], sizes: Dict[Tuple[int, int], int],
+                        s: int) -> List[BadCopy]:
+    """The copies of one shard whose size is not the one most of its copies have (the larger of a tie: a torn
+    copy is the shorter one). A Dataset refuses mounts whose copies of a shard differ, so each is a bad copy,
+    named where it stops agreeing: where a short copy ends, or where a long one runs on."""
+    by_size: Dict[int, List[int]] = {}
+    for m in holders:
+        by_size.setdefault(sizes[(s, m)], []).append(m)
+    if len(by_size) < 2:
+        return []
+    agreed = max(by_size, key=lambda n: (len(by_size[n]), n))
+    good = [names[m] for m in by_size[agreed]]
+    out = []
+    for size, mounts in sorted(by_size.items()):
+        if size == agreed:
+            continue
+        what = (f"the copy holds {size} bytes where {', '.join(good)} "
+                f"{'holds' if len(good) == 1 else 'hold'} {agreed}: "
+                + ("cut short (torn), or another file" if size < agreed else "longer, or another file"))
+        out += [BadCopy(names[m], os.path.join(names[m], shard), shard, min(size, agreed), what, good)
+                for m in mounts]
+    return out

@@ -95,3 +95,27 @@ def test_a_torn_copy_is_a_bad_copy(mounts):
     assert [(b.mount, b.path) for b in report.bad] == [(mounts[1], path)]
     assert "truncated" in report.bad[0].what and set(report.bad[0].good_on) == {mounts[0], mounts[2]}
     assert _verify("--mounts", *mounts, "--quiet").returncode == 1
+
+
+def test_a_copy_cut_on_a_record_boundary_or_missing_is_found(mounts):
+    """A copy cut between two records reads clean, but is not its replicas' bytes (a Dataset refuses such
+    mounts): a bad copy named where it ends. A shard with no copy on a mount is said, not failed (a Dataset
+    reads a mixed layout from the mounts holding each shard)."""
+    path = os.path.join(mounts[1], "part-0.tfrecord")
+    cut = int(ensure_index(os.path.join(mounts[0], "part-0.tfrecord"))[1][20])  # record 20 starts here
+    whole = os.path.getsize(path)
+    os.truncate(path, cut)
+    os.remove(os.path.join(mounts[2], "part-3.tfrecord"))
+    report = scrub_mounts(mounts, progress=False)
+    assert [(b.mount, b.path, b.offset) for b in report.bad] == [(mounts[1], path, cut)]
+    assert report.bad[0].what == (f"the copy holds {cut} bytes where {mounts[0]}, {mounts[2]} hold {whole}: "
+                                  "cut short (torn), or another file")
+    assert report.bad[0].good_on == [mounts[0], mounts[2]]
+    assert report.missing == [("part-3.tfrecord", [mounts[2]])] and report.shards == 6
+    proc = _verify("--mounts", *mounts, "--quiet")
+    assert proc.returncode == 1
+    assert "note: 1 of 6 shards have no copy on some mounts" in proc.stdout
+    assert "part-3.tfrecord not on " + mounts[2] in proc.stdout
+    os.remove(path)  # now only missing copies: said, and clean
+    proc = _verify("--mounts", *mounts, "--quiet")
+    assert proc.returncode == 0 and "2 of 6 shards have no copy" in proc.stdout
