@@ -611,9 +611,26 @@ class Dataset(ReadsWithOptions):
             f"{len(places)} mount(s) [{where}] after {health.max_retries} retries each{why}",
             path=last, offset=offset)
 
-    def state_dict(self) -> Dict[str, int]:
-        """``epoch``, ``sample_in_epoch``, ``seed`` and ``num_consumers``: enough to resume exactly."""
-        return SamplerState(self.epoch, self.sample_in_epoch, self.seed, self.world.num_consumers).to_dict()
+    def state_dict(self) -> Dict[str, Any]:
+        """``epoch``, ``sample_in_epoch``, ``seed`` and ``num_consumers``: enough to resume exactly; and
+        what the epoch's order was made of (``shards``, ``records`` and ``order``, a digest of the shuffle and
+        its sizes), so that a resume mid-epoch over other records or in another order is refused."""
+        return dict(SamplerState(self.epoch, self.sample_in_epoch, self.seed, self.world.num_consumers).to_dict(),
+                    shards=len(self.shards), records=int(np.sum(self.counts)), order=self._order_digest())
+
+    def _order_digest(self) -> str:
+        """What besides the seed and the records decides which record comes at which sample of an epoch (not
+        the batch size, which a resume may change)."""
+        import hashlib
+
+        what = (self.shuffle, self.shuffle_shards, self.buffer_size, self.block_records, self.block_window,
+                self.remainder, self.interleave)
+        kept = self.__dict__.get("_kept_digest")
+        if kept is None or kept[0] is not self.counts or kept[1] != what:  # a state may be saved every step
+            digest = hashlib.sha1(repr(what).encode())
+            digest.update(np.ascontiguousarray(self.counts, dtype=np.int64).tobytes())
+            kept = self._kept_digest = (self.counts, what, f"{self.shuffle}:{digest.hexdigest()[:12]}")
+        return kept[2]
 
     def load_state_dict(self, state: Mapping[str, int]) -> None:
         """Resumes at ``state``. A different number of consumers is accepted at an epoch boundary only.
@@ -622,13 +639,22 @@ class Dataset(ReadsWithOptions):
         ------
         PlacementError
             When the seed differs, or the world changed size mid-epoch (the records already read
-            were split for the old world; finish that epoch with it, or resume from its end).
+            were split for the old world; finish that epoch with it, or resume from its end), or the
+            records or their order (shuffle, its sizes) changed mid-epoch.
         """
         if int(state.get("seed", self.seed)) != self.seed:
             raise PlacementError(f"the state was saved with seed {state['seed']}, this dataset has seed {self.seed}")
         saved = SamplerState(int(state["epoch"]), int(state["sample_in_epoch"]), self.seed,
                              int(state.get("num_consumers", self.world.num_consumers)))
         epoch, k = saved.epoch, saved.for_consumers(self.world.num_consumers).sample_in_epoch
+        if k and "order" in state and state["order"] != self._order_digest():  # states saved before: unchecked
+            now = f"{len(self.shards):,} shards, {int(np.sum(self.counts)):,} records, shuffle {self.shuffle}"
+            then = (f"{int(state.get('shards', 0)):,} shards, {int(state.get('records', 0)):,} records, shuffle "
+                    f"{str(state['order']).split(':')[0]}")
+            differs = "the same counts but other shuffle sizes or settings" if then == now else then
+            raise PlacementError(f"the state was saved at sample {k} of epoch {epoch} over {differs}; this dataset has "
+                                 f"{now}: resuming mid-epoch would read some records twice and others never. Resume "
+                                 f"with the dataset as it was, or from an epoch's start (sample_in_epoch 0)")
         n = self.plan(epoch).num_samples(self.world.consumer)
         if not 0 <= k <= n:
             raise PlacementError(f"sample_in_epoch {k} is outside 0..{n} for consumer {self.world.consumer}")

@@ -254,3 +254,26 @@ def test_mixed_formats_are_refused_naming_the_odd_file_out(tmp_path):
     moved = os.fspath(tmp_path / "rec" / "odd.rec")
     assert str(e.value) == f"the shards mix formats, {said.replace(odd, moved)}; read each format apart"
     assert e.value.path == moved
+
+
+def test_a_resume_mid_epoch_over_other_records_or_order_is_refused(tmp_path):
+    _write_shards(tmp_path / "d", shards=4)
+    ds = Dataset(tmp_path / "d", batch_size=5, seed=3, remainder="uneven")
+    it = ds.batches()
+    for _ in range(4):
+        next(it)
+    state = ds.state_dict()
+    it.close()
+    assert state["sample_in_epoch"] == 20 and state["shards"] == 4 and state["order"].startswith("block:")
+    Dataset(tmp_path / "d", batch_size=7, seed=3, remainder="uneven").load_state_dict(state)  # batch size may change
+    legacy = {k: state[k] for k in ("epoch", "sample_in_epoch", "seed", "num_consumers")}
+    Dataset(tmp_path / "d", batch_size=5, seed=3, remainder="uneven").load_state_dict(legacy)  # saved before: as then
+    for other in (dict(shuffle="global"), dict(buffer_size=3)):
+        with pytest.raises(dlstore.PlacementError, match="would read some records twice and others never"):
+            Dataset(tmp_path / "d", batch_size=5, seed=3, remainder="uneven", **other).load_state_dict(state)
+    shutil.copy(tmp_path / "d" / "part-1.tfrecord", tmp_path / "d" / "part-9.tfrecord")
+    grown = Dataset(tmp_path / "d", batch_size=5, seed=3, remainder="uneven")
+    with pytest.raises(dlstore.PlacementError, match=r"saved at sample 20 of epoch 0 over 4 shards, .* this dataset "
+                                                     r"has 5 shards"):
+        grown.load_state_dict(state)
+    grown.load_state_dict(dict(state, sample_in_epoch=0, epoch=1))  # from an epoch's start: the new records count
