@@ -148,7 +148,8 @@ def bert_loader(source: Any, batch_size: int = 64, seq_len: int = 128, io: Optio
         For the Dataset made from paths: ``shuffle``, ``remainder``, ``buffer_size``, ``world``,
         ``mounts``..., and :class:`~dlstore.ReadOptions` (``verify``, ``chunk_size``...);
         :class:`Loader` arguments (``last_batch``, ``threads``, ``seed``, ``epochs``, ``copy``,
-        ``allocator``); ``seed`` and ``on_error`` go to both.
+        ``allocator``, ``device``: batches are parsed on the host, then copied to that GPU); ``seed`` and
+        ``on_error`` go to both.
 
     Returns
     -------
@@ -163,5 +164,7 @@ def bert_loader(source: Any, batch_size: int = 64, seq_len: int = 128, io: Optio
 
     if io is not None:
         kw["io"] = io
+    device = kw.pop("device", None)  # the loader's: records are parsed on the host, each batch then copied there
     source = dataset_for(source, kw, shared=("seed", "on_error"), rest=True, shuffle="block")
-    return Loader(source, Bert(seq_len, max_predictions, dtype, features), batch_size, prefetch=prefetch, **kw)
+    return Loader(source, Bert(seq_len, max_predictions, dtype, features), batch_size, prefetch=prefetch,
+                  device=device, **kw)

@@ -220,8 +220,9 @@ def resnet50_loader(source: Any, batch_size: int = 256, train: bool = True, layo
     **kw
         For the Dataset made from paths: ``shuffle``, ``remainder``, ``buffer_size``, ``world``,
         ``mounts``..., and :class:`~dlstore.ReadOptions` (``verify``, ``chunk_size``...);
-        :class:`Loader` arguments (``last_batch``, ``seed``, ``epochs``, ``copy``, ``allocator``);
-        ``seed`` and ``on_error`` go to both.
+        :class:`Loader` arguments (``last_batch``, ``seed``, ``epochs``, ``copy``, ``allocator``,
+        ``device``: images are decoded on the host, then each batch is copied to that GPU); ``seed`` and
+        ``on_error`` go to both.
 
     Returns
     -------
@@ -240,5 +241,6 @@ def resnet50_loader(source: Any, batch_size: int = 256, train: bool = True, layo
     pipeline = ResNet50(train, layout, dtype, **{k: kw.pop(k) for k in pipeline_keys if k in kw})
     if io is not None:
         kw["io"] = io
+    device = kw.pop("device", None)  # the loader's: images are decoded on the host, each batch then copied there
     source = dataset_for(source, kw, shared=("seed", "on_error"), rest=True, shuffle="block" if train else "none")
-    return Loader(source, pipeline, batch_size, prefetch=prefetch, threads=threads, **kw)
+    return Loader(source, pipeline, batch_size, prefetch=prefetch, threads=threads, device=device, **kw)

@@ -102,3 +102,23 @@ def test_a_resume_after_skipped_records_keeps_the_agreed_empty_batches(tmp_path,
         resumed.load_state_dict(first.state_dict())
         rest = [_rows(b) for b in resumed]
         assert taken + rest == rows, f"stop {stop}: {len(taken) + len(rest)} batches, expected {len(rows)}"
+
+
+@pytest.mark.parametrize("helper", ["bert_loader", "resnet50_loader"])
+def test_a_loader_helper_over_paths_gives_device_to_the_loader(bert_dir, helper):
+    """``device=`` on a loader helper is the loader's (decode or parse on the host, then copy to the GPU):
+    it was handed to the Dataset, where it only steers gds, and the batches stayed in host memory."""
+    import dlstore.pipeline as pipelines
+    from dlstore.io import memory
+    from dlstore.errors import DlstoreError
+
+    missing = None
+    try:
+        memory.check_device("cuda:0")
+    except DlstoreError as e:
+        missing = str(e)
+    if missing is None:
+        pytest.skip("a CUDA GPU is here: the device path is checked by the GPU tests")
+    with pytest.raises(DlstoreError) as e:
+        getattr(pipelines, helper)(bert_dir, batch_size=4, device="cuda:0")
+    assert str(e.value) == missing
