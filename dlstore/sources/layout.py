@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import glob
 import os
+import warnings
 from typing import Dict, List, Optional, Sequence, Tuple
 
 
@@ -117,4 +118,12 @@ def scan_layout(mounts: Sequence[str], shards: Optional[Sequence[str]] = None) -
             raise PlacementError(f"shard {rel} is on no mount (looked in {', '.join(mounts)})", path=rel)
         holders.append(tuple(held))
         sizes.append(next(iter(seen)))
+    # A mount with no record file at all is most likely a mount point with nothing mounted on it: its ranks
+    # read from the others, but say so. (One without the shards asked for, but with others, is a choice.)
+    empty = [m for i, m in enumerate(mounts) if not any(i in held for held in holders) and not _files_under(m)]
+    if empty:
+        warnings.warn(f"{'mounts' if len(empty) > 1 else 'mount'} {', '.join(empty)} "
+                      f"{'hold' if len(empty) > 1 else 'holds'} no record files (nothing mounted there?): the ranks "
+                      f"given {'them' if len(empty) > 1 else 'it'} read the {len(names)} shards from the other "
+                      f"mounts", RuntimeWarning, stacklevel=2)
     return Layout(tuple(mounts), tuple(names), tuple(holders), tuple(sizes))

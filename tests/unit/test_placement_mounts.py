@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from collections import Counter
 
 import numpy as np
@@ -213,6 +214,21 @@ def test_scan_replicated_striped_mixed(tmp_path):
     assert lay.kind == "mixed" and len(lay.shards) == 7
     assert lay.shards[0] == os.path.join("rep", "a0.tfrecord") and lay.sizes[:4] == (10, 11, 12, 13)
     assert scan_layout(mounts, [os.path.join("str", "b1.tfrecord")]).holders == ((1,),)
+
+
+def test_a_mount_with_no_record_files_is_said(tmp_path):
+    """An empty mount point (a network mount that failed to mount) was taken in silence, its ranks reading
+    from the other mounts while `plan` showed them on it."""
+    full, empty = str(tmp_path / "full"), str(tmp_path / "empty")
+    os.makedirs(empty)
+    _write(os.path.join(full, "s.rec"), b"1234")
+    with pytest.warns(RuntimeWarning, match=f"mount {empty} holds no record files \\(nothing mounted there\\?\\)"):
+        lay = scan_layout([full, empty])
+    assert lay.holders == ((0,),)
+    _write(os.path.join(empty, "other.rec"), b"12")  # holds record files, just not the one asked for: a choice
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert scan_layout([full, empty], ["s.rec"]).holders == ((0,),)
 
 
 def test_scan_errors_name_the_files(tmp_path):
