@@ -17,7 +17,7 @@ from dlstore.formats.registry import FORMATS
 from dlstore.io.system import format_bytes
 from dlstore.placement import ASSIGNMENTS, REMAINDERS, SHUFFLES
 from dlstore.sources.indexing import build_index, index_dataset
-from dlstore.sources.reader import expand_paths, open_records
+from dlstore.sources.reader import expand_paths, list_record_files, open_records
 from dlstore.tools.commands import (add_expand_arguments, add_testbed_arguments, run_expand, run_plan, run_scrub,
                                      run_testbed)
 from dlstore.tools.convert import convert_tree
@@ -29,6 +29,16 @@ __all__ = ["main", "COMMANDS"]
 
 def cmd_gen(args: argparse.Namespace) -> int:
     """Writes a synthetic ImageNet-like or BERT dataset."""
+
+    prefix = "train" if args.kind == "imagenet" else "part"
+    mine = {f"{prefix}-{i:05d}-of-{args.shards:05d}" for i in range(args.shards)}
+    if os.path.isdir(args.out):  # another set's shards beside these would make one mixed dataset of both
+        others = [n for n in list_record_files(args.out) if os.path.splitext(n)[0] not in mine]
+        if others:
+            print(f"dlstore gen: {args.out} already holds {len(others)} record "
+                  f"{'file' if len(others) == 1 else 'files'} this run would not overwrite (e.g. {others[0]}), "
+                  f"which would read as one dataset with these: give an empty or new directory", file=sys.stderr)
+            return 2
 
     if args.kind == "imagenet":
         paths = synthetic.generate_imagenet(args.out, shards=args.shards, records_per_shard=args.records_per_shard,
@@ -134,7 +144,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if not args.paths:
         print("dlstore verify: name the files to check, or --mounts M1 M2 ... [SHARDS]", file=sys.stderr)
         return 2
-    files = expand_paths(args.paths)
+    files = list(dict.fromkeys(expand_paths(args.paths)))  # a file named twice (f f, or a glob and it) is one
     total = sum(os.path.getsize(f) for f in files)
     records = corrupt = corrupt_files = unreadable = 0
     with Progress(total, "verify", unit="B", enabled=False if args.quiet else None) as bar:

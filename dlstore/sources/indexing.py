@@ -720,6 +720,8 @@ def open_shards(spec: PathSpec, fmt: str = "auto", progress: bool = False, verif
     removed. No shard is opened or ``stat``-ed here (:meth:`DatasetIndex.check` does that for a rank's own).
     """
     items = [os.fspath(p) for p in ([spec] if isinstance(spec, (str, os.PathLike)) else spec)]
+    if not items:  # an empty list (a glob.glob that found nothing) is no dataset, as an empty directory is none
+        raise DlstoreError("no files to read in []: the list of paths is empty")
     groups: List[_Group] = []
     notes: List[str] = []
     for item in items:

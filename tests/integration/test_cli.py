@@ -181,6 +181,22 @@ def test_gen_into_a_place_that_cannot_hold_a_directory(tmp_path):
     assert str(blocker) in err
 
 
+def test_gen_into_a_directory_of_another_set_is_refused(tmp_path):
+    out = tmp_path / "set"
+    small = ("--records-per-shard", 2, "--quiet")
+    assert dlstore("gen", "bert", "--out", out, "--shards", 2, *small).returncode == 0
+    assert dlstore("gen", "bert", "--out", out, "--shards", 2, *small).returncode == 0  # the same set: rewritten
+    err = _one_line_error(dlstore("gen", "imagenet", "--out", out, "--shards", 1, *small))
+    assert f"{out} already holds 2 record files this run would not overwrite (e.g. part-00000-of-00002)" in err
+    assert sorted(os.listdir(out)) == ["part-00000-of-00002", "part-00001-of-00002"]  # nothing written
+
+
+def test_verify_counts_a_file_named_twice_once(tmp_path):
+    path = write_tfrecord(tmp_path / "a.tfrecord", [b"a"] * 3)
+    out = dlstore("verify", path, path, tmp_path, "--quiet")
+    assert out.returncode == 0 and "OK: 1 file, 3 good records" in out.stdout
+
+
 def test_index_of_a_non_record_file_is_one_line(tmp_path):
     notes = tmp_path / "notes.bin"
     notes.write_bytes(b"these are notes, not records")

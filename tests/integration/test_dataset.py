@@ -277,3 +277,8 @@ def test_a_resume_mid_epoch_over_other_records_or_order_is_refused(tmp_path):
                                                      r"has 5 shards"):
         grown.load_state_dict(state)
     grown.load_state_dict(dict(state, sample_in_epoch=0, epoch=1))  # from an epoch's start: the new records count
+
+
+def test_an_empty_list_of_paths_is_no_dataset(tmp_path):
+    with pytest.raises(dlstore.DlstoreError, match=r"no files to read in \[\]: the list of paths is empty"):
+        Dataset([])  # a glob.glob that found nothing: refused as an empty directory is
