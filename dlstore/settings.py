@@ -185,7 +185,8 @@ SETTINGS: Dict[str, Setting] = {
                 "records: this over the dataset's mean record size, unless buffer_size is given).",
                 _size, lambda v: 64 << 10 <= v <= TiB, "at least 64 KiB and at most 1 TiB"),
         Setting("cache_dir", "~/.cache/dlstore", "DLSTORE_CACHE",
-                "Where generated datasets and indexes of read-only data are kept.", os.path.expanduser),
+                "Where generated datasets and indexes of read-only data are kept (empty: the default).",
+                lambda t: os.path.expanduser(str(t).strip() or "~/.cache/dlstore")),
         Setting("no_progress", False, "DLSTORE_NO_PROGRESS",
                 "Set (to anything but 0, false, no or off): no progress bars or progress lines, even on a "
                 "terminal.", _flag),

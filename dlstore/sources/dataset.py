@@ -22,6 +22,7 @@ from __future__ import annotations
 import copy
 import functools
 import inspect
+import operator
 import os
 import time
 import warnings
@@ -376,6 +377,10 @@ class Dataset(ReadsWithOptions):
 
     def set_epoch(self, epoch: int) -> None:
         """Starts ``epoch`` from its first sample."""
+        try:
+            epoch = operator.index(epoch)  # 1.5 or "1" is no epoch: it was truncated, or failed comparing
+        except TypeError:
+            raise TypeError(f"epoch must be an integer, not {epoch!r}") from None
         if epoch < 0:
             raise ValueError(f"epoch must be non-negative, not {epoch}")
         self.epoch, self.sample_in_epoch = int(epoch), 0

@@ -245,6 +245,9 @@ def convert_tree(src, out, *, format: str = "tfrecord", shards: int = 1, seed: i
         raise ValueError(f"prefix must be a plain file name start, got {prefix!r}")
     _pillow()  # fail before creating anything
     classes, files = scan_tree(src)
+    if int(shards) > len(files):
+        raise ValueError(f"{int(shards)} shards of {len(files)} image files would leave {int(shards) - len(files)} of "
+                         f"them empty: give {len(files)} shards or fewer")
     src, out = os.path.abspath(os.fspath(src)), os.path.abspath(os.fspath(out))
     if out == src or out.startswith(src + os.sep):
         raise ValueError(f"{out}: the output must not be inside the image tree {src} (it would become a class)")

@@ -231,6 +231,16 @@ def test_recordio_through_open_records(tree, recordio_set):
 # ---- order, shards, errors -------------------------------------------------------------------------------
 
 
+def test_more_shards_than_images_is_refused(tree, tmp_path):
+    from dlstore.tools.convert import convert_tree, scan_tree
+
+    src, _ = tree
+    n = len(scan_tree(src)[1])
+    with pytest.raises(ValueError, match=f"{n + 3} shards of {n} image files would leave 3 of them empty"):
+        convert_tree(src, tmp_path / "x", shards=n + 3, progress=False)
+    assert not (tmp_path / "x").exists()  # nothing written
+
+
 def test_the_seed_alone_decides_the_bytes(tree, tmp_path):
     from dlstore.tools.convert import convert_tree
 

@@ -282,3 +282,13 @@ def test_a_resume_mid_epoch_over_other_records_or_order_is_refused(tmp_path):
 def test_an_empty_list_of_paths_is_no_dataset(tmp_path):
     with pytest.raises(dlstore.DlstoreError, match=r"no files to read in \[\]: the list of paths is empty"):
         Dataset([])  # a glob.glob that found nothing: refused as an empty directory is
+
+
+@pytest.mark.parametrize("epoch", [1.5, "1", None])
+def test_an_epoch_is_an_integer(tmp_path, epoch):
+    _write_shards(tmp_path / "d", shards=2)
+    ds = Dataset(tmp_path / "d", batch_size=2)
+    with pytest.raises(TypeError, match=f"epoch must be an integer, not {epoch!r}"):
+        ds.set_epoch(epoch)  # 1.5 was taken as epoch 1, "1" failed comparing str and int
+    ds.set_epoch(np.int64(2))
+    assert ds.epoch == 2

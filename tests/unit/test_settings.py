@@ -105,3 +105,8 @@ def test_build_variables_are_the_ones_setup_reads():
         setup = f.read()
     for env in settings.BUILD_VARIABLES:
         assert f'"{env}"' in setup, f"{env} is documented but setup.py does not read it"
+
+
+def test_an_empty_cache_setting_is_the_default(monkeypatch):
+    monkeypatch.setenv("DLSTORE_CACHE", "  ")  # it was the current directory: indexes under relative paths
+    assert settings.get("cache_dir") == os.path.expanduser("~/.cache/dlstore")
