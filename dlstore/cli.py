@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Callable, Dict, List, NamedTuple, Optional
+from typing import Any, Callable, Dict, List, NamedTuple, Optional
 
 from dlstore import __version__, _console, settings, synthetic
 from dlstore._console import Parser, positive_int
@@ -16,8 +16,8 @@ from dlstore.errors import DlstoreError
 from dlstore.formats.registry import FORMATS
 from dlstore.io.system import format_bytes
 from dlstore.placement import ASSIGNMENTS, REMAINDERS, SHUFFLES
-from dlstore.sources.indexing import build_index, index_dataset
-from dlstore.sources.reader import expand_paths, list_record_files, open_records
+from dlstore.sources.indexing import build_index, index_dataset, load_index, record_manifest
+from dlstore.sources.reader import detect_files, expand_paths, list_record_files, open_records
 from dlstore.tools.commands import (add_expand_arguments, add_testbed_arguments, run_expand, run_plan, run_scrub,
                                      run_testbed)
 from dlstore.tools.convert import convert_tree
@@ -84,11 +84,20 @@ def cmd_index(args: argparse.Namespace) -> int:
     for all its shards). A read-only directory's go to the cache directory ($DLSTORE_CACHE)."""
 
     files = expand_paths(args.paths)
+    fresh: Dict[str, Dict[str, Any]] = {}  # per directory, per shard: the frame offsets just found
     for f in files:
         out = os.path.join(args.out_dir, os.path.basename(f) + ".idx") if args.out_dir else None
         dest, n = build_index(f, args.format, out=out)
         print(f"{f}: {n} records -> {dest}")
-    index = index_dataset(files, args.format)  # from the indexes just written: nothing is read again
+        fmt = detect_files([f], args.format)[0]
+        directory, name = os.path.split(os.path.abspath(f))
+        fresh.setdefault(directory, {})[name] = (fmt, load_index(f, dest, fmt))
+    # The manifests take the offsets just found over what they held (a manifest damaged on disk, its
+    # shards unchanged, is mended here), then cover the rest: nothing is read again.
+    for directory, shards in fresh.items():
+        fmt = next(iter(shards.values()))[0]
+        record_manifest(directory, fmt, {name: offsets for name, (_, offsets) in shards.items()})
+    index = index_dataset(files, args.format)
     for manifest in index.manifests:
         where = os.path.dirname(manifest)
         described = sorted({os.path.dirname(os.path.abspath(f)) for f in files})

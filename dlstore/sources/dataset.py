@@ -533,7 +533,10 @@ class Dataset(ReadsWithOptions):
             self._fail_over(error, plan, core, health)
             return None
         if not self._reads_around:
-            raise error
+            named = _naming_the_index(error, self.index)
+            if named is error:
+                raise error
+            raise named from error
         return self._read_around(error, plan, start, health, totals)
 
     def _read_around(self, error: CorruptRecordError, plan: _ReaderPlan, start: int, health: MountHealth,
@@ -747,6 +750,21 @@ def _dataset_arguments() -> Tuple[str, ...]:
     own = [n for n, p in inspect.signature(Dataset.__init__).parameters.items()
            if p.kind == p.KEYWORD_ONLY and n != "options"]
     return tuple(own) + tuple(ReadOptions.names())
+
+
+def _naming_the_index(error: DlstoreError, index: Any) -> DlstoreError:
+    """A frame that disagrees with its index (not a CRC, which is the file's own): the error, naming the
+    manifest the frame offsets came from and how to rebuild it, since the file itself may be sound (a
+    manifest damaged on disk gave a healthy shard's name to its fault). Other errors as they are."""
+    if not isinstance(error, CorruptRecordError) or "the index" not in (error.reason or ""):
+        return error
+    found = index.manifest_for(error.path) if error.path else None
+    if found is None:
+        return error
+    manifest, directory = found
+    return CorruptRecordError(f"{error} (its frame offsets come from {manifest}: if `dlstore verify {error.path}` "
+                              f"finds the file sound, `dlstore index {directory}` rebuilds them)",
+                              path=error.path, offset=error.offset, reason=error.reason)
 
 
 def dataset_for(source: Any, kwargs: Optional[Dict[str, Any]] = None, *, shared: Sequence[str] = (),

@@ -637,6 +637,15 @@ class DatasetIndex:
         return [os.path.join(self._groups[g].directory, self._groups[g].names[i])
                 for g, i in zip(self._group.tolist(), self._pos.tolist())]
 
+    def manifest_for(self, path: str) -> Optional[Tuple[str, str]]:
+        """``(manifest, directory)`` that gave the frame offsets of the shard at ``path``; None when no
+        manifest describes its directory (a copy on another mount)."""
+        directory = os.path.dirname(os.path.abspath(path))
+        for g in self._groups:
+            if g.directory == directory:
+                return g.manifest_path, g.directory
+        return None
+
     def frames(self, shards: np.ndarray, records: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
         """``(offset, size)`` of record ``records[i]`` of shard ``shards[i]`` (int64 arrays)."""
         shards = np.asarray(shards, dtype=np.int64)

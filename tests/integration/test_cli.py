@@ -238,13 +238,24 @@ def test_an_engine_that_cannot_run_here_is_a_usage_error_not_corrupt_files(tmp_p
 
 
 def test_a_warning_is_one_line_of_the_command(tmp_path):
+    (tmp_path / "full").mkdir()
+    write_tfrecord(tmp_path / "full" / "a.tfrecord", [b"a"] * 3)
+    (tmp_path / "empty").mkdir()  # a mount point with nothing mounted on it
+    out = dlstore("plan", "--mounts", tmp_path / "full", tmp_path / "empty", "--world-size", 2)
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.startswith("dlstore plan: warning: mount ") and "holds no record files" in out.stderr
+    assert len(out.stderr.splitlines()) == 1, out.stderr  # not Python's warning with its source line
+
+
+def test_index_mends_a_manifest_whose_shards_changed(tmp_path):
     path = write_tfrecord(tmp_path / "a.tfrecord", [b"a"] * 3)
     assert dlstore("index", tmp_path).returncode == 0
-    os.utime(path, ns=(1, 1))  # "rewritten" since the manifest was made
+    write_tfrecord(path, [b"b"] * 5)
     out = dlstore("index", tmp_path)
-    assert out.returncode == 0
-    assert out.stderr.startswith("dlstore index: warning: ") and "rebuilt it" in out.stderr
-    assert len(out.stderr.splitlines()) == 1, out.stderr  # not Python's warning with its source line
+    assert out.returncode == 0 and out.stderr == "" and "5 records" in out.stdout
+    import dlstore as ds
+
+    assert sum(b.num_records for b in ds.Dataset(tmp_path).batches()) == 5
 
 
 def test_version():

@@ -115,6 +115,34 @@ def test_a_frame_that_disagrees_with_the_index_is_corrupt(tmp_path):
         _read(ds)
 
 
+def test_a_damaged_manifest_is_named_beside_the_healthy_shard_it_misplaces(tmp_path):
+    from dlstore.formats.manifest import MANIFEST_NAME
+
+    path = write_tfrecord(tmp_path / "a.tfrecord", [b"x" * 50, b"y" * 60, b"z" * 70])
+    Dataset(tmp_path, shuffle="none", batch_size=3)  # writes the manifest
+    manifest = os.fspath(tmp_path / MANIFEST_NAME)
+    with open(manifest, "r+b") as f:  # the last frame offset, the file's last 4 bytes (u32), 3 bytes off
+        f.seek(-4, os.SEEK_END)
+        last = struct.unpack("<I", f.read(4))[0]
+        f.seek(-4, os.SEEK_END)
+        f.write(struct.pack("<I", last + 3))
+    with pytest.raises(dlstore.CorruptRecordError) as e:
+        _read(Dataset(tmp_path, shuffle="none", batch_size=3))
+    assert e.value.path == path and "the index" in e.value.reason
+    assert str(e.value).endswith(f"(its frame offsets come from {manifest}: if `dlstore verify {path}` finds the "
+                                 f"file sound, `dlstore index {tmp_path}` rebuilds them)")
+    # As it says: the shard is unchanged, so only an explicit index mends the manifest.
+    import subprocess
+    import sys
+
+    from tests.helpers import REPO
+
+    done = subprocess.run([sys.executable, "-m", "dlstore", "index", os.fspath(tmp_path)], capture_output=True,
+                          text=True, cwd=REPO, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert _read(Dataset(tmp_path, shuffle="none", batch_size=3)) == [b"x" * 50, b"y" * 60, b"z" * 70]
+
+
 # A shard cut inside its last record, indexed as it is: the cut tail is a frame of its own, and the read
 # names it in the words open_records uses (not as an index that disagrees with its file).
 _CUTS = {"in the header": 6, "after the length field": 13, "in the data": 100}
