@@ -26,7 +26,11 @@ The native loader's threads, as torch tensors (no DataLoader, no per-sample Pyth
 """
 from __future__ import annotations
 
+import os
+import struct
+import tempfile
 import warnings
+import weakref
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -89,6 +93,7 @@ class _IterableRecords:
         self.threads = threads
         self.record_key, self.report_stalls = record_key, report_stalls
         self.epoch = 0
+        self._board = _EpochBoard()  # where workers that outlive an epoch (persistent_workers) learn the next
         self._current: Any = None  # the loader of the pass under way in this process (not pickled)
         self._passes: Dict[str, Any] = {"passes": 0, "stats": {}, "stalls": None}  # finished passes, summed
         self._resume: Optional[Dict[str, int]] = None  # where the next pass of `epoch` starts (load_state_dict)
@@ -147,6 +152,7 @@ class _IterableRecords:
         Another epoch than a loaded state's forgets that state's resume point.
         """
         self.epoch = int(epoch)
+        self._board.write(self.epoch)
         if self._resume is not None and self._resume["epoch"] != self.epoch:
             self._resume = None
 
@@ -178,6 +184,7 @@ class _IterableRecords:
         if state["seed"] != self.seed:
             raise ValueError(f"the state was saved with seed {state['seed']}, this dataset has seed {self.seed}")
         self.epoch, self._resume = state["epoch"], state
+        self._board.write(self.epoch)
 
     def _worker_share(self, worker: int, num_workers: int) -> Tuple[Any, int, int]:
         """``(its Dataset, sample, batches to drop)`` of DataLoader worker ``worker`` of ``num_workers`` (0:
@@ -224,6 +231,10 @@ class _IterableRecords:
     def __iter__(self) -> Iterator[Any]:
         torch = _torch()
         info = torch.utils.data.get_worker_info()
+        if info is not None:  # a persistent worker's copy was taken epochs ago: the epoch set since is on the board
+            epoch = self._board.read()
+            if epoch is not None and epoch != self.epoch:
+                self.set_epoch(epoch)
         source, start, drop = self._worker_share(info.id if info else 0, info.num_workers if info else 0)
         if self.pipeline is None:
             start_at(source, self.epoch, start)
@@ -252,6 +263,39 @@ class _IterableRecords:
         finally:
             self._current = None
             self._fold(loader)
+
+
+class _EpochBoard:
+    """The epoch :meth:`_IterableRecords.set_epoch` chose, in a small file that DataLoader workers read when a
+    pass starts. A worker works on a copy of the dataset taken when it started, so with ``persistent_workers``
+    an epoch set later never reached it: every epoch had the first one's order and seeds. Only the file's
+    name is pickled, so the board crosses any start method; the process that made it removes it."""
+
+    def __init__(self) -> None:
+        fd, self.path = tempfile.mkstemp(prefix="dlstore-epoch-")
+        os.close(fd)
+        self.write(0)
+        weakref.finalize(self, _remove_board, self.path, os.getpid())
+
+    def write(self, epoch: int) -> None:
+        with open(self.path, "r+b") as f:
+            f.write(struct.pack("<q", int(epoch)))
+
+    def read(self) -> Optional[int]:
+        """The epoch; None when the board is gone (its dataset was collected: a copy reads its own)."""
+        try:
+            with open(self.path, "rb") as f:
+                return struct.unpack("<q", f.read(8))[0]
+        except (OSError, struct.error):
+            return None
+
+
+def _remove_board(path: str, owner: int) -> None:
+    if os.getpid() == owner:  # a forked worker exiting leaves it to the process that made it
+        try:
+            os.remove(path)
+        except OSError:
+            pass
 
 
 #: The loader's counters and timings, summed over passes; its other entries (sizes, the decoder) are the last pass's.

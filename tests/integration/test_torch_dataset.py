@@ -43,3 +43,28 @@ def test_ranks_and_workers_read_every_record_once(tmp_path):
             loader = torch.utils.data.DataLoader(it, batch_size=None, num_workers=2, multiprocessing_context="spawn")
             seen.update(bytes(r) for r in loader)
         assert seen == collections.Counter(records)
+
+
+@pytest.mark.slow  # spawns DataLoader workers, each importing torch
+def test_persistent_workers_follow_set_epoch(tmp_path):
+    """With persistent_workers a worker keeps the copy of the dataset it started with: set_epoch reached only
+    the main process's, and every epoch had the first one's order. Each epoch must read as with fresh workers."""
+    from dlstore.adapters.torch import DlstoreIterableDataset
+
+    with dlstore.TFRecordWriter(os.fspath(tmp_path / "a.tfrecord")) as w:
+        for i in range(60):
+            w.write(b"record %d" % i)
+
+    def orders(persistent):
+        it = DlstoreIterableDataset(Dataset(tmp_path, shuffle="global", seed=4, remainder="uneven", world=World()))
+        loader = torch.utils.data.DataLoader(it, batch_size=None, num_workers=2, multiprocessing_context="spawn",
+                                             persistent_workers=persistent)
+        out = []
+        for epoch in range(3):
+            it.set_epoch(epoch)
+            out.append([bytes(r) for r in loader])
+        return out
+
+    fresh, persistent = orders(False), orders(True)
+    assert persistent == fresh
+    assert len({tuple(o) for o in fresh}) == 3 and all(sorted(o) == sorted(fresh[0]) for o in fresh)
