@@ -218,7 +218,9 @@ def resnet50_loader(source: Any, batch_size: int = 256, train: bool = True, layo
     threads : int, optional
         Decoding threads; default: every core this process may use.
     **kw
-        For the Dataset made from paths: ``shuffle``, ``remainder``, ``buffer_size``, ``world``,
+        For the Dataset made from paths: ``shuffle``, ``remainder`` (with ``train=False``, ``uneven`` by
+        default: every image once over all ranks, a rank whose share runs out first yielding the agreed
+        empty batch), ``buffer_size``, ``world``,
         ``mounts``..., and :class:`~dlstore.ReadOptions` (``verify``, ``chunk_size``...);
         :class:`Loader` arguments (``last_batch``, ``seed``, ``epochs``, ``copy``, ``allocator``,
         ``device``: images are decoded on the host, then each batch is copied to that GPU); ``seed`` and
@@ -242,5 +244,10 @@ def resnet50_loader(source: Any, batch_size: int = 256, train: bool = True, layo
     if io is not None:
         kw["io"] = io
     device = kw.pop("device", None)  # the loader's: images are decoded on the host, each batch then copied there
-    source = dataset_for(source, kw, shared=("seed", "on_error"), rest=True, shuffle="block" if train else "none")
+    # Evaluation reads every record once over all ranks (uneven shares, the ranks agreeing on the batch count
+    # with empty batches): the padding by repeated records that keeps training ranks in step would count some
+    # images twice in a validation metric.
+    evaluation = {} if train else {"remainder": "uneven"}
+    source = dataset_for(source, kw, shared=("seed", "on_error"), rest=True, shuffle="block" if train else "none",
+                         **evaluation)
     return Loader(source, pipeline, batch_size, prefetch=prefetch, threads=threads, device=device, **kw)

@@ -223,3 +223,28 @@ def test_loader_counts_the_source_and_reports_the_engine(tmp_path):
     assert n == 96 and stats["records"] == 100 and stats["engine"] == "buffered" and stats["engine_reason"]
     assert stats["bytes"] == sum(os.path.getsize(f) for f in files) - 100 * 16
     assert stats["source"]["records"] == 100
+
+
+def test_evaluation_over_ranks_reads_every_image_once(imagenet):
+    """resnet50_loader(train=False) over 5 ranks: every image once (it padded with repeats, as training does,
+    so a validation metric counted some images twice), the ranks agreeing on the batch count."""
+    from dlstore.pipeline import resnet50_loader
+    from dlstore.placement.world import World
+
+    import warnings
+
+    tfrecord, _ = imagenet
+    seen, batches = [], set()
+    for rank in range(5):
+        loader = resnet50_loader(tfrecord, 4, train=False, last_batch="PARTIAL", record_key="index",
+                                 world=World(rank=rank, size=5))
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            got = [b for b in loader]
+        # A rank whose share ran out first yields the agreed empty batch, and says so.
+        assert all("yields an empty batch" in str(w.message) for w in said)
+        assert len(said) == sum(1 for b in got if len(b["shard"]) == 0)
+        batches.add(len(got))
+        seen += [k for b in got for k in zip(b["shard"].tolist(), b["record"].tolist())]
+    assert sorted(seen) == [(s, r) for s in range(2) for r in range(12)]
+    assert len(batches) == 1
