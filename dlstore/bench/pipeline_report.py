@@ -90,7 +90,13 @@ def _verdict(doc: Dict[str, Any], workload: Workload, compute: Optional[Compute]
         au_text = "-" if au is None else f"{au:.0f}%"
         meets = "meets" if au is not None and au >= AU_THRESHOLD_PCT else "below"
         req_text = "-" if req is None else f"{req:,.1f}"
-        lines.append(f"{judged['tier']}: storage sustains {judged['sustained_pct']:.0f}% of what {acc}: "
+        reading = judged.get("read_share_pct")
+        # Storage is the bottleneck only where the loader waits on reads most of its time; else its cores are
+        # (decoding, parsing), and faster storage would not raise the figure.
+        who = ("storage" if reading is None or reading >= 50 else
+               f"the input pipeline (CPU-bound: it waits for records {reading:.0f}% of its time, so faster storage "
+               f"would not help)")
+        lines.append(f"{judged['tier']}: {who} sustains {judged['sustained_pct']:.0f}% of what {acc}: "
                      f"{judged[key]:,.0f} of {world * need:,.0f} {unit}/s; "
                      f"accelerator utilisation {au_text} ({meets} MLPerf Storage's {AU_THRESHOLD_PCT:.0f}%); "
                      f"each accelerator needs {req_text} MB/s")

@@ -252,6 +252,20 @@ def test_document_has_the_agreed_keys_per_tier():
     assert any("local-cold" in v and "% of the page-cache tier" in v for v in bert["verdict"])
 
 
+@pytest.mark.parametrize("reading, who", [(None, "storage"), (80.0, "storage"),
+                                         (8.0, "the input pipeline (CPU-bound: it waits for records 8% of its time")])
+def test_the_verdict_names_what_holds_the_rate(reading, who):
+    """A decode-bound tier (its loader waiting for records 8% of the time) was said to be storage's limit."""
+    compute = Compute(0.5, "a100: 500 ms per batch of 100", "test", "a100")
+    doc = _doc(resnet50_bench.WORKLOAD, compute=compute)
+    for t in doc["tiers"]:
+        t["read_share_pct"] = reading
+    from dlstore.bench.pipeline_report import _verdict
+
+    line = next(v for v in _verdict(doc, resnet50_bench.WORKLOAD, compute, 100, 1) if "sustains" in v)
+    assert line.split(": ", 1)[1].startswith(f"{who}")
+
+
 def test_verdict_with_emulated_accelerators_and_jobs():
     compute = Compute(0.5, "a100: 500 ms per batch of 100", "test", "a100")  # 200 samples/s per accelerator
     jobs = {"rows": [dict(jobs=1, rate=190.0, per_job_rate_mean=190.0, per_job_rate_min=190.0, mb_per_s=1.0,
