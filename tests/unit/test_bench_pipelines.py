@@ -498,7 +498,8 @@ def test_bench_bert_tiny_with_jobs_and_compute(tmp_path):
     r = _bench("bert", "--size", "tiny", "--jobs", "2", "--compute", "5", "--json", os.fspath(out),
                tmp_path=tmp_path)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert "concurrent jobs" in r.stdout and "storage sustains" in r.stdout
+    # Storage's limit or the pipeline's, as the run's reading share says: either way a verdict against the compute.
+    assert "concurrent jobs" in r.stdout and " sustains " in r.stdout and "of what 1 accelerator" in r.stdout
     doc = _load(out)
     for t in doc["tiers"]:
         assert set(TIER_KEYS + ["samples_per_s"]) <= set(t) and "images_per_s" not in t
