@@ -30,8 +30,11 @@ __all__ = ["main", "COMMANDS"]
 def cmd_gen(args: argparse.Namespace) -> int:
     """Writes a synthetic ImageNet-like or BERT dataset."""
 
-    prefix = "train" if args.kind == "imagenet" else "part"
-    mine = {f"{prefix}-{i:05d}-of-{args.shards:05d}" for i in range(args.shards)}
+    from dlstore.synthetic import bert, imagenet
+    from dlstore.synthetic.shards import shard_names
+
+    prefix = imagenet.SHARD_PREFIX if args.kind == "imagenet" else bert.SHARD_PREFIX
+    mine = set(shard_names(prefix, args.shards))
     if os.path.isdir(args.out):  # another set's shards beside these would make one mixed dataset of both
         others = [n for n in list_record_files(args.out) if os.path.splitext(n)[0] not in mine]
         if others:

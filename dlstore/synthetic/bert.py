@@ -10,6 +10,8 @@ import numpy as np
 from dlstore.formats.example import encode_example
 from dlstore.synthetic.shards import check_counts, write_shards
 
+SHARD_PREFIX = "part"  # shards are SHARD_PREFIX-00000-of-NNNNN
+
 __all__ = ["generate_bert", "VOCAB_SIZE", "PAD_ID", "CLS_ID", "SEP_ID", "MASK_ID"]
 
 # bert-base-uncased vocabulary: [PAD]=0, [UNK]=100, [CLS]=101, [SEP]=102, [MASK]=103, single
@@ -140,5 +142,5 @@ def generate_bert(out_dir, *, shards: int, records_per_shard: int, seed: int = 0
     def task(start: int, stop: int):
         return (seed, start, stop, int(seq_len), int(max_predictions))
 
-    return write_shards(out_dir, "part", shards, records_per_shard, "tfrecord", _bert_payloads, task,
+    return write_shards(out_dir, SHARD_PREFIX, shards, records_per_shard, "tfrecord", _bert_payloads, task,
                          _BERT_TASK, workers, progress, "bert", copies=copies)

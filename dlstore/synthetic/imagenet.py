@@ -14,6 +14,8 @@ from dlstore.formats.example import encode_example
 from dlstore.synthetic.images import DEFAULT_QUALITY, DETAIL_SPREAD, encode_jpeg, pillow, synthesize_image
 from dlstore.synthetic.shards import check_counts, write_shards
 
+SHARD_PREFIX = "train"  # shards are SHARD_PREFIX-00000-of-NNNNN
+
 __all__ = ["generate_imagenet"]
 
 _IMAGENET_CLASSES = 1000
@@ -147,5 +149,5 @@ def generate_imagenet(out_dir, *, shards: int, records_per_shard: int, seed: int
     def task(start: int, stop: int):
         return (seed, start, stop, (lo, hi), quality, format)
 
-    return write_shards(out_dir, "train", shards, records_per_shard, format, _imagenet_payloads, task,
+    return write_shards(out_dir, SHARD_PREFIX, shards, records_per_shard, format, _imagenet_payloads, task,
                          _IMAGENET_TASK, workers, progress, "imagenet")

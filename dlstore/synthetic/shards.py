@@ -47,6 +47,11 @@ def payload_stream(make: Callable[[Any], List[bytes]], tasks: List[Any],
         yield from pool.imap(make, tasks)
 
 
+def shard_names(prefix: str, shards: int) -> List[str]:
+    """``prefix-00000-of-0000N`` ...: how ``dlstore gen`` and ``dlstore convert`` name their shards."""
+    return [f"{prefix}-{i:05d}-of-{shards:05d}" for i in range(shards)]
+
+
 def write_shards(out_dir, prefix: str, shards: int, records_per_shard: int, fmt: str,
                   make: Callable[[Any], List[bytes]], task: Callable[[int, int], Any], task_size: int,
                   workers: Optional[int], progress: bool, label: str, copies: int = 1) -> List[str]:
@@ -65,7 +70,7 @@ def write_shards(out_dir, prefix: str, shards: int, records_per_shard: int, fmt:
     if int(copies) < 1 or (int(copies) > 1 and fmt != "tfrecord"):
         raise ValueError(f"copies must be at least 1 (and 1 for {fmt}, whose index names the file), got {copies}")
     files = shards * int(copies)
-    names = [f"{prefix}-{i:05d}-of-{files:05d}" for i in range(files)]
+    names = shard_names(prefix, files)
     paths = [os.path.join(out_dir, n + (".rec" if fmt == "recordio" else "")) for n in names]
     # Tasks never straddle a shard, so each result goes to one writer.
     tasks = [task(s * records_per_shard + a, s * records_per_shard + min(a + task_size, records_per_shard))

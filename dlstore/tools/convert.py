@@ -40,6 +40,7 @@ from dlstore._progress import Progress
 from dlstore.formats import recordio
 from dlstore.formats.example import encode_example
 from dlstore.io.system import available_cores
+from dlstore.synthetic.shards import shard_names
 from dlstore.writers import RecordIOWriter, TFRecordWriter
 
 __all__ = ["FORMATS", "ImageFile", "ConvertResult", "scan_tree", "check_image", "shard_names", "convert_tree"]
@@ -190,11 +191,6 @@ def _tfrecord_example(f: ImageFile, c: _Checked) -> bytes:
         "image/filename": os.path.basename(f.path).encode(),
         "image/encoded": c.data,
     })
-
-
-def shard_names(prefix: str, shards: int) -> List[str]:
-    """``prefix-00000-of-0000N`` ..., as ``dlstore gen`` names its shards."""
-    return [f"{prefix}-{i:05d}-of-{shards:05d}" for i in range(shards)]
 
 
 def convert_tree(src, out, *, format: str = "tfrecord", shards: int = 1, seed: int = 0,
