@@ -13,6 +13,7 @@ from dlstore import __version__, _console, settings, synthetic
 from dlstore._console import Parser, positive_int
 from dlstore._progress import Progress
 from dlstore.errors import DlstoreError
+from dlstore.formats.detect import FormatMismatchError
 from dlstore.formats.registry import FORMATS
 from dlstore.io.system import format_bytes
 from dlstore.placement import ASSIGNMENTS, REMAINDERS, SHUFFLES
@@ -124,6 +125,8 @@ def _verify_file(path: str, fmt: str, io: Optional[str]) -> _FileCheck:
     try:
         reader = open_records(path, format=fmt, io=io, on_error="skip")
         stats = reader.count()
+    except FormatMismatchError:  # --format names another format than the files': a usage error
+        raise
     except (DlstoreError, ValueError) as e:  # unreadable file or unknown format: say so, go on
         text = str(e)
         return _FileCheck(0, 0, [text if text.startswith(path) else f"{path}: {text}"], True)
@@ -161,7 +164,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
     records = corrupt = corrupt_files = unreadable = 0
     with Progress(total, "verify", unit="B", enabled=False if args.quiet else None) as bar:
         for f in files:
-            check = _verify_file(f, args.format, args.io)
+            try:
+                check = _verify_file(f, args.format, args.io)
+            except FormatMismatchError as e:
+                bar.close()
+                print(f"dlstore verify: {e}", file=sys.stderr)
+                return 2
             bar.update(os.path.getsize(f))
             records += check.records
             corrupt += check.corrupt

@@ -6,7 +6,7 @@ from typing import Optional, Tuple
 from dlstore.errors import DlstoreError
 from dlstore.formats.registry import FORMATS
 
-__all__ = ["detect", "FORMATS", "COMPRESSIONS", "NotRecordsError"]
+__all__ = ["detect", "FORMATS", "COMPRESSIONS", "NotRecordsError", "FormatMismatchError"]
 
 COMPRESSIONS = ("none", "gzip", "zlib")
 
@@ -19,6 +19,10 @@ _OTHER_FILES = ((b"\xff\xd8\xff", "a JPEG image"), (b"\x89PNG", "a PNG image"), 
 
 class NotRecordsError(DlstoreError, ValueError):
     """A file that is neither TFRecord nor RecordIO was given as records (a ValueError too, as before)."""
+
+
+class FormatMismatchError(DlstoreError, ValueError):
+    """A format was given, and the file's first bytes are another format's: a usage error, not a corrupt file."""
 
 
 def _looks_like_zlib(head: bytes) -> bool:
@@ -43,6 +47,8 @@ def detect(name: str, head: bytes, format: str = "auto", compression: Optional[s
 
     Raises
     ------
+    FormatMismatchError
+        When ``format`` is given and the first bytes are another format's.
     NotRecordsError
         When the bytes are neither TFRecord nor RecordIO; the message names the file, says what it
         seems to be (an image...) and shows its first bytes (and advises no format: a file that is
@@ -79,6 +85,14 @@ def detect(name: str, head: bytes, format: str = "auto", compression: Optional[s
         format = told[0].name
     if format not in FORMATS:
         raise ValueError(f"format must be one of {tuple(FORMATS)} or 'auto', not {format!r}")
+    if compression == "none" and head and not FORMATS[format].looks_like(head):
+        # A file that opens as another format does is that format: read as the one given, its every
+        # record would be "corrupt" (or, skipped, silently nothing). A first record that is damaged
+        # looks like no format and is reported as the corruption it is.
+        other = next((f for f in FORMATS.values() if f.looks_like(head)), None)
+        if other is not None:
+            raise FormatMismatchError(f"{name}: at byte 0: format {format!r} was given, but the file starts as "
+                                      f"{other.title} files do; pass format={other.name!r} or 'auto'", path=name)
     if compression != "none" and not FORMATS[format].compressible:
         raise ValueError(f"{name}: {format} files do not come compressed ({compression})")
     return format, compression

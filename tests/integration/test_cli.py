@@ -197,6 +197,22 @@ def test_verify_counts_a_file_named_twice_once(tmp_path):
     assert out.returncode == 0 and "OK: 1 file, 3 good records" in out.stdout
 
 
+def test_a_format_the_files_are_not_is_a_usage_error_not_corrupt_files(tmp_path):
+    """--format recordio over TFRecord files (and the reverse) called every file CORRUPT, exit 1."""
+    from dlstore import RecordIOWriter
+
+    tf = write_tfrecord(tmp_path / "a.tfrecord", [b"a"] * 3)
+    rec = os.fspath(tmp_path / "b.rec")
+    with RecordIOWriter(rec, idx_path=os.fspath(tmp_path / "b.idx")) as w:
+        w.write(b"b")
+    for path, given, title in ((tf, "recordio", "TFRecord"), (rec, "tfrecord", "RecordIO")):
+        out = dlstore("verify", "--format", given, path, "--quiet")
+        assert "CORRUPT" not in out.stdout
+        assert _one_line_error(out) == (f"dlstore verify: {path}: at byte 0: format {given!r} was given, but the file "
+                                        f"starts as {title} files do; pass format={title.lower()!r} or 'auto'\n")
+        assert "at byte 0: format" in _one_line_error(dlstore("index", "--format", given, path))
+
+
 def test_index_of_a_non_record_file_is_one_line(tmp_path):
     notes = tmp_path / "notes.bin"
     notes.write_bytes(b"these are notes, not records")

@@ -84,6 +84,21 @@ def test_one_registry_of_record_formats(tmp_path):
     assert detect("x.rec", b"") == ("recordio", "none") and detect("x", b"\x1f\x8b") == ("tfrecord", "gzip")
     with pytest.raises(ValueError, match="recordio files do not come compressed"):
         detect("x.rec", b"", "recordio", "gzip")
+    from dlstore.formats.detect import FormatMismatchError
+    from dlstore.formats.recordio import MAGIC
+    from dlstore.formats.tfrecord import masked_crc32c
+
+    length = (5).to_bytes(8, "little")
+    tf_head, rec_head = length + masked_crc32c(length).to_bytes(4, "little"), MAGIC.to_bytes(4, "little") + bytes(8)
+    with pytest.raises(FormatMismatchError, match="x.rec: at byte 0: format 'recordio' was given, but the file "
+                                                  "starts as TFRecord files do; pass format='tfrecord' or 'auto'"):
+        detect("x.rec", tf_head, "recordio")
+    with pytest.raises(FormatMismatchError, match="starts as RecordIO files do"):
+        detect("x", rec_head, "tfrecord")
+    damaged = bytearray(tf_head)
+    damaged[9] ^= 1  # a first record that looks like no format is the corruption it is, read as the format given
+    assert detect("x", bytes(damaged), "recordio") == ("recordio", "none")
+    assert detect("x", tf_head, "tfrecord") == ("tfrecord", "none") and detect("x", b"", "recordio")[0] == "recordio"
     for f in FORMATS.values():  # an index written by a format is read back by it
         offsets, sizes = f.parse_index(f.format_index(np.array([0, 30], np.uint64), np.array([14, 20], np.uint64)),
                                        "idx")
