@@ -23,10 +23,9 @@ import copy
 import functools
 import inspect
 import operator
-import os
 import time
 import warnings
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -42,7 +41,7 @@ from dlstore.placement.mounts import assign_mounts, mount_for
 from dlstore.placement.rank import RankPlan, plan_rank
 from dlstore.placement.sharding import EpochPlan, SamplerState, shuffle_named, shuffle_sizes
 from dlstore.placement.world import World, detect_world
-from dlstore.sources.reader import CorruptionWarnings
+from dlstore.sources.reader import CorruptionWarnings, PathSpec, path_list
 from dlstore.sources.layout import scan_layout
 from dlstore.sources.reads import ReaderPlan as _ReaderPlan
 from dlstore.sources.reads import reader_plan
@@ -55,8 +54,6 @@ __all__ = ["Dataset", "dataset_for"]
 FIRST_WINDOW_BATCHES = 4
 #: Records in a window at most (later windows grow fourfold up to it, in whole batches).
 MAX_WINDOW_RECORDS = 16384
-
-PathSpec = Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]]
 
 
 class Dataset(ReadsWithOptions):
@@ -198,9 +195,7 @@ class Dataset(ReadsWithOptions):
         if not mounts:
             index = open_shards(shards, fmt, progress)
             return None, index.paths, index
-        if isinstance(shards, (str, os.PathLike)):
-            shards = [shards]
-        layout = scan_layout([os.fspath(m) for m in mounts], None if shards is None else [os.fspath(s) for s in shards])
+        layout = scan_layout(path_list(mounts), None if shards is None else path_list(shards))
         first = [layout.path(i, layout.holders[i][0]) for i in range(len(layout.shards))]
         return layout, list(layout.shards), _index_good_copies(layout, first, fmt, progress)
 

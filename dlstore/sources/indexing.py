@@ -29,7 +29,7 @@ from dlstore._progress import Progress
 from dlstore.errors import DlstoreError
 from dlstore.formats.registry import format_named
 from dlstore.formats.manifest import MANIFEST_NAME, STAMP_AT, Manifest, decode_manifest, encode_manifest, encode_stamp
-from dlstore.sources.reader import (PathSpec, RecordReader, detect_files, expand_paths, list_record_files,
+from dlstore.sources.reader import (PathSpec, RecordReader, detect_files, expand_paths, list_record_files, path_list,
                                     mixed_formats, open_records, record_file_names, split_glob)
 
 __all__ = ["index_path_for", "build_index", "scan_offsets", "load_index", "find_index", "ensure_index",
@@ -728,7 +728,7 @@ def open_shards(spec: PathSpec, fmt: str = "auto", progress: bool = False, verif
     listing it; manifests are built or brought up to date where shards are new to them or were
     removed. No shard is opened or ``stat``-ed here (:meth:`DatasetIndex.check` does that for a rank's own).
     """
-    items = [os.fspath(p) for p in ([spec] if isinstance(spec, (str, os.PathLike)) else spec)]
+    items = path_list(spec)
     if not items:  # an empty list (a glob.glob that found nothing) is no dataset, as an empty directory is none
         raise DlstoreError("no files to read in []: the list of paths is empty")
     groups: List[_Group] = []

@@ -26,7 +26,7 @@ from dlstore.sources.source import ReadOptions, ReadsWithOptions
 __all__ = ["open_records", "RecordReader", "expand_paths", "record_file_names", "list_record_files", "split_glob",
            "detect_files", "CorruptionWarnings"]
 
-PathSpec = Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]]
+PathSpec = Union[str, bytes, os.PathLike, Sequence[Union[str, bytes, os.PathLike]]]
 # Files that sit beside record files and are not records, besides dlstore's own companions
 # (indexes, manifests, locks: formats.index.is_companion_file): other tools' indexes and image
 # lists (DALI's .index, MXNet's .lst), and metadata or notes.
@@ -121,6 +121,24 @@ def _list_directory(path: str) -> List[str]:
     return [os.path.join(path, n) for n in list_record_files(path)]
 
 
+def path_list(paths: PathSpec) -> List[str]:
+    """``paths`` (one path or a list; str, bytes or os.PathLike) as a list of str.
+
+    Raises
+    ------
+    TypeError
+        When something in it is not a path, saying what it was.
+    """
+    if isinstance(paths, (str, bytes, os.PathLike)):
+        paths = [paths]
+    try:
+        # bytes paths (os.listdir(b".")) are file names too; the rest of dlstore speaks str
+        return [os.fsdecode(p) for p in paths]
+    except TypeError:
+        raise TypeError(f"paths must be a path (str, bytes or os.PathLike), a glob, a directory or a list of them, "
+                        f"not {paths!r:.80}") from None
+
+
 def expand_paths(paths: PathSpec) -> List[str]:
     """Files named by a path, a glob, a directory or a list of them.
 
@@ -138,11 +156,9 @@ def expand_paths(paths: PathSpec) -> List[str]:
         When a path does not exist, a glob matches no record file or a directory cannot be listed;
         when nothing is found, the message says which subfolders were not searched.
     """
-    if isinstance(paths, (str, os.PathLike)):
-        paths = [paths]
+    paths = path_list(paths)
     out: List[str] = []
     for p in paths:
-        p = os.fspath(p)
         if any(ch in p for ch in _GLOB_CHARS):
             matches, others = _glob_record_files(p)
             if not matches:
@@ -157,7 +173,7 @@ def expand_paths(paths: PathSpec) -> List[str]:
         else:
             raise DlstoreError(f"{p}: no such file or directory", path=p)
     if not out:
-        folders = [p for p in map(os.fspath, paths) if os.path.isdir(p)]
+        folders = [p for p in paths if os.path.isdir(p)]
         subfolders = sum(1 for d in folders for e in os.scandir(d) if e.is_dir() and not e.name.startswith("."))
         why = (f": {', '.join(folders)} holds no record file but {subfolders} subfolder(s), which are not searched "
                f"(name the files in them, e.g. with a glob like '{os.path.join(folders[0], '*', '*')}'; a tree of "

@@ -284,6 +284,24 @@ def test_an_empty_list_of_paths_is_no_dataset(tmp_path):
         Dataset([])  # a glob.glob that found nothing: refused as an empty directory is
 
 
+def test_bytes_paths_are_paths(tmp_path):
+    """os.listdir(b".") gives bytes names: open_records and Dataset failed on them with "expected str, bytes or
+    os.PathLike object, not int" (a bytes path was taken as a list of byte values)."""
+    _write_shards(tmp_path / "d", shards=2)
+    names = sorted(os.listdir(os.fsencode(tmp_path / "d")))
+    files = [os.path.join(os.fsencode(tmp_path / "d"), n) for n in names]
+    want = [bytes(r) for f in files for r in dlstore.open_records(os.fsdecode(f))]
+    assert [bytes(r) for f in files for r in dlstore.open_records(f)] == want
+    as_str = sorted(_read(Dataset(tmp_path / "d", batch_size=2)))
+    assert len(as_str) >= len(want) - 1 and sorted(_read(Dataset(files, batch_size=2))) == as_str
+    assert sorted(_read(Dataset(names, mounts=[os.fsencode(tmp_path / "d")], batch_size=2))) == as_str
+    for wrong in (3, [3]):
+        with pytest.raises(TypeError, match="paths must be a path .* not \\[?3"):
+            dlstore.open_records(wrong)
+        with pytest.raises(TypeError, match="paths must be a path"):
+            Dataset(wrong)
+
+
 @pytest.mark.parametrize("epoch", [1.5, "1", None])
 def test_an_epoch_is_an_integer(tmp_path, epoch):
     _write_shards(tmp_path / "d", shards=2)
