@@ -14,6 +14,7 @@ import dataclasses
 import os
 import re
 import sys
+import warnings
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Mapping, Optional, Tuple
 
@@ -297,6 +298,19 @@ def _slurm_local_size(env: Mapping[str, str], found: _Found) -> None:
     found.take(env, "local_size", "SLURM_NTASKS_PER_NODE")
 
 
+#: Launchers' (rank, size) variable pairs, of which one alone is most likely a launch script's mistake.
+_PAIRS = (("RANK", "WORLD_SIZE"), ("HOROVOD_RANK", "HOROVOD_SIZE"))
+
+
+def _half_pair(env: Mapping[str, str]) -> str:
+    """``"RANK=3 is set but WORLD_SIZE is not"`` where only one of a pair is set, else ``""``."""
+    for rank, size in _PAIRS:
+        if (rank in env) != (size in env):
+            present, absent = (rank, size) if rank in env else (size, rank)
+            return f"{present}={env[present]} is set but {absent} is not"
+    return ""
+
+
 def _mpi4py_size() -> Optional[int]:
     """COMM_WORLD's size when the program has already imported (so initialised) mpi4py's MPI."""
     mpi = sys.modules.get("mpi4py.MPI")
@@ -386,6 +400,12 @@ def detect_world(rank: Optional[int] = None, size: Optional[int] = None, local_r
         source = "explicit"
     else:
         source = "single"
+        half = _half_pair(env)
+        if half:
+            # Every process launched so reads every record: say it where it shows, not after an epoch of repeats
+            warnings.warn(f"{half}: read as a single process (every record); set both, or pass rank= and size=",
+                          RuntimeWarning, stacklevel=2)
+            notes.append(half)
     if values["rank"] is None and values["size"] is None:
         values["rank"], values["size"] = 0, 1
     elif values["size"] is None:

@@ -112,6 +112,23 @@ def test_missing_local_variables_are_assumed_and_noted():
     assert (w.local_rank, w.local_size) == (1, 8)
 
 
+@pytest.mark.parametrize("env, said", [({"RANK": "3"}, "RANK=3 is set but WORLD_SIZE is not"),
+                                       ({"WORLD_SIZE": "4"}, "WORLD_SIZE=4 is set but RANK is not"),
+                                       ({"HOROVOD_RANK": "1"}, "HOROVOD_RANK=1 is set but HOROVOD_SIZE is not")])
+def test_half_a_launchers_pair_is_warned(env, said):
+    """RANK without WORLD_SIZE (a launch script's slip) was read as a single process in silence: every process
+    so launched read every record."""
+    with pytest.warns(RuntimeWarning, match=f"{said}: read as a single process"):
+        world = detect_world(environ=env)
+    assert (world.rank, world.size) == (0, 1) and said in world.notes
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert detect_world(environ={}).size == 1 and detect_world(environ={"RANK": "1", "WORLD_SIZE": "2"}).rank == 1
+        assert detect_world(rank=0, size=1, environ=env).size == 1  # explicit values: nothing is guessed
+
+
 def test_pmix_without_a_size_is_an_error_unless_given():
     env = {"PMIX_RANK": "3", "PMIX_NAMESPACE": "prterun-x@1"}
     if "mpi4py.MPI" in sys.modules:
