@@ -194,7 +194,10 @@ class Loader:
         self._active: Optional[Prefetcher] = None
         self._iterator: Optional[weakref.ref] = None
         self._producer: Optional[_Producer] = None
-        #: Padding rows (repeats of the epoch's last sample) in the batch last yielded (``FILL``).
+        #: Rows of the batch last yielded that repeat others: ``FILL``'s repeats of the epoch's last sample (its
+        #: last rows), and the records a Dataset under ``remainder="pad"`` repeats so that every consumer has
+        #: as many full batches (:attr:`dlstore.Dataset.repeated_records`: the epoch's last rows under the
+        #: ``none`` and ``global`` shuffles; under ``block`` and ``buffer`` their number is right, not where they are).
         self.padding = 0
         self._counts = {"batches": 0, "samples": 0, "padding": 0, "bytes": 0, "records": 0, "skipped_pipeline": 0,
                         "skipped_source": 0, "failovers": 0, "retries": 0, "empty_batches": 0}
@@ -558,6 +561,11 @@ class _Producer:
         row = 0
         published = 0
         skipped_here = 0  # records the source skipped in this pass, as its position showed them
+        # A source that pads its epoch with repeats (a Dataset under remainder="pad") gives them last: from
+        # this position on, the rows taken are padding, not samples.
+        repeats = int(getattr(self.source, "repeated_records", 0) or 0)
+        fresh_until = len(self.source) - repeats if repeats else None
+        padding = 0  # rows of the batch being filled that repeat records (the source's padding)
         keys = None
         chunks = self.source.batches()
         try:
@@ -591,6 +599,8 @@ class _Producer:
                                          position, keys)
                     self.seconds["pipeline"] += time.perf_counter() - t0
                     self.phase = None
+                    if fresh_until is not None:
+                        padding += max(0, position + take - max(position, fresh_until))
                     start += take
                     position += take
                     delivered += take
@@ -600,9 +610,10 @@ class _Producer:
                         self.counts["skipped_source"] += after - position
                         position = after
                     if row == batch_size:
-                        self._publish(prefetcher, slot, row, 0, epoch, position, delivered)
+                        self._publish(prefetcher, slot, row, padding, epoch, position, delivered)
                         published += 1
                         slot = None
+                        padding = 0
         finally:
             close = getattr(chunks, "close", None)
             if close is not None:
@@ -612,12 +623,12 @@ class _Producer:
             if row == 0 or self.last_batch == "DROP" or prefetcher.stopping:
                 prefetcher.release(slot)
             elif self.last_batch == "PARTIAL":
-                self._publish(prefetcher, slot, row, 0, epoch, position, delivered)
+                self._publish(prefetcher, slot, row, padding, epoch, position, delivered)
                 published += 1
             else:  # FILL: repeat the last sample
                 for a in out.values():
                     a[row:] = a[row - 1]
-                self._publish(prefetcher, slot, batch_size, batch_size - row, epoch, position, delivered)
+                self._publish(prefetcher, slot, batch_size, batch_size - row + padding, epoch, position, delivered)
                 published += 1
         return delivered, published + self._agree(prefetcher, epoch, position, delivered)
 

@@ -497,6 +497,12 @@ class EpochPlan:
         start, stop = self.span(consumer)
         return stop - start
 
+    def repeats(self, consumer: int) -> int:
+        """Records of the consumer's epoch that another position of the epoch already gives (``pad`` wraps
+        around to the epoch's start): the last ones of its span."""
+        start, stop = self.span(consumer)
+        return max(0, stop - max(start, self.total))
+
     def batch_sizes(self, consumer: int) -> np.ndarray:
         """Size of each of the consumer's :attr:`num_batches` batches (all ``batch_size`` but,
         under ``uneven``, the last, which may be smaller or 0)."""

@@ -251,6 +251,13 @@ class Dataset(ReadsWithOptions):
         return self.plan().num_samples(self.world.consumer)
 
     @property
+    def repeated_records(self) -> int:
+        """Records of this consumer's epoch that repeat records read elsewhere in the epoch
+        (``remainder="pad"``, which keeps every consumer at the same number of full batches): the last
+        ones of its sequence. A loader counts them as padding, not as samples."""
+        return self.plan().repeats(self.world.consumer)
+
+    @property
     def num_batches(self) -> int:
         """Batches every consumer yields per epoch (agreed without communication)."""
         return self.plan().num_batches

@@ -248,3 +248,25 @@ def test_evaluation_over_ranks_reads_every_image_once(imagenet):
         seen += [k for b in got for k in zip(b["shard"].tolist(), b["record"].tolist())]
     assert sorted(seen) == [(s, r) for s in range(2) for r in range(12)]
     assert len(batches) == 1
+
+
+@pytest.mark.parametrize("shuffle", ["none", "global", "block"])
+def test_a_padded_epochs_repeats_are_padding_not_samples(tmp_path, shuffle):
+    """Under remainder="pad" the last ranks' records wrap round to the epoch's start; the loader counted those
+    repeats as samples, so three ranks reported 120 samples of a 100-record set."""
+    files = generate_bert(tmp_path / "bert", shards=2, records_per_shard=50, progress=False, workers=1)
+    samples = padding = 0
+    fresh = []
+    for rank in range(3):
+        ds = dlstore.Dataset(files, world=dlstore.world(rank=rank, size=3), shuffle=shuffle, batch_size=8)
+        loader = bert_loader(ds, batch_size=8, seq_len=128)
+        for batch in loader:
+            keep = len(batch["input_ids"]) - loader.padding
+            fresh += [row.tobytes() for row in batch["input_ids"][:keep]]
+        stats = loader.stats()
+        assert stats["records"] == 40 and stats["samples"] + stats["padding"] == 40
+        assert stats["padding"] == ds.repeated_records == (20 if rank == 2 else 0)
+        samples, padding = samples + stats["samples"], padding + stats["padding"]
+    assert (samples, padding) == (100, 20)
+    if shuffle != "block":  # none and global give the repeats last: the rows before them are every record once
+        assert len(fresh) == len(set(fresh)) == 100
