@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "gil.hpp"
 #include "buffer_view.hpp"
 #include "dlstore/error.hpp"
 #include "dlstore/example_parse.hpp"
@@ -144,11 +145,10 @@ py::object parse_batch(py::handle buffer, const py::array_t<uint64_t, py::array:
   }
 
   const ContiguousBytes bytes(buffer);
-  {
-    py::gil_scoped_release release;
+  dlstore_bindings::without_gil([&] {
     dlstore::parse_example_batch_parallel(bytes.data(), bytes.size(), offsets.data(), lengths.data(), n,
                                           native, outputs.data(), threads);
-  }
+  });
   if (!out.is_none()) return py::none();
   py::dict result;
   for (size_t j = 0; j < native.size(); ++j) result[py::str(native[j].name)] = arrays[j];

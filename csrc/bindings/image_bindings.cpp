@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "gil.hpp"
 #include "buffer_view.hpp"
 #include "dlstore/error.hpp"
 #include "dlstore/example_parse.hpp"
@@ -112,11 +113,11 @@ py::tuple decode_batch(dlstore::JpegBatchDecoder& decoder, py::handle buffer, co
   const ContiguousBytes bytes(buffer);
   py::array target = out;
   void* slots = target.mutable_data();  // writable: checked by output_spec
-  {
-    py::gil_scoped_release release;
+  uint8_t* status_data = status.mutable_data();
+  dlstore_bindings::without_gil([&] {
     decoder.decode(bytes.data(), bytes.size(), offsets.data(), lengths.data(), seeds.data(), n, p, spec, slots,
-                   status.mutable_data(), &errors);
-  }
+                   status_data, &errors);
+  });
   py::list failures;
   for (const dlstore::ImageError& e : errors) failures.append(py::make_tuple(e.index, e.message));
   return py::make_tuple(status, failures);
@@ -128,11 +129,12 @@ py::tuple bytes_feature_spans(py::handle buffer, const U64Array& offsets, const 
   const size_t n = same_length({&offsets, &lengths});
   U64Array value_offsets(static_cast<py::ssize_t>(n)), value_lengths(static_cast<py::ssize_t>(n));
   const ContiguousBytes bytes(buffer);
-  {
-    py::gil_scoped_release release;
+  uint64_t* value_offsets_data = value_offsets.mutable_data();
+  uint64_t* value_lengths_data = value_lengths.mutable_data();
+  dlstore_bindings::without_gil([&] {
     dlstore::locate_bytes_feature(bytes.data(), bytes.size(), offsets.data(), lengths.data(), n, name,
-                                  value_offsets.mutable_data(), value_lengths.mutable_data());
-  }
+                                  value_offsets_data, value_lengths_data);
+  });
   return py::make_tuple(value_offsets, value_lengths);
 }
 

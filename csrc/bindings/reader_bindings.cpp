@@ -3,6 +3,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include "gil.hpp"
 #include "buffer_view.hpp"
 #include "dlstore/crc32c.hpp"
 #include "dlstore/engine_io_uring.hpp"
@@ -64,11 +65,7 @@ void picklable(py::class_<O>& c, std::vector<std::string> names) {
 template <class R>
 py::object next_batch_of(R& reader) {
   auto b = std::make_shared<RecordBatch>();
-  bool more;
-  {
-    py::gil_scoped_release nogil;
-    more = reader.next_batch(*b);
-  }
+  const bool more = dlstore_bindings::without_gil([&] { return reader.next_batch(*b); });
   if (!more) return py::none();
   return py::cast(b);
 }
@@ -203,9 +200,10 @@ void register_reader(py::module_& m) {
              // Reads to the end without handing batches to Python (used by `verify` and benchmarks
              // that only need the framing and CRC work done).
              RecordBatch b;
-             py::gil_scoped_release nogil;
-             while (r.next_batch(b)) {
-             }
+             dlstore_bindings::without_gil([&] {
+               while (r.next_batch(b)) {
+               }
+             });
            })
       .def("stats",
            [](const dlstore::Reader& r) {
@@ -239,14 +237,13 @@ void register_reader(py::module_& m) {
              o.first_batch = first_batch;
              o.hold_bytes = hold_bytes;
              o.sequential = sequential;
-             py::gil_scoped_release nogil;
-             return new dlstore::PlanReader(std::move(plan), o);
+             return dlstore_bindings::without_gil([&] { return new dlstore::PlanReader(std::move(plan), o); });
            }),
            py::arg("paths"), py::arg("file"), py::arg("offset"), py::arg("size"), py::arg("emit"),
            py::arg("format"), py::arg("batch_size"), py::arg("options"), py::arg("hold_bytes") = 0,
            py::arg("sequential") = true, py::arg("first_batch") = 0, py::arg("device") = py::none())
       .def("next_batch", &next_batch_of<dlstore::PlanReader>)
-      .def("start", &dlstore::PlanReader::start, py::call_guard<py::gil_scoped_release>(),
+      .def("start", [](dlstore::PlanReader& r) { dlstore_bindings::without_gil([&] { r.start(); }); },
            "Starts the first reads without waiting for any (a reader made ahead of its turn).")
       .def_property_readonly("position", &dlstore::PlanReader::position)
       .def("__len__", &dlstore::PlanReader::size)
@@ -257,8 +254,7 @@ void register_reader(py::module_& m) {
   m.def("crc32c",
         [](py::buffer data, uint32_t value) {
           const ContiguousBytes bytes(data);
-          py::gil_scoped_release nogil;
-          return dlstore::crc32c_extend(value, bytes.data(), bytes.size());
+          return dlstore_bindings::without_gil([&] { return dlstore::crc32c_extend(value, bytes.data(), bytes.size()); });
         },
         py::arg("data"), py::arg("value") = 0);
   m.def("masked_crc32c", [](py::buffer data) {

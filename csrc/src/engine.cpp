@@ -108,20 +108,13 @@ ChunkReader::ChunkReader(std::vector<std::string> paths, EngineOptions opts, siz
 }
 
 ChunkReader::~ChunkReader() {
-  if (abandoned_) {
-    // A read is stuck in the kernel (a hung mount). Joining its thread would hang this destructor,
-    // so the pool and its threads are leaked on purpose; each queued task owns what it touches
-    // (file, engine, buffer) through shared pointers, so nothing it uses is freed under it.
-    threads_.release();
-    opener_.release();
-    return;
-  }
-  // Let queued reads finish before their file handles and the pool go away.
-  for (auto& f : inflight_) {
-    try {
-      f.chunk.wait();
-    } catch (...) {
-    }
+  // Reads still in flight (a pass stopped early, a read that timed out, a reader dropped while its
+  // mount hangs) are not waited for: this runs where Python drops the reader, with the GIL held, and a
+  // read on a hung mount may never return. The threads finish what they run and end on their own;
+  // each queued task owns what it touches (file, engine, buffer) through shared pointers.
+  if (abandoned_ || !inflight_.empty()) {
+    if (threads_) threads_->abandon();
+    if (opener_) opener_->abandon();
   }
 }
 

@@ -33,7 +33,10 @@ class FileCache {
     std::string note;
     engine_ = make_engine(engine, &note);
     if (!note.empty()) notes_.push_back(note);
-    hints_.chunk_size = engine.chunk_size;
+    // Only O_DIRECT's alignment check reads it (a chunk must hold whole blocks): a plan reader's
+    // reads are sized per piece, so any chunk_size the settings accept (64 KiB .. 1 GiB, not always a
+    // multiple of the filesystem's block) may read O_DIRECT.
+    hints_.chunk_size = align_up(std::max<uint64_t>(engine.chunk_size, kBufferAlign), kBufferAlign);
     hints_.sequential = sequential;
   }
 
@@ -245,21 +248,16 @@ PlanReader::PlanReader(ReadPlan plan, PlanOptions opts) : schedule_(std::move(pl
   batch_pool_ = BufferPool::shared(1u << 20, kBufferAlign);
   loaded_.resize(schedule_.num_chunks());
   for (size_t d = 0; d < schedule_.num_devices(); ++d) threads_.emplace_back(new ThreadPool(opts_.engine.threads));
+  publish();
 }
 
 PlanReader::~PlanReader() {
-  if (abandoned_) {
-    // A read is stuck in the kernel (a hung mount): joining its thread would hang here. The pool is
-    // leaked on purpose; each task owns what it touches (plan, files, buffers) through shared pointers.
-    for (auto& t : threads_) t.release();
-    return;
-  }
-  for (auto& f : inflight_) {
-    try {
-      f.result.wait();
-    } catch (...) {
-    }
-  }
+  // Reads in flight are not waited for (a window read ahead and dropped at a failover, a pass stopped
+  // early, a hung mount): this runs where Python drops the reader, with the GIL held. The threads
+  // finish what they run and end on their own; each task owns what it touches (plan, files,
+  // buffers) through shared pointers.
+  if (abandoned_ || !inflight_.empty())
+    for (auto& t : threads_) t->abandon();
 }
 
 void PlanReader::submit(size_t c) {
@@ -341,6 +339,7 @@ const uint8_t* PlanReader::data_of(int64_t pos, int64_t chunk, uint64_t* len) co
 }
 
 void PlanReader::start() {
+  PublishOnExit<PlanReader> on_exit{*this};
   if (pending_) return;
   for (;;) {
     Step s = schedule_.next();
@@ -353,6 +352,7 @@ void PlanReader::start() {
 }
 
 bool PlanReader::next_batch(RecordBatch& out) {
+  PublishOnExit<PlanReader> on_exit{*this};
   out.clear();
   for (;;) {
     Step s;
@@ -435,16 +435,17 @@ void PlanReader::build(const Step& batch, RecordBatch& out) {
     for (int64_t pos : picked) spilled_.erase(pos);
 }
 
-PlanStats PlanReader::stats() const {
-  PlanStats s = schedule_.stats();
-  s.payload_bytes = moved_.payload_bytes;
-  s.gathered_batches = moved_.gathered_batches;
-  s.gathered_bytes = moved_.gathered_bytes;
-  s.spilled_bytes = moved_.spilled_bytes;
-  s.buffers_allocated = chunk_pool_->allocated() + batch_pool_->allocated();
-  return s;
+void PlanReader::publish() noexcept {
+  try {
+    PlanStats s = schedule_.stats();
+    s.payload_bytes = moved_.payload_bytes;
+    s.gathered_batches = moved_.gathered_batches;
+    s.gathered_bytes = moved_.gathered_bytes;
+    s.spilled_bytes = moved_.spilled_bytes;
+    s.buffers_allocated = chunk_pool_->allocated() + batch_pool_->allocated();
+    report_.publish(s, files_->notes(), schedule_.corruptions());
+  } catch (...) {  // out of memory building the notes: the last report stands
+  }
 }
-
-std::vector<std::string> PlanReader::notes() const { return files_->notes(); }
 
 }  // namespace dlstore

@@ -23,9 +23,22 @@ Reader::Reader(std::vector<std::string> paths, ReaderOptions opts)
     stream = inflate_.get();
   }
   scanner_.reset(new RecordScanner(*stream, paths_, opts.scan));
+  publish();  // the engine's notes (io_uring refused) are there before the first read
 }
 
-ReaderStats Reader::stats() const {
+bool Reader::next_batch(RecordBatch& out) {
+  PublishOnExit<Reader> on_exit{*this};
+  return scanner_->next_batch(out);
+}
+
+void Reader::publish() noexcept {
+  try {
+    report_.publish(live_stats(), chunks_->notes(), scanner_->stats().corruptions);
+  } catch (...) {  // out of memory building the notes: the last report stands
+  }
+}
+
+ReaderStats Reader::live_stats() const {
   ReaderStats s;
   const ScanStats& sc = scanner_->stats();
   s.records = sc.records;

@@ -5,14 +5,15 @@
 namespace dlstore {
 
 ThreadPool::ThreadPool(size_t threads)
-    : state_(new State), workers_(new std::vector<std::thread>), owner_(static_cast<int>(getpid())) {
+    : state_(std::make_shared<State>()), workers_(new std::vector<std::thread>), owner_(static_cast<int>(getpid())) {
   if (threads == 0) threads = 1;
   workers_->reserve(threads);
-  for (size_t i = 0; i < threads; ++i) workers_->emplace_back([this] { work(); });
+  for (size_t i = 0; i < threads; ++i) workers_->emplace_back(work, state_);
 }
 
 ThreadPool::~ThreadPool() {
-  if (static_cast<int>(getpid()) != owner_) return;  // a forked child: leaked on purpose (see the header)
+  // A forked child: leaked on purpose (see the header); the state's count is the parent's threads' too.
+  if (static_cast<int>(getpid()) != owner_) return;
   {
     std::lock_guard<std::mutex> lock(state_->mu);
     state_->stop = true;
@@ -20,17 +21,30 @@ ThreadPool::~ThreadPool() {
   state_->cv.notify_all();
   for (auto& t : *workers_) t.join();
   delete workers_;
-  delete state_;
 }
 
-void ThreadPool::work() {
-  State& s = *state_;
+void ThreadPool::abandon() noexcept {
+  if (static_cast<int>(getpid()) != owner_) return;
+  std::deque<std::function<void()>> dropped;
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    state_->stop = true;
+    dropped.swap(state_->tasks);  // destroyed below, outside the lock: they may own files and buffers
+  }
+  state_->cv.notify_all();
+  for (auto& t : *workers_) t.detach();
+  workers_->clear();
+  dropped.clear();
+}
+
+void ThreadPool::work(std::shared_ptr<State> state) {
+  State& s = *state;
   for (;;) {
     std::function<void()> task;
     {
       std::unique_lock<std::mutex> lock(s.mu);
       s.cv.wait(lock, [&s] { return s.stop || !s.tasks.empty(); });
-      if (s.tasks.empty()) return;  // stop and drained: queued tasks always run, so futures resolve
+      if (s.tasks.empty()) return;  // stop and drained: queued tasks run (but abandon() drops them)
       task = std::move(s.tasks.front());
       s.tasks.pop_front();
     }

@@ -357,3 +357,54 @@ def test_a_forked_child_collects_its_parents_readers_without_hanging(tmp_path, e
                        timeout=120, cwd=REPO)
     assert r.returncode == 0, r.stderr[-2000:]
     assert int(r.stdout.split()[-1]) == sum(map(len, recs))
+
+
+@pytest.mark.parametrize("reader", ["open_records", "Dataset"])
+def test_stats_from_another_thread_while_reading(tmp_path, reader):
+    """A metrics scrape (or a training loop) calls stats() and corruptions() while the loader's thread is inside
+    next_batch with the GIL released: the core grew its vector of corruptions under the reading thread, a
+    use-after-free the sanitizer pass (.ci/sanitize) reports."""
+    import threading
+
+    path = write_tfrecord(tmp_path / "bad.tfrecord", [b"x" * 20] * 6000)
+    with open(path, "r+b") as f:
+        blob = bytearray(f.read())
+        blob[12::36] = bytes(b ^ 0xFF for b in blob[12::36])  # every record's data: a bad data CRC each
+        f.seek(0)
+        f.write(blob)
+    if reader == "open_records":
+        source = dlstore.open_records(path, io="buffered", on_error="skip", chunk_size=64 << 10, verify_threads=0)
+        batches = source.batches
+    else:
+        source = dlstore.Dataset(path, shuffle="none", on_error="skip", batch_size=16, chunk_size=64 << 10)
+        batches = source.batches
+    stop = threading.Event()
+    seen = []
+
+    def scrape():
+        while not stop.is_set():
+            seen.append((source.stats().get("skipped", 0), len(source.corruptions())))
+
+    scraper = threading.Thread(target=scrape)
+    scraper.start()
+    try:
+        assert sum(b.num_records for b in batches()) == 0
+    finally:
+        stop.set()
+        scraper.join()
+    assert source.stats()["skipped"] == 6000 and len(source.corruptions()) == 6000
+    assert seen and all(0 <= skipped <= 6000 and 0 <= listed <= 6000 for skipped, listed in seen)
+
+
+@pytest.mark.parametrize("io", ["direct", "io_uring"])
+def test_a_chunk_size_off_the_block_grain_still_reads_direct(direct_dir, io):
+    """The settings take any chunk_size from 64 KiB; a Dataset's reads are sized per piece, yet chunk_size=1000000
+    (not a multiple of the filesystem's 512 or 4096) sent every file to buffered reads, "alignment ... is larger
+    than supported"."""
+    if io == "io_uring" and dlstore._C.io_uring_refusal():
+        pytest.skip(f"io_uring cannot run here: {dlstore._C.io_uring_refusal()}")
+    path = write_tfrecord(direct_dir / "a.tfrecord", [bytes([i]) * 3000 for i in range(200)])
+    want = [bytes(r) for r in dlstore.open_records(path, io="buffered")]
+    ds = dlstore.Dataset(path, shuffle="none", io=io, chunk_size=1_000_000, batch_size=10)
+    assert [r for b in ds.batches() for r in batch_records(b)] == want
+    assert not [n for n in ds.stats()["notes"] if "buffered" in n], ds.stats()["notes"]

@@ -2,6 +2,7 @@
 // fresh memory costs more than reading the bytes; reusing warm buffers avoids it.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -51,14 +52,14 @@ class BufferPool : public std::enable_shared_from_this<BufferPool> {
   // for and stay that size, so a pool serving reads of varying size converges on the largest.
   std::shared_ptr<AlignedBuffer> acquire(size_t at_least = 0);
   size_t buffer_size() const { return buffer_size_; }
-  size_t allocated() const { return allocated_; }
+  size_t allocated() const { return allocated_.load(std::memory_order_relaxed); }  // any thread
 
  private:
   BufferPool(size_t buffer_size, size_t alignment) : buffer_size_(buffer_size), alignment_(alignment) {}
   void release(AlignedBuffer* b);
   size_t buffer_size_;
   size_t alignment_;
-  size_t allocated_ = 0;
+  std::atomic<size_t> allocated_{0};  // changed under mu_, read without it (a reader's stats, another thread)
   std::mutex mu_;
   std::vector<std::unique_ptr<AlignedBuffer>> free_;
 };

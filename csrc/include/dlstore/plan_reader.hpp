@@ -16,6 +16,7 @@
 
 #include "dlstore/aligned_buffer.hpp"
 #include "dlstore/engine.hpp"
+#include "dlstore/published.hpp"
 #include "dlstore/read_schedule.hpp"
 #include "dlstore/record_scan.hpp"
 #include "dlstore/thread_pool.hpp"
@@ -55,10 +56,12 @@ class PlanReader {
   // Emission positions consumed so far (records handed out, plus corrupt ones skipped).
   size_t position() const { return schedule_.position(); }
   size_t size() const { return schedule_.size(); }
-  PlanStats stats() const;
-  std::vector<std::string> notes() const;
-  const std::vector<CorruptionReport>& corruptions() const { return schedule_.corruptions(); }
+  // As of the end of the last next_batch or start: safe to call from any thread, while another reads.
+  PlanStats stats() const { return report_.stats(); }
+  std::vector<std::string> notes() const { return report_.notes(); }
+  std::vector<CorruptionReport> corruptions() const { return report_.corruptions(); }
   const std::vector<std::string>& paths() const { return schedule_.plan().paths; }
+  void publish() noexcept;  // the reading thread's: copies the live counters into the report
 
   struct Loaded;    // a chunk's bytes and its records' payloads, as an I/O task returns them
   struct Progress;  // what an I/O task is doing, for a timeout's message
@@ -88,6 +91,7 @@ class PlanReader {
   bool abandoned_ = false;  // a read timed out: its thread may never return, so it is not joined
   std::unique_ptr<Step> pending_;  // the step start() stopped at, carried out first by next_batch()
   PlanStats moved_;         // the executor's counters: payload, gathered and spilled bytes
+  Published<PlanStats> report_;
 };
 
 }  // namespace dlstore

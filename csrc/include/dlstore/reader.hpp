@@ -7,6 +7,7 @@
 
 #include "dlstore/compression.hpp"
 #include "dlstore/engine.hpp"
+#include "dlstore/published.hpp"
 #include "dlstore/record_scan.hpp"
 
 namespace dlstore {
@@ -32,13 +33,17 @@ struct ReaderStats {
 class Reader {
  public:
   Reader(std::vector<std::string> paths, ReaderOptions opts);
-  bool next_batch(RecordBatch& out) { return scanner_->next_batch(out); }
-  ReaderStats stats() const;
-  std::vector<std::string> notes() const { return chunks_->notes(); }
-  const std::vector<CorruptionReport>& corruptions() const { return scanner_->stats().corruptions; }
+  bool next_batch(RecordBatch& out);
+  // As of the end of the last next_batch: safe to call from any thread, while another reads.
+  ReaderStats stats() const { return report_.stats(); }
+  std::vector<std::string> notes() const { return report_.notes(); }
+  std::vector<CorruptionReport> corruptions() const { return report_.corruptions(); }
   const std::vector<std::string>& paths() const { return *paths_; }
+  void publish() noexcept;  // the reading thread's: copies the live counters into the report
 
  private:
+  ReaderStats live_stats() const;
+  Published<ReaderStats> report_;
   std::shared_ptr<const std::vector<std::string>> paths_;
   std::unique_ptr<ChunkReader> chunks_;
   std::unique_ptr<InflateStream> inflate_;

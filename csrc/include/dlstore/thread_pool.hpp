@@ -15,9 +15,10 @@ namespace dlstore {
 class ThreadPool {
  public:
   explicit ThreadPool(size_t threads);
-  // Joins the threads once the queued tasks have run. In a forked child (a DataLoader worker) the pool
-  // was inherited without its threads: it is leaked, since joining them, or destroying a condition
-  // variable they waited on, would hang, and destroying a joinable std::thread aborts the process.
+  // Joins the threads once the queued tasks have run (abandon() first: returns at once). In a forked
+  // child (a DataLoader worker) the pool was inherited without its threads: it is leaked, since joining
+  // them, or destroying a condition variable they waited on, would hang, and destroying a joinable
+  // std::thread aborts the process.
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
@@ -35,6 +36,11 @@ class ThreadPool {
     return fut;
   }
   size_t size() const { return workers_->size(); }
+  // Lets the pool go without waiting for it: the tasks not started are dropped (their futures report
+  // a broken promise), and each thread ends on its own once the task it runs returns, which for a
+  // read on a hung mount may be never. Its tasks must own what they touch (shared pointers). The
+  // destructor then returns at once.
+  void abandon() noexcept;
 
  private:
   struct State {
@@ -43,9 +49,10 @@ class ThreadPool {
     std::deque<std::function<void()>> tasks;
     bool stop = false;
   };
-  void work();
+  // Each thread holds the state, so that threads let go by abandon() outlive the pool safely.
+  static void work(std::shared_ptr<State> state);
+  std::shared_ptr<State> state_;
   // On the heap, so that a forked child can leak them (see the destructor).
-  State* state_;
   std::vector<std::thread>* workers_;
   int owner_;  // the process that started the threads
 };

@@ -1,0 +1,66 @@
+// Running long C++ work with the GIL released, safely at interpreter exit.
+//
+// A thread that asks for the GIL back once the interpreter is finalizing (a daemon thread, or a
+// loader's background thread whose read returns after the main thread left) is ended by CPython
+// before 3.14 with pthread_exit from inside PyEval_RestoreThread. Its forced unwind aborts the whole
+// process (std::terminate) when it meets a noexcept frame, as pybind11's gil_scoped_release
+// destructor is. So:
+// - once Python's atexit hooks run (dlstore registers `_C._exiting` at import: it sets the flag
+//   below before finalization begins), a thread coming back from C++ does not ask for the GIL at all:
+//   it waits for the process to end, as CPython 3.14 does itself;
+// - one that asked just before (it waits for the GIL while the hooks run) is let go by the unwind:
+//   no frame here is noexcept, and an exception of the work is rethrown only once the GIL is back, so
+//   the unwind never starts inside another one.
+#pragma once
+
+#include <pybind11/pybind11.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <exception>
+#include <optional>
+#include <type_traits>
+#include <utility>
+
+namespace dlstore_bindings {
+
+// Set by _C._exiting() from Python's atexit hooks.
+inline std::atomic<bool>& interpreter_exiting() {
+  static std::atomic<bool> flag{false};
+  return flag;
+}
+
+inline void take_gil_back(PyThreadState* state) {  // not noexcept: see above
+  if (interpreter_exiting().load())
+    for (;;) pause();  // the process is ending: this thread has nothing left to hand back
+  PyEval_RestoreThread(state);
+}
+
+// f() with the GIL released; its result, or its exception rethrown with the GIL held.
+template <class F>
+auto without_gil(F&& f) -> decltype(f()) {
+  using R = decltype(f());
+  std::exception_ptr error;
+  PyThreadState* state = PyEval_SaveThread();
+  if constexpr (std::is_void_v<R>) {
+    try {
+      f();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    take_gil_back(state);
+    if (error) std::rethrow_exception(error);
+  } else {
+    std::optional<R> out;
+    try {
+      out.emplace(f());
+    } catch (...) {
+      error = std::current_exception();
+    }
+    take_gil_back(state);
+    if (error) std::rethrow_exception(error);
+    return std::move(*out);
+  }
+}
+
+}  // namespace dlstore_bindings
