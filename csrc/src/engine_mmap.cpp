@@ -1,12 +1,62 @@
 // The mmap engine: each file mapped once; a read is a view of the mapping, or a copy out of it into
 // the slot given, with the pages faulted in ahead in one call.
+#include <csetjmp>
+#include <csignal>
 #include <cstring>
+#include <mutex>
 
 #include "dlstore/engine.hpp"
 #include "dlstore/error.hpp"
 
 namespace dlstore {
 namespace {
+
+// ---- copies out of a mapping that stop at a SIGBUS ---------------------------------------------------
+// Touching a page of a mapping past its file's end (the file truncated, or rewritten in place, since
+// it was mapped) raises SIGBUS. A copy runs with a recovery point armed for its thread; the handler
+// (installed once, at the first copy) jumps back to it, and passes a SIGBUS raised anywhere else to
+// the handler before it (Python's faulthandler, say), or to the default action.
+
+// volatile: the compiler knows memcpy leaves it alone, and would otherwise drop the stores around the copy
+thread_local sigjmp_buf* volatile t_recover = nullptr;
+struct sigaction g_previous;
+
+void on_sigbus(int sig, siginfo_t* info, void* context) {
+  if (t_recover != nullptr) siglongjmp(*t_recover, 1);
+  if ((g_previous.sa_flags & SA_SIGINFO) && g_previous.sa_sigaction != nullptr) {
+    g_previous.sa_sigaction(sig, info, context);
+  } else if (g_previous.sa_handler != SIG_DFL && g_previous.sa_handler != SIG_IGN) {
+    g_previous.sa_handler(sig);
+  } else {
+    ::signal(SIGBUS, SIG_DFL);  // the fault repeats on return, now with the default action
+  }
+}
+
+void install_sigbus_handler() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction sa;
+    std::memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = on_sigbus;
+    sa.sa_flags = SA_SIGINFO | SA_NODEFER;  // not blocked while handled: the jump leaves the mask as it was
+    sigemptyset(&sa.sa_mask);
+    ::sigaction(SIGBUS, &sa, &g_previous);
+  });
+}
+
+// Copies n bytes out of a mapping; false when a page of it is gone (nothing to say how much was copied).
+bool copy_from_mapping(uint8_t* dst, const uint8_t* src, size_t n) {
+  install_sigbus_handler();
+  sigjmp_buf recover;
+  if (sigsetjmp(recover, 0) != 0) {
+    t_recover = nullptr;
+    return false;
+  }
+  t_recover = &recover;
+  std::memcpy(dst, src, n);
+  t_recover = nullptr;
+  return true;
+}
 
 // A read at least this large is prefaulted in one call (MADV_POPULATE_READ); smaller ones fault in as
 // they are touched, since there the system call costs more than the faults.
@@ -34,7 +84,8 @@ class MmapEngine : public Engine {
         DLSTORE_EXPECT(r.offset + r.len <= map.size(), Io, map.path(), static_cast<int64_t>(r.offset),
                        "short read: expected " << r.len << " bytes at offset " << r.offset << ", the file has "
                                                << map.size() << " (was the file truncated while being read?)");
-        // Prefaulting reports a device error as an error, where touching a bad page is a SIGBUS.
+        // Prefaulting reports a device error, or a file cut short since it was mapped, as an error,
+        // where touching a bad page is a SIGBUS.
         if (r.len >= kPopulateMin) map.populate(r.offset, r.len);
       } catch (const Error&) {
         r.error = std::current_exception();
@@ -42,7 +93,16 @@ class MmapEngine : public Engine {
       }
       const uint8_t* at = map.data() + r.offset;
       if (r.slot) {
-        if (r.len) std::memcpy(r.slot, at, r.len);
+        // A small read is not prefaulted (the system call would cost more than the copy), so the copy
+        // itself meets a file cut short since: it stops there, an error, instead of a SIGBUS.
+        if (r.len && !copy_from_mapping(r.slot, at, r.len)) {
+          try {
+            throw_error(ErrorKind::Io, map.path(), static_cast<int64_t>(r.offset), shrank_message(r.offset, r.len));
+          } catch (const Error&) {
+            r.error = std::current_exception();
+          }
+          continue;
+        }
         at = r.slot;
       }
       r.data = at;

@@ -152,4 +152,15 @@ void Mapping::populate(uint64_t offset, size_t n) const {
   (void)sink;
 }
 
+bool Mapping::holds(uint64_t offset, size_t n) const {
+  if (!data_ || n == 0) return true;
+#ifdef MADV_POPULATE_READ
+  const long page = ::sysconf(_SC_PAGESIZE);
+  const uint64_t last = (offset + n - 1) / page * page;
+  if (last >= size_) return true;  // past the mapping: the reads' own bounds checks say so
+  if (::madvise(data_ + last, 1, MADV_POPULATE_READ) != 0 && errno == EFAULT) return false;
+#endif
+  return true;
+}
+
 }  // namespace dlstore

@@ -93,6 +93,7 @@ struct PlanReader::Progress {
 
 struct PlanReader::Loaded {
   std::shared_ptr<void> owner;    // the chunk's buffer, or the mapping its one piece lies in
+  std::shared_ptr<Mapping> map;   // that mapping (a view): checked again before a batch views it
   const uint8_t* base = nullptr;  // every record's payload lies in [base, base + len) ...
   size_t len = 0;
   bool scattered = false;         // ... unless set (records in several mappings, or joined apart)
@@ -192,6 +193,7 @@ std::unique_ptr<PlanReader::Loaded> load_chunk(const ReadPlan& plan, std::vector
   }
   if (view && !pieces.empty()) {
     out->owner = opened[0]->map;
+    out->map = opened[0]->map;
     out->owns_memory = false;
     out->base = reads[0].data;
     out->len = reads[0].len;
@@ -393,6 +395,18 @@ void PlanReader::build(const Step& batch, RecordBatch& out) {
   out.lengths.resize(n);
   out.file_offsets.resize(n);
   out.file_indices.resize(n);
+  // A chunk that is a view of a mapping (mmap) may have arrived before its file was cut short: touching
+  // it now would be a SIGBUS, so the batch is an I/O error naming the file instead (a failover).
+  int64_t checked = -1;
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t c = batch.chunks[i];
+    if (c < 0 || c == checked) continue;
+    checked = c;
+    const Loaded& l = *loaded_[static_cast<size_t>(c)];
+    if (!l.map) continue;
+    const uint64_t at = static_cast<uint64_t>(l.base - l.map->data());
+    if (!l.map->holds(at, l.len)) throw_error(ErrorKind::Io, l.map->path(), static_cast<int64_t>(at), shrank_message(at, l.len));
+  }
   std::vector<const uint8_t*> data(n);
   uint64_t total = 0;
   for (size_t i = 0; i < n; ++i) {

@@ -223,7 +223,18 @@ bool RecordScanner::pull_region() {
   region_.file_index = c.file_index;
   region_.last = c.last;
   region_.valid = true;
+  region_.map = c.map;
   return true;
+}
+
+void RecordScanner::check_mapping() const {
+  // A view of a file's mapping read ahead may outlive the file's bytes (cut short under the reader):
+  // touching them would be a SIGBUS, so it is an I/O error naming the file, once per batch and region.
+  if (!region_.valid || !region_.map || region_.pos >= region_.len) return;
+  const uint64_t at = region_.base_offset + region_.pos;
+  const size_t n = region_.len - region_.pos;
+  if (!region_.map->holds(at, n))
+    throw_error(ErrorKind::Io, path(region_.file_index), static_cast<int64_t>(at), shrank_message(at, n));
 }
 
 void RecordScanner::truncated(const Frame& f) {
@@ -266,6 +277,7 @@ void RecordScanner::extend_region(const Frame& f) {
   const uint64_t tail_off = region_.base_offset + region_.pos;
   auto adopt = [&](uint8_t* base, size_t len) {
     region_.owner = c.owner;
+    region_.map = c.map;
     region_.base = base;
     region_.len = len;
     region_.pos = 0;
@@ -274,6 +286,7 @@ void RecordScanner::extend_region(const Frame& f) {
   };
   if (c.contiguous) {  // mmap: the tail is already right before the chunk
     adopt(c.data - tail, tail + c.len);
+    check_mapping();
     return;
   }
   if (tail <= c.headroom) {  // move the record's start in front of the rest of it
@@ -411,6 +424,7 @@ bool RecordScanner::next_batch_impl(RecordBatch& out) {
       return false;
     }
     if (!region_.valid) continue;
+    if (out.offsets.empty()) check_mapping();  // the region this batch starts in, as it is now
     Frame f;
     Parse r = parse(f);
     if (r == Parse::Skipped) continue;

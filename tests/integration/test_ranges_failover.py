@@ -6,6 +6,8 @@ The loop-mounted version, where a mount goes away mid-epoch, is in test_testbed_
 import collections
 import functools
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -14,7 +16,7 @@ import dlstore
 from dlstore import _C, Dataset, ReadOptions
 from dlstore.sources.indexing import ensure_index
 from dlstore.placement.world import World
-from tests.helpers import batch_records, write_tfrecord
+from tests.helpers import REPO, batch_records, write_tfrecord
 
 
 def _records(rng, n):
@@ -237,3 +239,57 @@ def test_a_hung_open_fails_over_to_the_replica(tmp_path):
             os.close(os.open(hung, os.O_WRONLY | os.O_NONBLOCK))
         except OSError:
             pass
+
+
+# A file cut short (truncated, or rewritten in place) while a mapping of it is read: the views read
+# ahead outlived its bytes, and touching them killed the process with SIGBUS, no message, no failover
+# (the whole job under MPI). Run apart, so that a crash is a failed test, not a dead test run.
+TRUNCATED = r"""
+import collections, os, sys
+import dlstore
+from dlstore.placement.world import World
+
+which, root = sys.argv[1], sys.argv[2]
+if which == "open_records":
+    path = os.path.join(root, "mnt0", "shard-0.tfrecord")
+    n = 0
+    try:
+        for record in dlstore.open_records(path, io="mmap", chunk_size=64 << 10):
+            n += 1
+            if n == 3:
+                os.truncate(path, 20000)
+        print("read", n, "records: no error")
+    except dlstore.DlstoreIOError as e:
+        print("error:", e)
+else:
+    mounts = [os.path.join(root, m) for m in ("mnt0", "mnt1")]
+    ds = dlstore.Dataset("shard-*.tfrecord", mounts=mounts, world=World(rank=0, size=1), shuffle=which,
+                         remainder="uneven", io="mmap", chunk_size=64 << 10, block_size=64 << 10, batch_size=4,
+                         depth=1, io_threads=1, seed=1)
+    seen = collections.Counter()
+    for i, batch in enumerate(ds.batches()):
+        for k in range(batch.num_records):
+            seen[bytes(memoryview(batch)[batch.offsets[k]:batch.offsets[k] + batch.lengths[k]])] += 1
+        if i == 1:  # the rank's mount loses its files' tails under the reader
+            for name in os.listdir(mounts[0]):
+                if name.startswith("shard-"):
+                    os.truncate(os.path.join(mounts[0], name), 5000)
+    print("records", sum(seen.values()), "distinct", len(seen), "failovers", ds.stats()["failovers"])
+"""
+
+
+@pytest.mark.parametrize("which", ["open_records", "none", "block", "global"])
+def test_a_mapped_file_cut_short_under_the_reader_is_an_io_error_not_sigbus(tmp_path, which):
+    data, roots = _replicated(tmp_path, shards=3, n=40)
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, "-c", TRUNCATED, which, os.fspath(tmp_path)], capture_output=True,
+                          text=True, timeout=300, env=env, cwd=REPO)
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
+    if which == "open_records":
+        assert "error:" in proc.stdout and "shard-0.tfrecord" in proc.stdout, proc.stdout
+        assert "shrank while being read" in proc.stdout or "outside the file" in proc.stdout, proc.stdout
+    else:  # read from the replica: every record once
+        total = sum(len(r) for r in data)
+        assert f"records {total} distinct {len(set(r for recs in data for r in recs))} failovers" in proc.stdout, \
+            proc.stdout
+        assert int(proc.stdout.split("failovers")[1]) >= 1, proc.stdout

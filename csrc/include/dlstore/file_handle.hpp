@@ -61,6 +61,10 @@ class Mapping {
   // Faults in [offset, offset+n) ahead of use (MADV_POPULATE_READ where the kernel has it, else a
   // touch per page), so the consumer thread does not pay the page faults.
   void populate(uint64_t offset, size_t n) const;
+  // False when the file no longer holds [offset, offset + n): it shrank since it was mapped (truncated
+  // or rewritten in place), and touching those bytes would raise SIGBUS. Probes the range's last page
+  // (MADV_POPULATE_READ fails with EFAULT past the end of the file); true where the kernel lacks it.
+  bool holds(uint64_t offset, size_t n) const;
 
  private:
   std::string path_;

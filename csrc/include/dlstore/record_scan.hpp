@@ -87,6 +87,7 @@ class RecordScanner {
     size_t file_index = 0;
     bool last = false;         // no more bytes of this file after this region
     bool valid = false;
+    const Mapping* map = nullptr;  // the mapping base lies in (mmap): checked before a batch reads it
   };
   enum class Parse { Complete, Incomplete, Skipped };
   struct Frame {
@@ -109,6 +110,7 @@ class RecordScanner {
   bool pull_region();
   void extend_region(const Frame& f);
   void truncated(const Frame& f);  // raises, or under OnError::Skip records it and drops the tail
+  void check_mapping() const;      // raises when the region's file no longer holds its bytes (mmap)
   bool take_part(const Frame& f, RecordBatch& out);
   bool next_batch_impl(RecordBatch& out);
   // Checks the data CRCs of the batch's records (deferred from framing), on several threads.
