@@ -623,14 +623,16 @@ class Dataset(ReadsWithOptions):
 
     def state_dict(self) -> Dict[str, Any]:
         """``epoch``, ``sample_in_epoch``, ``seed`` and ``num_consumers``: enough to resume exactly; and
-        what the epoch's order was made of (``shards``, ``records`` and ``order``, a digest of the shuffle and
-        its sizes), so that a resume mid-epoch over other records or in another order is refused."""
+        what the epoch's order was made of (``shards``, ``records``, ``order``, a digest of the shuffle and
+        its sizes, and ``batch_size``), so that a resume mid-epoch over other records or in another order is
+        refused."""
         return dict(SamplerState(self.epoch, self.sample_in_epoch, self.seed, self.world.num_consumers).to_dict(),
-                    shards=len(self.shards), records=int(np.sum(self.counts)), order=self._order_digest())
+                    shards=len(self.shards), records=int(np.sum(self.counts)), order=self._order_digest(),
+                    batch_size=self.batch_size or 1)
 
     def _order_digest(self) -> str:
-        """What besides the seed and the records decides which record comes at which sample of an epoch (not
-        the batch size, which a resume may change)."""
+        """What besides the seed, the records and the batch size (kept apart in the state, checked under ``pad``
+        and ``drop``) decides which record comes at which sample of an epoch."""
         import hashlib
 
         what = (self.shuffle, self.shuffle_shards, self.buffer_size, self.block_records, self.block_window,
@@ -657,6 +659,14 @@ class Dataset(ReadsWithOptions):
         saved = SamplerState(int(state["epoch"]), int(state["sample_in_epoch"]), self.seed,
                              int(state.get("num_consumers", self.world.num_consumers)))
         epoch, k = saved.epoch, saved.for_consumers(self.world.num_consumers).sample_in_epoch
+        batch = int(state.get("batch_size") or 0)
+        if k and batch and self.remainder != "uneven" and batch != (self.batch_size or 1):
+            raise PlacementError(f"the state was saved at sample {k} of epoch {epoch} with batch size {batch}; this "
+                                 f"dataset has batch size {self.batch_size or 1}, and remainder={self.remainder!r} "
+                                 f"cuts each epoch among the consumers in whole batches: resuming mid-epoch would "
+                                 f"read some records twice and others never. Resume with batch_size={batch}, or "
+                                 f"from an epoch's start (sample_in_epoch 0); remainder='uneven' shares do not "
+                                 f"depend on the batch size")
         if k and "order" in state and state["order"] != self._order_digest():  # states saved before: unchecked
             now = f"{len(self.shards):,} shards, {int(np.sum(self.counts)):,} records, shuffle {self.shuffle}"
             then = (f"{int(state.get('shards', 0)):,} shards, {int(state.get('records', 0)):,} records, shuffle "

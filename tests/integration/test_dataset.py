@@ -279,6 +279,41 @@ def test_a_resume_mid_epoch_over_other_records_or_order_is_refused(tmp_path):
     grown.load_state_dict(dict(state, sample_in_epoch=0, epoch=1))  # from an epoch's start: the new records count
 
 
+@pytest.mark.parametrize("remainder", ["pad", "drop"])
+def test_a_resume_mid_epoch_with_another_batch_size_is_refused_where_batches_cut_the_epoch(tmp_path, remainder):
+    """pad and drop give each consumer whole batches: with another batch size the same sample position is other
+    records (4 consumers, pad 8 -> 7: 308 records read, 272 distinct of 300), which a resume took in silence."""
+    _write_shards(tmp_path / "d", shards=6)
+    states = []
+    for rank in range(4):
+        ds = Dataset(tmp_path / "d", world=World(rank=rank, size=4), batch_size=8, seed=3, remainder=remainder)
+        it = ds.batches()
+        next(it)
+        states.append(ds.state_dict())
+        it.close()
+    assert states[0]["batch_size"] == 8
+    for batch in (7, 32):
+        said = f"saved at sample 8 of epoch 0 with batch size 8; this dataset has batch size {batch}, and remainder="
+        with pytest.raises(dlstore.PlacementError, match=f"{said}'{remainder}'"):
+            Dataset(tmp_path / "d", world=World(rank=0, size=4), batch_size=batch, seed=3,
+                    remainder=remainder).load_state_dict(states[0])
+    seen = collections.Counter()  # the same batch size resumes exactly: what the epoch gives, every rank together
+    whole = collections.Counter()
+    for rank in range(4):
+        ds = Dataset(tmp_path / "d", world=World(rank=rank, size=4), batch_size=8, seed=3, remainder=remainder)
+        whole.update(_read(ds))
+        resumed = Dataset(tmp_path / "d", world=World(rank=rank, size=4), batch_size=8, seed=3, remainder=remainder)
+        first = list(batch_records(next(resumed.batches())))
+        resumed.load_state_dict(states[rank])
+        seen.update(first + _read(resumed))
+    assert seen == whole
+    legacy = {k: states[0][k] for k in states[0] if k != "batch_size"}  # saved before the check: taken as then
+    Dataset(tmp_path / "d", world=World(rank=0, size=4), batch_size=7, seed=3, remainder=remainder).load_state_dict(
+        legacy)
+    Dataset(tmp_path / "d", world=World(rank=0, size=4), batch_size=7, seed=3,  # from an epoch's start: any size
+            remainder=remainder).load_state_dict(dict(states[0], sample_in_epoch=0, epoch=1))
+
+
 def test_an_empty_list_of_paths_is_no_dataset(tmp_path):
     with pytest.raises(dlstore.DlstoreError, match=r"no files to read in \[\]: the list of paths is empty"):
         Dataset([])  # a glob.glob that found nothing: refused as an empty directory is
