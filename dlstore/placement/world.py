@@ -311,6 +311,27 @@ def _half_pair(env: Mapping[str, str]) -> str:
     return ""
 
 
+def _warn_if_another_launcher_says_more(found: _Found, env: Mapping[str, str]) -> None:
+    """A launcher tried first that counts fewer processes than one tried later (``RANK=0 WORLD_SIZE=1`` left in
+    the environment of an ``mpirun -np 2``) is stale: a torchrun under mpirun or srun has at least as many
+    processes as they do. Each process would read as if alone; say so."""
+    for name, detect in LAUNCHERS.items():
+        if name == found.source:
+            continue
+        try:
+            other = detect(env)
+        except PlacementError:
+            continue
+        size = other.values.get("size") if other is not None else None
+        if size is not None and size > found.values["size"]:
+            warnings.warn(f"{', '.join(found.variables[:2])} say rank {found.values.get('rank')} of "
+                          f"{found.values['size']} ({_LABELS[found.source]}), but {_LABELS[name]} runs {size} "
+                          f"processes ({', '.join(other.variables[:2])}): stale variables from another launch? "
+                          f"Each process reads as its {found.source} rank; unset them, or pass rank= and size=",
+                          RuntimeWarning, stacklevel=3)
+            return
+
+
 def _mpi4py_size() -> Optional[int]:
     """COMM_WORLD's size when the program has already imported (so initialised) mpi4py's MPI."""
     mpi = sys.modules.get("mpi4py.MPI")
@@ -384,6 +405,8 @@ def detect_world(rank: Optional[int] = None, size: Optional[int] = None, local_r
             found = detect(env)
             if found is not None:
                 break
+    if found is not None and found.values.get("size") is not None:
+        _warn_if_another_launcher_says_more(found, env)
     values = dict(found.values) if found else {k: None for k in explicit}
     variables = list(found.variables) if found else []
     notes = list(found.notes) if found else []

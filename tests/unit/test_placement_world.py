@@ -129,6 +129,20 @@ def test_half_a_launchers_pair_is_warned(env, said):
         assert detect_world(rank=0, size=1, environ=env).size == 1  # explicit values: nothing is guessed
 
 
+def test_a_stale_torchrun_pair_under_a_larger_mpirun_is_warned():
+    """RANK=0 WORLD_SIZE=1 left in the environment of an mpirun -np 2: both ranks read as rank 0 of 1, in silence."""
+    env = {"RANK": "0", "WORLD_SIZE": "1", "OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2"}
+    with pytest.warns(RuntimeWarning, match=r"RANK, WORLD_SIZE say rank 0 of 1 \(torchrun\), but Open MPI runs 2 "
+                                            r"processes \(OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE\): stale"):
+        assert detect_world(environ=env).size == 1  # the order of the launchers stands; the warning says why
+    import warnings
+
+    with warnings.catch_warnings():  # a torchrun under mpirun: more training processes than MPI ones, as it should be
+        warnings.simplefilter("error")
+        env = {"RANK": "3", "WORLD_SIZE": "8", "OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2"}
+        assert detect_world(environ=env).size == 8
+
+
 def test_pmix_without_a_size_is_an_error_unless_given():
     env = {"PMIX_RANK": "3", "PMIX_NAMESPACE": "prterun-x@1"}
     if "mpi4py.MPI" in sys.modules:
