@@ -18,7 +18,7 @@ from dlstore.formats.registry import FORMATS
 from dlstore.io.system import format_bytes
 from dlstore.placement import ASSIGNMENTS, REMAINDERS, SHUFFLES
 from dlstore.sources.indexing import build_index, index_dataset, load_index, record_manifest
-from dlstore.sources.reader import detect_files, expand_paths, list_record_files, open_records
+from dlstore.sources.reader import detect_files, expand_paths, open_records
 from dlstore.tools.commands import (add_expand_arguments, add_testbed_arguments, run_expand, run_plan, run_scrub,
                                      run_testbed)
 from dlstore.tools.convert import convert_tree
@@ -32,17 +32,10 @@ def cmd_gen(args: argparse.Namespace) -> int:
     """Writes a synthetic ImageNet-like or BERT dataset."""
 
     from dlstore.synthetic import bert, imagenet
-    from dlstore.synthetic.shards import shard_names
+    from dlstore.synthetic.shards import refuse_other_sets, shard_names
 
     prefix = imagenet.SHARD_PREFIX if args.kind == "imagenet" else bert.SHARD_PREFIX
-    mine = set(shard_names(prefix, args.shards))
-    if os.path.isdir(args.out):  # another set's shards beside these would make one mixed dataset of both
-        others = [n for n in list_record_files(args.out) if os.path.splitext(n)[0] not in mine]
-        if others:
-            print(f"dlstore gen: {args.out} already holds {len(others)} record "
-                  f"{'file' if len(others) == 1 else 'files'} this run would not overwrite (e.g. {others[0]}), "
-                  f"which would read as one dataset with these: give an empty or new directory", file=sys.stderr)
-            return 2
+    refuse_other_sets(args.out, shard_names(prefix, args.shards))  # a usage error: exit 2, one line
 
     if args.kind == "imagenet":
         paths = synthetic.generate_imagenet(args.out, shards=args.shards, records_per_shard=args.records_per_shard,

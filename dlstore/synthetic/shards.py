@@ -52,6 +52,28 @@ def shard_names(prefix: str, shards: int) -> List[str]:
     return [f"{prefix}-{i:05d}-of-{shards:05d}" for i in range(shards)]
 
 
+def refuse_other_sets(out_dir: str, names: List[str]) -> None:
+    """Raises when ``out_dir`` holds record files other than ``names`` (shard names, with or without a
+    format's suffix): written beside them, this set would read as one dataset with theirs.
+
+    Raises
+    ------
+    DlstoreError
+        Naming the directory, how many such files and one of them.
+    """
+    from dlstore.errors import DlstoreError
+    from dlstore.sources.reader import list_record_files
+
+    if not os.path.isdir(out_dir):
+        return
+    mine = set(names)
+    others = [n for n in list_record_files(out_dir) if n not in mine and os.path.splitext(n)[0] not in mine]
+    if others:
+        raise DlstoreError(f"{out_dir} already holds {len(others)} record {'file' if len(others) == 1 else 'files'} "
+                           f"this run would not overwrite (e.g. {others[0]}), which would read as one dataset with "
+                           f"these: give an empty or new directory", path=out_dir)
+
+
 def write_shards(out_dir, prefix: str, shards: int, records_per_shard: int, fmt: str,
                   make: Callable[[Any], List[bytes]], task: Callable[[int, int], Any], task_size: int,
                   workers: Optional[int], progress: bool, label: str, copies: int = 1) -> List[str]:

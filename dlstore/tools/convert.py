@@ -40,7 +40,7 @@ from dlstore._progress import Progress
 from dlstore.formats import recordio
 from dlstore.formats.example import encode_example
 from dlstore.io.system import available_cores
-from dlstore.synthetic.shards import shard_names
+from dlstore.synthetic.shards import refuse_other_sets, shard_names
 from dlstore.writers import RecordIOWriter, TFRecordWriter
 
 __all__ = ["FORMATS", "ImageFile", "ConvertResult", "scan_tree", "check_image", "shard_names", "convert_tree"]
@@ -186,9 +186,9 @@ def _tfrecord_example(f: ImageFile, c: _Checked) -> bytes:
         "image/colorspace": b"RGB",
         "image/channels": [3],
         "image/class/label": [f.label + 1],
-        "image/class/synset": f.synset.encode(),
+        "image/class/synset": os.fsencode(f.synset),  # a name's own bytes, UTF-8 or not
         "image/format": c.format.encode(),
-        "image/filename": os.path.basename(f.path).encode(),
+        "image/filename": os.fsencode(os.path.basename(f.path)),
         "image/encoded": c.data,
     })
 
@@ -203,7 +203,8 @@ def convert_tree(src, out, *, format: str = "tfrecord", shards: int = 1, seed: i
     src : str or path-like
         The tree: one folder per class (see the module's docstring).
     out : str or path-like
-        Created if missing; existing shards of the same names are overwritten. Not inside ``src``.
+        Created if missing; existing shards of the same names are overwritten, other record files refused.
+        Not inside ``src``.
     format : {"tfrecord", "recordio"}
     shards : int
         Files to write. The shuffled file list is cut into ``shards`` runs of equal length (to
@@ -227,8 +228,12 @@ def convert_tree(src, out, *, format: str = "tfrecord", shards: int = 1, seed: i
     ------
     FileNotFoundError, ValueError
         ``src`` is missing or holds no image files; an argument is out of range.
+    DlstoreError
+        ``out`` holds another set's record files (this one would read as one dataset with them).
     ImportError
         Pillow is not installed.
+
+    On any error while writing, the shards this run wrote are removed: half a set is no set.
     """
 
     if format not in FORMATS:
@@ -257,6 +262,7 @@ def convert_tree(src, out, *, format: str = "tfrecord", shards: int = 1, seed: i
     # Shard k takes files [bounds[k], bounds[k + 1]) of the shuffled list, as np.array_split cuts.
     bounds = [len(files) * k // shards for k in range(shards + 1)]
     names = shard_names(prefix, shards)
+    refuse_other_sets(out, names)
     os.makedirs(out, exist_ok=True)
     result = ConvertResult([], 0, len(classes), 0)
     bar = Progress(len(files), f"convert {format}", unit="img", enabled=False if progress is False else None,
@@ -270,7 +276,8 @@ def convert_tree(src, out, *, format: str = "tfrecord", shards: int = 1, seed: i
                 lst = None
             else:
                 writer = RecordIOWriter(base + ".rec", idx_path=base + ".idx")
-                lst = open(base + ".lst", "w")
+                # im2rec's list: a file name that is not UTF-8 keeps its own bytes
+                lst = open(base + ".lst", "w", encoding="utf-8", errors="surrogateescape")
                 result.companions += [base + ".idx", base + ".lst"]
             result.outputs.append(writer.path)
             try:
@@ -296,6 +303,14 @@ def convert_tree(src, out, *, format: str = "tfrecord", shards: int = 1, seed: i
                 writer.close()
                 if lst is not None:
                     lst.close()
+    except BaseException:
+        # Half a set would read as a whole one (verify calls it OK): what this run wrote goes
+        for path in result.outputs + result.companions:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+        raise
     finally:
         checked.close()
         bar.close()

@@ -320,3 +320,51 @@ def test_converted_mixed_set_goes_through_resnet50(tree, tfrecord_set, recordio_
     stats = loader.stats()
     assert stats["fallback_decodes"] == sum(fmt != "JPEG" for *_, fmt in good.values()) == 3
     assert stats["skipped"] == 0
+
+
+def test_convert_into_a_directory_of_another_set_is_refused(tree, tmp_path):
+    """Two converts into one directory (3 shards, then 2) left both sets there: every image read twice."""
+    from dlstore.tools.convert import convert_tree
+
+    src, _ = tree
+    out = tmp_path / "o"
+    convert_tree(src, out, shards=3, progress=False)
+    convert_tree(src, out, shards=3, seed=2, progress=False)  # the same set's names: rewritten
+    with pytest.raises(dlstore.DlstoreError, match=f"{out} already holds 3 record files this run would not "
+                                                   f"overwrite \\(e.g. train-00000-of-00003\\)"):
+        convert_tree(src, out, shards=2, progress=False)
+    assert sorted(os.listdir(out)) == [f"train-0000{i}-of-00003" for i in range(3)]  # nothing written
+    r = run_cli("convert", src, "--out", out, "--shards", "2", "--format", "recordio")
+    assert r.returncode == 2 and "already holds 3 record files" in r.stderr and len(r.stderr.splitlines()) == 1
+
+
+@pytest.mark.parametrize("fmt", ["tfrecord", "recordio"])
+def test_a_file_name_that_is_not_utf8_is_converted_and_an_error_leaves_no_half_set(tree, tmp_path, fmt):
+    """A name with a byte that is not UTF-8 stopped convert with "'utf-8' codec can't encode character '\\udcff'",
+    naming no file, and left the shards written so far, which verify then called OK."""
+    import shutil
+
+    from dlstore.tools.convert import convert_tree
+
+    src = tmp_path / "src"
+    shutil.copytree(tree[0], src)
+    odd = os.path.join(os.fsencode(src / "apple"), b"caf\xff.jpg")
+    with open(odd, "wb") as f:
+        f.write((src / "apple" / "img0.JPEG").read_bytes())
+    r = convert_tree(src, tmp_path / "o", shards=2, format=fmt, progress=False)
+    names = [bytes(rec) for p in r.outputs for rec in dlstore.open_records(p)]
+    assert r.records == len(tree[1]) + 1 and len(names) == r.records
+    if fmt == "tfrecord":
+        from dlstore.formats.example import parse_example
+
+        assert b"caf\xff.jpg" in [bytes(parse_example(n)["image/filename"][0]) for n in names]
+    else:
+        lists = b"".join(Path(p[:-4] + ".lst").read_bytes() for p in r.outputs)
+        assert b"apple/caf\xff.jpg" in lists
+
+    def stop(path, why):
+        raise RuntimeError("stopped")
+
+    with pytest.raises(RuntimeError, match="stopped"):  # any error part-way: no shard of this run stays
+        convert_tree(src, tmp_path / "p", shards=2, format=fmt, progress=False, on_left_out=stop)
+    assert os.listdir(tmp_path / "p") == []
