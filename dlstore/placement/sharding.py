@@ -134,6 +134,10 @@ def shuffle_sizes(mean_record_bytes: float, block_bytes: int, window_bytes: int,
 
 # ---- remainder policies: who gets which span of the global sequence ---------------------------------
 
+#: Records an epoch under ``pad`` may read at most when that is more than twice its records: past it, the
+#: batch size dwarfs the data (a mistake), and the repeats would fill memory.
+_MOST_PADDED = 1 << 20
+
 class Split(NamedTuple):
     """Each consumer's span ``[starts[c], stops[c])`` of global positions (taken modulo the total)
     and the number of batches every consumer yields."""
@@ -462,6 +466,14 @@ class EpochPlan:
         self._seq_ends = np.cumsum(in_order)
         self._seq_begins = self._seq_ends - in_order
         split = REMAINDERS[remainder](self.total, self.num_consumers, self.batch_size)
+        padded = int(split.stops[-1]) if len(split.stops) else 0
+        if remainder == "pad" and padded > max(2 * self.total, _MOST_PADDED):
+            # batch_size=10**12 over 300 records planned 10**12 reads of repeats per consumer, and
+            # exhausted memory: a mistake, not a batch.
+            raise PlacementError(f"batch_size {self.batch_size:,} over the epoch's {self.total:,} records: "
+                                 f"remainder='pad' would read {padded:,} records to give {self.num_consumers} "
+                                 f"consumer(s) whole batches, each record about {padded // max(self.total, 1):,} "
+                                 f"times; give a smaller batch_size, or remainder='uneven' (a short last batch)")
         self._starts, self._stops = split.starts, split.stops
         self.num_batches = int(split.num_batches)
         self._cache: Dict[Tuple[str, int], object] = {}

@@ -319,3 +319,12 @@ def test_a_shuffle_is_one_object_and_one_registry_entry(monkeypatch):
     assert plan.samples(0)[1].tolist() == [1, 0, 2, 1, 0]
     with pytest.raises(PlacementError, match="unknown shuffle 'sideways'"):
         EpochPlan([3], 1, shuffle="sideways")
+
+
+def test_a_batch_size_that_dwarfs_the_data_is_refused_under_pad():
+    """batch_size=10**12 over 300 records: pad planned 10**12 reads of repeats, and exhausted memory."""
+    with pytest.raises(PlacementError, match=r"batch_size 1,000,000,000,000 over the epoch's 300 records: "
+                                              r"remainder='pad' would read 4,000,000,000,000 records"):
+        EpochPlan([300], 4, remainder="pad", batch_size=10**12)
+    assert EpochPlan([300], 4, remainder="uneven", batch_size=10**12).num_batches == 1  # one short batch each
+    assert EpochPlan([1], 3, remainder="pad", batch_size=2).num_batches == 1  # small repeats stay allowed
