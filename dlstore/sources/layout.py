@@ -15,7 +15,7 @@ from dlstore.errors import DlstoreIOError, PlacementError
 from dlstore.placement.mounts import Layout
 from dlstore.sources.reader import _glob_record_files, _is_record_file_name
 
-__all__ = ["scan_layout"]
+__all__ = ["scan_layout", "check_mounts"]
 
 _GLOB_CHARS = "*?["
 
@@ -40,6 +40,21 @@ def _matches(mount: str, pattern: str) -> List[str]:
 
     found, _ = _glob_record_files(os.path.join(glob.escape(mount), pattern))
     return [os.path.relpath(f, mount) for f in found]
+
+
+def check_mounts(mounts: Sequence[str]) -> None:
+    """Raises a PlacementError when a mount point is not a directory, or two name the same directory
+    (``m0`` and ``m0/``, or a bind mount): read as two replicas, one would fail over to the storage that
+    failed, and a scrub would count every copy twice."""
+    seen: Dict[Tuple[int, int], str] = {}
+    for m in mounts:
+        if not os.path.isdir(m):
+            raise PlacementError(f"mount point {m} is not a directory", path=m)
+        st = os.stat(m)
+        if (st.st_dev, st.st_ino) in seen:
+            raise PlacementError(f"mount points {seen[st.st_dev, st.st_ino]} and {m} are the same directory: give "
+                                 f"each mount once", path=m)
+        seen[st.st_dev, st.st_ino] = m
 
 
 def scan_layout(mounts: Sequence[str], shards: Optional[Sequence[str]] = None) -> Layout:
@@ -70,9 +85,7 @@ def scan_layout(mounts: Sequence[str], shards: Optional[Sequence[str]] = None) -
     mounts = [os.fspath(m) for m in mounts]
     if not mounts:
         raise PlacementError("no mount points given")
-    for m in mounts:
-        if not os.path.isdir(m):
-            raise PlacementError(f"mount point {m} is not a directory", path=m)
+    check_mounts(mounts)
     names: List[str] = []
     if shards is None:
         for m in mounts:

@@ -16,7 +16,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from dlstore._progress import Progress
 from dlstore.errors import DlstoreError, PlacementError
-from dlstore.sources.layout import scan_layout
+from dlstore.sources.layout import check_mounts, scan_layout
 from dlstore.sources.reader import open_records
 
 __all__ = ["BadCopy", "ScrubReport", "scrub_mounts"]
@@ -129,11 +129,13 @@ def scrub_mounts(mounts: Sequence[str], shards: Optional[Sequence[str]] = None, 
     Raises
     ------
     PlacementError
-        When a mount is not a directory, or a shard path or glob matches nothing on any mount.
+        When a mount is not a directory, two mounts are one directory, or a shard path or glob matches nothing
+        on any mount.
     """
     import time
 
     names = [os.fspath(m) for m in mounts]
+    check_mounts(names)
     shard_names, holders_of = _copies(names, shards)
     per_mount: Dict[int, List[int]] = {m: [] for m in range(len(names))}
     for s, holders in enumerate(holders_of):

@@ -55,6 +55,22 @@ def test_bad_layouts(holders, message):
         Layout.replicated(MOUNTS[:2], SHARDS[:2]).replicas("nope")
 
 
+def test_one_directory_given_twice_is_not_two_mounts(tmp_path, capsys):
+    """--mounts m0 m0/ was two replicas (both ranks on one storage, failover to the mount that failed, a scrub
+    counting every copy twice)."""
+    (tmp_path / "m0").mkdir()
+    (tmp_path / "m0" / "a.tfrecord").write_bytes(b"")
+    m0 = os.fspath(tmp_path / "m0")
+    with pytest.raises(PlacementError, match=f"mount points {m0} and {m0}/ are the same directory"):
+        scan_layout([m0, m0 + "/"])
+    os.symlink(m0, tmp_path / "alias")
+    with pytest.raises(PlacementError, match="are the same directory"):
+        scan_layout([m0, os.fspath(tmp_path / "alias")])
+    for command in (["verify", "--mounts", m0, m0], ["plan", "--mounts", m0, m0 + "/", "--world-size", "2"]):
+        assert cli.main(command) == 2
+        assert "are the same directory: give each mount once" in capsys.readouterr().err
+
+
 # ---- rank -> mounts --------------------------------------------------------------------------------
 
 def test_round_robin_by_rank_like_the_seeds():
