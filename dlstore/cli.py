@@ -28,6 +28,25 @@ from dlstore.tools.simulate import parse_simulate, run_simulate
 __all__ = ["main", "COMMANDS"]
 
 
+#: About how large a record of each generated kind is (ImageNet-like at the default image size; BERT at seq 128).
+_GEN_RECORD_BYTES = {"imagenet": 115_000, "bert": 850}
+
+
+def _check_room(out: str, records: int, record_bytes: int) -> None:
+    """Raises a ValueError (one line, exit 2) when the set would not fit on the disk that is to hold it,
+    before anything is planned or written (99999999999999 records ran out of memory planning them)."""
+    import shutil
+
+    where = os.path.abspath(out)
+    while not os.path.isdir(where) and os.path.dirname(where) != where:
+        where = os.path.dirname(where)
+    free = shutil.disk_usage(where).free
+    need = records * record_bytes
+    if need > free:
+        raise ValueError(f"{records:,} records of about {format_bytes(record_bytes)} are about {format_bytes(need)}, "
+                         f"and {where} has {format_bytes(free)} free: give fewer --shards or --records-per-shard")
+
+
 def cmd_gen(args: argparse.Namespace) -> int:
     """Writes a synthetic ImageNet-like or BERT dataset."""
 
@@ -36,6 +55,7 @@ def cmd_gen(args: argparse.Namespace) -> int:
 
     prefix = imagenet.SHARD_PREFIX if args.kind == "imagenet" else bert.SHARD_PREFIX
     refuse_other_sets(args.out, shard_names(prefix, args.shards))  # a usage error: exit 2, one line
+    _check_room(args.out, args.shards * args.records_per_shard, _GEN_RECORD_BYTES[args.kind])
 
     if args.kind == "imagenet":
         paths = synthetic.generate_imagenet(args.out, shards=args.shards, records_per_shard=args.records_per_shard,

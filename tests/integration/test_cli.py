@@ -173,6 +173,14 @@ def test_gen_refuses_bad_counts_in_one_line(tmp_path):
     assert not (tmp_path / "x").exists()
 
 
+def test_gen_of_a_set_that_cannot_fit_is_one_line(tmp_path):
+    """--records-per-shard 99999999999999 planned its tasks until memory ran out: a 25-line MemoryError."""
+    err = _one_line_error(dlstore("gen", "bert", "--out", tmp_path / "g", "--shards", 1, "--records-per-shard",
+                                  99999999999999, "--quiet"))
+    assert "99,999,999,999,999 records of about 850 B are about" in err and "free: give fewer" in err
+    assert not (tmp_path / "g").exists()
+
+
 def test_gen_into_a_place_that_cannot_hold_a_directory(tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
