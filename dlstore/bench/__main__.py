@@ -7,7 +7,7 @@ from typing import List, Optional
 
 from dlstore import _console
 from dlstore._console import Parser
-from dlstore.bench import SCENARIOS, load_scenario, metrics
+from dlstore.bench import SCENARIOS, load_scenario, metrics, report
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,6 +29,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     unit = getattr(getattr(module, "WORKLOAD", None), "unit", "records")
 
     def command() -> int:
+        for option in ("json", "markdown"):  # a path that cannot take the file is said now, not after the run
+            report.check_output_path(f"--{option}", getattr(args, option, None))
         # The scenario updates args.metrics (None without --metrics-port) as its steps complete.
         args.metrics = metrics.serve_from_args(args, args.scenario, unit)
         try:

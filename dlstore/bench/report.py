@@ -102,6 +102,20 @@ def write_json(path: str, data: Any) -> str:
     return path
 
 
+def check_output_path(option: str, path: Optional[str]) -> None:
+    """Raises a ValueError (one line, exit 2) now, before a run, when ``path`` cannot take a file: a directory,
+    or under a directory that cannot be written. Found only after the run, the run was lost."""
+    if not path:
+        return
+    if os.path.isdir(path):
+        raise ValueError(f"{option} {path} is a directory: give a file name")
+    where = os.path.dirname(os.path.abspath(path))
+    while not os.path.isdir(where) and os.path.dirname(where) != where:
+        where = os.path.dirname(where)
+    if not os.access(where, os.W_OK):
+        raise ValueError(f"{option} {path}: {where} cannot be written")
+
+
 def write_outputs(doc: Any, json_path: Optional[str], markdown_path: Optional[str],
                   markdown: Callable[[], str]) -> None:
     """A bench run's files, each where its option asked (``--json``, ``--markdown``), saying where."""

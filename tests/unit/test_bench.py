@@ -498,3 +498,20 @@ def test_read_throughput_quick(tmp_path):
     assert [t["verdict"] in ("PASS", "FAIL", "SKIP") for t in doc["targets"]] == [True] * 4
     assert "PASS" in r.stdout or "FAIL" in r.stdout or "SKIP" in r.stdout
     assert "## Targets" in md.read_text()
+
+
+def test_an_output_path_that_cannot_take_the_file_is_said_before_the_run(tmp_path, capsys):
+    """--json DIR failed only after the whole run ("odd.tmp19368: Is a directory"), leaving a stray temporary file."""
+    from dlstore.bench.__main__ import main
+
+    t0 = time.perf_counter()
+    assert main(["resnet50", "--size", "tiny", "--json", str(tmp_path)]) == 2
+    assert f"--json {tmp_path} is a directory: give a file name" in capsys.readouterr().err
+    assert time.perf_counter() - t0 < 30 and os.listdir(tmp_path) == []  # nothing run, nothing left
+    if os.geteuid() != 0:  # root writes anywhere
+        (tmp_path / "ro").mkdir(mode=0o555)
+        assert main(["bert", "--size", "tiny", "--markdown", str(tmp_path / "ro" / "x.md")]) == 2
+        assert "cannot be written" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="is a directory"):
+        report.check_output_path("--json", str(tmp_path))
+    report.check_output_path("--json", str(tmp_path / "new" / "deeper" / "r.json"))  # made when written
