@@ -26,6 +26,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from dlstore import settings
+from dlstore._console import positive_int
 from dlstore._progress import Progress
 from dlstore.bench import report, sysinfo
 from dlstore.bench.fio import FioError, fio_missing_reason, run_fio
@@ -82,7 +83,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fio-ioengine", default="psync", choices=("psync", "libaio", "io_uring"),
                    help="fio's ioengine (default: %(default)s; psync has one request in flight per job, a "
                         "reference rather than the device's ceiling)")
-    p.add_argument("--fio-iodepth", type=int, default=1, metavar="N",
+    p.add_argument("--fio-iodepth", type=positive_int, default=1, metavar="N",
                    help="fio's iodepth, for the asynchronous engines (default: %(default)s)")
     p.add_argument("--json", metavar="FILE",
                    help="write the results as JSON: the top-level keys describe the first cache state "

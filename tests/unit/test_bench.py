@@ -515,3 +515,14 @@ def test_an_output_path_that_cannot_take_the_file_is_said_before_the_run(tmp_pat
     with pytest.raises(ValueError, match="is a directory"):
         report.check_output_path("--json", str(tmp_path))
     report.check_output_path("--json", str(tmp_path / "new" / "deeper" / "r.json"))  # made when written
+
+
+@pytest.mark.parametrize("depth", ["-1", "0"])
+def test_a_fio_queue_depth_is_positive(depth, capsys):
+    """--fio-iodepth -1 was taken and printed as 'qd-1'; 0 only showed as 'fio: skipped'."""
+    from dlstore.bench.__main__ import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["storage", "--fio-iodepth", depth])
+    assert e.value.code == 2
+    assert f"argument --fio-iodepth: expected a positive integer, not {depth}" in capsys.readouterr().err
