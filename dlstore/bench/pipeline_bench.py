@@ -327,8 +327,7 @@ def run_workload(workload: Workload, args: argparse.Namespace) -> int:
     report.write_outputs(doc, args.json, args.markdown, lambda: markdown_report(doc))
     if args.plot:
         try:
-            plot_document(doc, args.plot)
-            print(f"wrote {args.plot}")
+            print(f"wrote {plot_document(doc, args.plot)}")
         except MatplotlibMissing as e:
             print(f"--plot: {e}", file=sys.stderr)
     return 0

@@ -6,6 +6,7 @@ plotted again later: ``python -m dlstore.bench.plot results.json out.png``.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Any, Dict, List, Optional
 
@@ -32,7 +33,8 @@ def _pyplot():
 
 
 def plot_document(doc: Dict[str, Any], path: str) -> str:
-    """Writes a PNG of ``doc`` (what ``--json`` writes) to ``path``; returns the path.
+    """Writes a PNG of ``doc`` (what ``--json`` writes) to ``path`` (``.png`` added to a name without a
+    format's suffix); returns the path written.
 
     Left: rate per step, one line per tier (the paper's table as a chart). Right, with a jobs
     table: aggregate and per-job rate against the number of concurrent jobs.
@@ -78,6 +80,8 @@ def plot_document(doc: Dict[str, Any], path: str) -> str:
     fig.suptitle(f"dlstore.bench {doc['benchmark']} on {info.get('cpu', '?')}, {info.get('cores', '?')} cores",
                  fontsize=9)
     fig.tight_layout()
+    if not os.path.splitext(os.fspath(path))[1]:
+        path = f"{os.fspath(path)}.png"  # what matplotlib writes for a name without a format: say that name
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path

@@ -439,6 +439,9 @@ def test_plot_writes_a_png(tmp_path):
     out = plot_document(doc, os.fspath(tmp_path / "p.png"))
     with open(out, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    # a name without a suffix: matplotlib writes NAME.png, and that is the name said ("wrote NAME" was not there)
+    assert plot_document(doc, os.fspath(tmp_path / "q")) == os.fspath(tmp_path / "q.png")
+    assert os.path.isfile(tmp_path / "q.png") and not os.path.exists(tmp_path / "q")
 
 
 def test_plot_without_matplotlib_says_how_to_get_it(monkeypatch):
