@@ -5,9 +5,9 @@
 // before 3.14 with pthread_exit from inside PyEval_RestoreThread. Its forced unwind aborts the whole
 // process (std::terminate) when it meets a noexcept frame, as pybind11's gil_scoped_release
 // destructor is. So:
-// - once Python's atexit hooks run (dlstore registers `_C._exiting` at import: it sets the flag
-//   below before finalization begins), a thread coming back from C++ does not ask for the GIL at all:
-//   it waits for the process to end, as CPython 3.14 does itself;
+// - once Python's atexit hooks run (module.cpp registers one at import that sets the flag below,
+//   before finalization begins), a thread coming back from C++ does not ask for the GIL at all: it
+//   waits for the process to end, as CPython 3.14 does itself;
 // - one that asked just before (it waits for the GIL while the hooks run) is let go by the unwind:
 //   no frame here is noexcept, and an exception of the work is rethrown only once the GIL is back, so
 //   the unwind never starts inside another one.
@@ -24,7 +24,7 @@
 
 namespace dlstore_bindings {
 
-// Set by _C._exiting() from Python's atexit hooks.
+// Set by the atexit hook module.cpp registers.
 inline std::atomic<bool>& interpreter_exiting() {
   static std::atomic<bool> flag{false};
   return flag;

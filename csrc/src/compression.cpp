@@ -41,6 +41,15 @@ bool InflateStream::pull_input() {
   return true;
 }
 
+void InflateStream::check_input() const {
+  // zlib reads a compressed view (mmap) of a file that may have shrunk since it arrived: an I/O error,
+  // not a SIGBUS. Once per output chunk and input chunk. (An uncompressed view goes on to the scanner,
+  // which checks it where it reads it.)
+  const Chunk& in = st_->in;
+  if (in.map && st_->zs.avail_in > 0)
+    in.map->expect_holds(in.offset + static_cast<uint64_t>(st_->zs.next_in - in.data), st_->zs.avail_in);
+}
+
 bool InflateStream::next(Chunk& out) {
   State& s = *st_;
   if (pending_error_) {  // raised after the bytes inflated before it were delivered
@@ -81,6 +90,7 @@ bool InflateStream::next(Chunk& out) {
       s.zs.next_in = in.data;
       s.zs.avail_in = static_cast<uInt>(in.len);
     }
+    check_input();
     // Fill one output chunk.
     std::shared_ptr<AlignedBuffer> buf = pool_->acquire();
     size_t cap = buf->size() - headroom_;
@@ -127,6 +137,7 @@ bool InflateStream::next(Chunk& out) {
         }
         s.zs.next_in = s.in.data;
         s.zs.avail_in = static_cast<uInt>(s.in.len);
+        check_input();
       }
       if (s.ended) {
         // Concatenated gzip members (as `cat a.gz b.gz` makes) continue the same stream.

@@ -76,11 +76,6 @@ std::shared_ptr<FileHandle> open_direct(const std::string& path, size_t chunk_si
   return fh;
 }
 
-std::string shrank_message(uint64_t offset, size_t len) {
-  return "the file shrank while being read (truncated or rewritten in place): bytes " + std::to_string(offset) +
-         ".." + std::to_string(offset + len) + " of its mapping are gone";
-}
-
 // One (path, range) entry being read: the opened file (shared by consecutive entries of one path)
 // and how far its reads have been queued.
 struct ChunkReader::OpenFile {
@@ -184,7 +179,7 @@ void ChunkReader::fill() {
         // earlier files first and this error where it belongs in file order.
         std::promise<Chunk> failed;
         failed.set_exception(std::current_exception());
-        inflight_.push_back({failed.get_future(), paths_[next_file_ - 1], 0, nullptr});
+        inflight_.push_back({failed.get_future(), paths_[next_file_ - 1], 0});
         failed_ = true;
         return;
       }
@@ -234,7 +229,7 @@ void ChunkReader::fill() {
         c.contiguous = offset > range_start;  // the bytes before it are the file's own
       }
       return c;
-    }), file->path, offset, file->engine->views() ? file->map : nullptr});
+    }), file->path, offset});
   }
 }
 
@@ -251,12 +246,8 @@ bool ChunkReader::next(Chunk& out) {
                     " s (a hung or very slow mount?)");
   }
   std::future<Chunk> f = std::move(front.chunk);
-  const std::shared_ptr<Mapping> map = std::move(front.map);
-  const std::string path = front.path;
   inflight_.pop_front();
   out = f.get();  // rethrows a read error with its file and offset
-  if (map && !map->holds(out.offset, out.len))  // a view read ahead, its file since cut short
-    throw_error(ErrorKind::Io, path, static_cast<int64_t>(out.offset), shrank_message(out.offset, out.len));
   bytes_read_ += out.len;
   fill();
   return true;

@@ -97,7 +97,7 @@ class MmapEngine : public Engine {
         // itself meets a file cut short since: it stops there, an error, instead of a SIGBUS.
         if (r.len && !copy_from_mapping(r.slot, at, r.len)) {
           try {
-            throw_error(ErrorKind::Io, map.path(), static_cast<int64_t>(r.offset), shrank_message(r.offset, r.len));
+            map.lost(r.offset, r.len);
           } catch (const Error&) {
             r.error = std::current_exception();
           }

@@ -152,15 +152,20 @@ void Mapping::populate(uint64_t offset, size_t n) const {
   (void)sink;
 }
 
-bool Mapping::holds(uint64_t offset, size_t n) const {
-  if (!data_ || n == 0) return true;
+void Mapping::expect_holds(uint64_t offset, size_t n) const {
+  if (!data_ || n == 0) return;
 #ifdef MADV_POPULATE_READ
   const long page = ::sysconf(_SC_PAGESIZE);
   const uint64_t last = (offset + n - 1) / page * page;
-  if (last >= size_) return true;  // past the mapping: the reads' own bounds checks say so
-  if (::madvise(data_ + last, 1, MADV_POPULATE_READ) != 0 && errno == EFAULT) return false;
+  if (last >= size_) return;  // past the mapping: the reads' own bounds checks say so
+  if (::madvise(data_ + last, 1, MADV_POPULATE_READ) != 0 && errno == EFAULT) lost(offset, n);
 #endif
-  return true;
+}
+
+void Mapping::lost(uint64_t offset, size_t n) const {
+  throw_error(ErrorKind::Io, path_, static_cast<int64_t>(offset),
+              "the file shrank while being read (truncated or rewritten in place): bytes " + std::to_string(offset) +
+                  ".." + std::to_string(offset + n) + " of its mapping are gone");
 }
 
 }  // namespace dlstore

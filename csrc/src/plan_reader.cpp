@@ -403,9 +403,7 @@ void PlanReader::build(const Step& batch, RecordBatch& out) {
     if (c < 0 || c == checked) continue;
     checked = c;
     const Loaded& l = *loaded_[static_cast<size_t>(c)];
-    if (!l.map) continue;
-    const uint64_t at = static_cast<uint64_t>(l.base - l.map->data());
-    if (!l.map->holds(at, l.len)) throw_error(ErrorKind::Io, l.map->path(), static_cast<int64_t>(at), shrank_message(at, l.len));
+    if (l.map) l.map->expect_holds(static_cast<uint64_t>(l.base - l.map->data()), l.len);
   }
   std::vector<const uint8_t*> data(n);
   uint64_t total = 0;

@@ -230,11 +230,8 @@ bool RecordScanner::pull_region() {
 void RecordScanner::check_mapping() const {
   // A view of a file's mapping read ahead may outlive the file's bytes (cut short under the reader):
   // touching them would be a SIGBUS, so it is an I/O error naming the file, once per batch and region.
-  if (!region_.valid || !region_.map || region_.pos >= region_.len) return;
-  const uint64_t at = region_.base_offset + region_.pos;
-  const size_t n = region_.len - region_.pos;
-  if (!region_.map->holds(at, n))
-    throw_error(ErrorKind::Io, path(region_.file_index), static_cast<int64_t>(at), shrank_message(at, n));
+  if (region_.valid && region_.map && region_.pos < region_.len)
+    region_.map->expect_holds(region_.base_offset + region_.pos, region_.len - region_.pos);
 }
 
 void RecordScanner::truncated(const Frame& f) {

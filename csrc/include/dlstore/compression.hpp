@@ -25,6 +25,7 @@ class InflateStream : public ChunkStream {
  private:
   struct State;
   bool pull_input();
+  void check_input() const;  // the input chunk, a view of a mapping, still held by its file
   ChunkStream& up_;
   std::vector<Compression> per_file_;
   std::vector<std::string> paths_;

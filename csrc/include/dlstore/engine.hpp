@@ -150,9 +150,6 @@ std::shared_ptr<const Engine> buffered_engine();
 // The registered names, in registry order.
 std::vector<std::string> engine_names();
 
-// The error's words for a view (mmap) whose file shrank under it: bytes [offset, offset + len) gone.
-std::string shrank_message(uint64_t offset, size_t len);
-
 // O_DIRECT for `path` with the alignment the filesystem asks for: the handle, or null with `note`
 // saying why not (the filesystem refuses O_DIRECT, or asks for an alignment above 64 KiB or one that
 // `chunk_size` is not a multiple of). For the engines that read O_DIRECT where it can be had.
@@ -202,7 +199,6 @@ class ChunkReader : public ChunkStream {
     std::future<Chunk> chunk;
     std::string path;  // where the read is, for a timeout's message
     uint64_t offset = 0;
-    std::shared_ptr<Mapping> map;  // the mapping a view chunk lies in (mmap): checked as it arrives
   };
   std::deque<InFlight> inflight_;
   bool failed_ = false;  // a file could not be opened: nothing after it is scheduled

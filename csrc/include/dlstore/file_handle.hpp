@@ -61,10 +61,13 @@ class Mapping {
   // Faults in [offset, offset+n) ahead of use (MADV_POPULATE_READ where the kernel has it, else a
   // touch per page), so the consumer thread does not pay the page faults.
   void populate(uint64_t offset, size_t n) const;
-  // False when the file no longer holds [offset, offset + n): it shrank since it was mapped (truncated
-  // or rewritten in place), and touching those bytes would raise SIGBUS. Probes the range's last page
-  // (MADV_POPULATE_READ fails with EFAULT past the end of the file); true where the kernel lacks it.
-  bool holds(uint64_t offset, size_t n) const;
+  // Raises an I/O error naming the file when it no longer holds [offset, offset + n): it shrank since it
+  // was mapped (truncated or rewritten in place), and touching those bytes would raise SIGBUS. Probes
+  // the range's last page (MADV_POPULATE_READ fails with EFAULT past the end of the file); passes where
+  // the kernel lacks it.
+  void expect_holds(uint64_t offset, size_t n) const;
+  // That error, for bytes [offset, offset + n) found gone another way (a copy stopped by SIGBUS).
+  [[noreturn]] void lost(uint64_t offset, size_t n) const;
 
  private:
   std::string path_;
