@@ -17,8 +17,8 @@ from dlstore.formats.detect import FormatMismatchError
 from dlstore.formats.registry import FORMATS
 from dlstore.io.system import format_bytes
 from dlstore.placement import ASSIGNMENTS, REMAINDERS, SHUFFLES
-from dlstore.sources.indexing import build_index, index_dataset, load_index, record_manifest
-from dlstore.sources.reader import detect_files, expand_paths, open_records
+from dlstore.sources.indexing import index_dataset, record_manifest, scan_offsets, write_index
+from dlstore.sources.reader import expand_paths, open_records
 from dlstore.tools.commands import (add_expand_arguments, add_testbed_arguments, run_expand, run_plan, run_scrub,
                                      run_testbed)
 from dlstore.tools.convert import convert_tree
@@ -102,18 +102,19 @@ def cmd_index(args: argparse.Namespace) -> int:
 
     files = expand_paths(args.paths)
     fresh: Dict[str, Dict[str, Any]] = {}  # per directory, per shard: the frame offsets just found
+    formats: Dict[str, str] = {}
     for f in files:
         out = os.path.join(args.out_dir, os.path.basename(f) + ".idx") if args.out_dir else None
-        dest, n = build_index(f, args.format, out=out)
-        print(f"{f}: {n} records -> {dest}")
-        fmt = detect_files([f], args.format)[0]
+        fmt, offsets, lengths = scan_offsets(f, args.format)
+        dest = write_index(f, fmt, offsets, lengths, out)
+        print(f"{f}: {len(offsets)} records -> {dest}")
         directory, name = os.path.split(os.path.abspath(f))
-        fresh.setdefault(directory, {})[name] = (fmt, load_index(f, dest, fmt))
+        fresh.setdefault(directory, {})[name] = offsets
+        formats[directory] = fmt
     # The manifests take the offsets just found over what they held (a manifest damaged on disk, its
     # shards unchanged, is mended here), then cover the rest: nothing is read again.
     for directory, shards in fresh.items():
-        fmt = next(iter(shards.values()))[0]
-        record_manifest(directory, fmt, {name: offsets for name, (_, offsets) in shards.items()})
+        record_manifest(directory, formats[directory], shards)
     index = index_dataset(files, args.format)
     for manifest in index.manifests:
         where = os.path.dirname(manifest)

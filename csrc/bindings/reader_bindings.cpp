@@ -218,6 +218,8 @@ void register_reader(py::module_& m) {
              d["buffers_allocated"] = s.buffers_allocated;
              return d;
            })
+      .def("close", [](dlstore::Reader& r) { dlstore_bindings::without_gil([&] { r.close(); }); },
+           "Ends the reads in flight (waited for up to the read timeout), so the files close with the reader.")
       .def("notes", &dlstore::Reader::notes)
       .def("corruptions", &corruptions_of<dlstore::Reader>);
 
@@ -245,6 +247,8 @@ void register_reader(py::module_& m) {
       .def("next_batch", &next_batch_of<dlstore::PlanReader>)
       .def("start", [](dlstore::PlanReader& r) { dlstore_bindings::without_gil([&] { r.start(); }); },
            "Starts the first reads without waiting for any (a reader made ahead of its turn).")
+      .def("close", [](dlstore::PlanReader& r) { dlstore_bindings::without_gil([&] { r.close(); }); },
+           "Ends the reads in flight (waited for up to the read timeout), so the files close with the reader.")
       .def_property_readonly("position", &dlstore::PlanReader::position)
       .def("__len__", &dlstore::PlanReader::size)
       .def("stats", [](const dlstore::PlanReader& r) { return plan_stats_dict(r.stats()); })

@@ -118,6 +118,15 @@ ChunkReader::~ChunkReader() {
   }
 }
 
+void ChunkReader::close() {
+  if (abandoned_ || inflight_.empty() || !threads_->ours()) return;  // a forked child: nothing will finish
+  threads_->drop_queued();
+  if (wait_all(inflight_, opts_.timeout_s, [](InFlight& f) -> std::future<Chunk>& { return f.chunk; }))
+    inflight_.clear();
+  else
+    abandoned_ = true;
+}
+
 std::vector<std::string> ChunkReader::notes() const {
   std::vector<std::string> out = notes_;
   for (std::string& n : engine_->notes()) out.push_back(std::move(n));

@@ -80,30 +80,22 @@ class MmapEngine : public Engine {
     for (size_t i = 0; i < n; ++i) {
       ReadRequest& r = reqs[i];
       const Mapping& map = *r.file->map;
+      const uint8_t* at = map.data() + r.offset;
       try {
         DLSTORE_EXPECT(r.offset + r.len <= map.size(), Io, map.path(), static_cast<int64_t>(r.offset),
                        "short read: expected " << r.len << " bytes at offset " << r.offset << ", the file has "
                                                << map.size() << " (was the file truncated while being read?)");
         // Prefaulting reports a device error, or a file cut short since it was mapped, as an error,
-        // where touching a bad page is a SIGBUS.
+        // where touching a bad page is a SIGBUS. A small read is not prefaulted (the system call would
+        // cost more than the copy), so a copy of it stops at such a page instead.
         if (r.len >= kPopulateMin) map.populate(r.offset, r.len);
+        if (r.slot) {
+          if (r.len && !copy_from_mapping(r.slot, at, r.len)) map.lost(r.offset, r.len);
+          at = r.slot;
+        }
       } catch (const Error&) {
         r.error = std::current_exception();
         continue;
-      }
-      const uint8_t* at = map.data() + r.offset;
-      if (r.slot) {
-        // A small read is not prefaulted (the system call would cost more than the copy), so the copy
-        // itself meets a file cut short since: it stops there, an error, instead of a SIGBUS.
-        if (r.len && !copy_from_mapping(r.slot, at, r.len)) {
-          try {
-            map.lost(r.offset, r.len);
-          } catch (const Error&) {
-            r.error = std::current_exception();
-          }
-          continue;
-        }
-        at = r.slot;
       }
       r.data = at;
       r.bytes_read = r.len;

@@ -144,8 +144,8 @@ void Mapping::populate(uint64_t offset, size_t n) const {
   size_t len = n + (offset - start);
 #ifdef MADV_POPULATE_READ
   if (::madvise(data_ + start, len, MADV_POPULATE_READ) == 0) return;
-  if (errno == EFAULT || errno == EIO)
-    throw_errno(path_, static_cast<int64_t>(offset), "madvise(MADV_POPULATE_READ)", errno);
+  if (errno == EFAULT) lost(offset, n);  // past the end of the file: it shrank since it was mapped
+  if (errno == EIO) throw_errno(path_, static_cast<int64_t>(offset), "madvise(MADV_POPULATE_READ)", errno);
 #endif
   volatile uint8_t sink = 0;
   for (uint64_t p = start; p < start + len; p += page) sink ^= data_[p];

@@ -64,6 +64,11 @@ class FileCache {
     return f;
   }
 
+  size_t note_count() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return notes_.size() + engine_->notes().size();
+  }
+
   // Per-file notes (direct -> buffered) and the engine's own.
   std::vector<std::string> notes() const {
     std::lock_guard<std::mutex> lock(mu_);
@@ -93,7 +98,7 @@ struct PlanReader::Progress {
 
 struct PlanReader::Loaded {
   std::shared_ptr<void> owner;    // the chunk's buffer, or the mapping its one piece lies in
-  std::shared_ptr<Mapping> map;   // that mapping (a view): checked again before a batch views it
+  const Mapping* map = nullptr;   // that mapping (a view; owner keeps it): checked before a batch views it
   const uint8_t* base = nullptr;  // every record's payload lies in [base, base + len) ...
   size_t len = 0;
   bool scattered = false;         // ... unless set (records in several mappings, or joined apart)
@@ -193,7 +198,7 @@ std::unique_ptr<PlanReader::Loaded> load_chunk(const ReadPlan& plan, std::vector
   }
   if (view && !pieces.empty()) {
     out->owner = opened[0]->map;
-    out->map = opened[0]->map;
+    out->map = opened[0]->map.get();
     out->owns_memory = false;
     out->base = reads[0].data;
     out->len = reads[0].len;
@@ -260,6 +265,15 @@ PlanReader::~PlanReader() {
   // buffers) through shared pointers.
   if (abandoned_ || !inflight_.empty())
     for (auto& t : threads_) t->abandon();
+}
+
+void PlanReader::close() {
+  if (abandoned_ || inflight_.empty() || !threads_.front()->ours()) return;  // a forked child: nothing will finish
+  for (auto& t : threads_) t->drop_queued();
+  if (wait_all(inflight_, opts_.engine.timeout_s, [](InFlight& f) -> auto& { return f.result; }))
+    inflight_.clear();
+  else
+    abandoned_ = true;
 }
 
 void PlanReader::submit(size_t c) {
@@ -397,13 +411,16 @@ void PlanReader::build(const Step& batch, RecordBatch& out) {
   out.file_indices.resize(n);
   // A chunk that is a view of a mapping (mmap) may have arrived before its file was cut short: touching
   // it now would be a SIGBUS, so the batch is an I/O error naming the file instead (a failover).
-  int64_t checked = -1;
-  for (size_t i = 0; i < n; ++i) {
-    const int64_t c = batch.chunks[i];
-    if (c < 0 || c == checked) continue;
-    checked = c;
+  // Each distinct chunk once: under the block and buffer shuffles a batch's records come from many chunks, in
+  // no order.
+  std::vector<int64_t> views;
+  for (int64_t c : batch.chunks)
+    if (c >= 0 && loaded_[static_cast<size_t>(c)]->map) views.push_back(c);
+  std::sort(views.begin(), views.end());
+  views.erase(std::unique(views.begin(), views.end()), views.end());
+  for (int64_t c : views) {
     const Loaded& l = *loaded_[static_cast<size_t>(c)];
-    if (l.map) l.map->expect_holds(static_cast<uint64_t>(l.base - l.map->data()), l.len);
+    l.map->expect_holds(static_cast<uint64_t>(l.base - l.map->data()), l.len);
   }
   std::vector<const uint8_t*> data(n);
   uint64_t total = 0;
@@ -455,7 +472,7 @@ void PlanReader::publish() noexcept {
     s.gathered_bytes = moved_.gathered_bytes;
     s.spilled_bytes = moved_.spilled_bytes;
     s.buffers_allocated = chunk_pool_->allocated() + batch_pool_->allocated();
-    report_.publish(s, files_->notes(), schedule_.corruptions());
+    report_.publish(s, files_->note_count(), [this] { return files_->notes(); }, schedule_.corruptions());
   } catch (...) {  // out of memory building the notes: the last report stands
   }
 }

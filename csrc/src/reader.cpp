@@ -33,7 +33,8 @@ bool Reader::next_batch(RecordBatch& out) {
 
 void Reader::publish() noexcept {
   try {
-    report_.publish(live_stats(), chunks_->notes(), scanner_->stats().corruptions);
+    report_.publish(live_stats(), chunks_->note_count(), [this] { return chunks_->notes(); },
+                    scanner_->stats().corruptions);
   } catch (...) {  // out of memory building the notes: the last report stands
   }
 }

@@ -13,8 +13,7 @@ std::string check_tfrecord(const uint8_t* p, uint64_t size, bool verify, bool fi
   *at = 0;
   // A frame that runs to the end of its file and is too short is a file cut inside its last record (the
   // indexer makes such a tail a frame of its own): said in record_scan's words, not as an index fault.
-  if (file_tail && size < kTFHeader)
-    return "truncated record header: the file ends " + std::to_string(size) + " bytes into a record header";
+  if (file_tail && size < kTFHeader) return truncated_header_words(size);
   if (size < kTFHeader + kTFFooter && !file_tail)
     return "the index gives a frame of " + std::to_string(size) +
            " bytes, shorter than a TFRecord header and footer (16 bytes): the index does not match the file";
@@ -26,10 +25,7 @@ std::string check_tfrecord(const uint8_t* p, uint64_t size, bool verify, bool fi
              std::to_string(length) + ")";
   }
   if (file_tail && (size < kTFHeader + kTFFooter || length > size - kTFHeader - kTFFooter))
-    return verify ? "truncated record: the header says " + std::to_string(length) + " bytes of data, but only " +
-                        std::to_string(size) + " bytes remain in the file, header and CRCs included"
-                  : "record length " + std::to_string(length) + " is larger than the rest of the file (" +
-                        std::to_string(size) + " bytes): the file is truncated or the length is corrupt";
+    return truncated_record_words(Format::TFRecord, length, size, verify);
   if (length != size - kTFHeader - kTFFooter)
     return "the record's length field says " + std::to_string(length) + " bytes of data, but the index gives a " +
            "frame of " + std::to_string(size) + " bytes: the index is stale or the file is corrupt";
@@ -52,8 +48,7 @@ std::string check_recordio(const uint8_t* p, uint64_t size, bool file_tail, Fram
   for (;;) {
     *at = pos;
     if (size - pos < kRIOHeader)
-      return file_tail ? "truncated record header: the file ends " + std::to_string(size - pos) +
-                             " bytes into a record header"
+      return file_tail ? truncated_header_words(size - pos)
                        : "truncated record header: the indexed frame ends " + std::to_string(size - pos) +
                              " bytes into a RecordIO header";
     const uint32_t magic = le32(p + pos);
@@ -63,8 +58,7 @@ std::string check_recordio(const uint8_t* p, uint64_t size, bool file_tail, Fram
     const uint32_t cflag = lrec >> 29;
     const uint64_t length = lrec & ((1u << 29) - 1);
     if (size - pos - kRIOHeader < length)
-      return file_tail ? "truncated record: the header says " + std::to_string(length) + " bytes of data, but only " +
-                             std::to_string(size - pos) + " bytes remain in the file, header included"
+      return file_tail ? truncated_record_words(Format::RecordIO, length, size - pos, true)
                        : "truncated record: the header says " + std::to_string(length) +
                              " bytes of data, but the indexed frame holds only " + std::to_string(size - pos - kRIOHeader);
     const uint8_t* data = p + pos + kRIOHeader;

@@ -130,14 +130,7 @@ RecordScanner::Parse RecordScanner::parse_tfrecord(Frame& f) {
         ++region_.pos;
         return Parse::Skipped;
       }
-      return corrupt(at,
-                     (length_checked ? "truncated record: the header says " + std::to_string(length) +
-                                           " bytes of data, but only " + std::to_string(rest) +
-                                           " bytes remain in the file, header and CRCs included"
-                                     : "record length " + std::to_string(length) +
-                                           " is larger than the rest of the file (" + std::to_string(rest) +
-                                           " bytes): the file is truncated or the length is corrupt"),
-                     0);
+      return corrupt(at, truncated_record_words(Format::TFRecord, length, rest, length_checked), 0);
     }
   } else if (length > opts_.max_record_bytes) {
     return corrupt(at, "record length " + std::to_string(length) + " exceeds max_record_bytes (" +
@@ -188,9 +181,7 @@ RecordScanner::Parse RecordScanner::parse_recordio(Frame& f) {
         region_.pos += 4;
         return Parse::Skipped;
       }
-      return corrupt(at, "truncated record: the header says " + std::to_string(length) +
-                             " bytes of data, but only " + std::to_string(rest) +
-                             " bytes remain in the file, header included", 0);
+      return corrupt(at, truncated_record_words(Format::RecordIO, length, rest, true), 0);
     }
     if (frame > rest) frame = rest;  // tolerate a last record written without its padding
   }
@@ -234,13 +225,28 @@ void RecordScanner::check_mapping() const {
     region_.map->expect_holds(region_.base_offset + region_.pos, region_.len - region_.pos);
 }
 
+std::string truncated_header_words(uint64_t tail) {
+  return "truncated record header: the file ends " + std::to_string(tail) + " bytes into a record header";
+}
+
+std::string truncated_record_words(Format format, uint64_t length, uint64_t rest, bool length_checked) {
+  if (format == Format::RecordIO)
+    return "truncated record: the header says " + std::to_string(length) + " bytes of data, but only " +
+           std::to_string(rest) + " bytes remain in the file, header included";
+  if (length_checked)
+    return "truncated record: the header says " + std::to_string(length) + " bytes of data, but only " +
+           std::to_string(rest) + " bytes remain in the file, header and CRCs included";
+  return "record length " + std::to_string(length) + " is larger than the rest of the file (" +
+         std::to_string(rest) + " bytes): the file is truncated or the length is corrupt";
+}
+
 void RecordScanner::truncated(const Frame& f) {
   const size_t tail = region_.len - region_.pos;
   const int64_t at = static_cast<int64_t>(region_.base_offset + region_.pos);
   std::string what =
       f.needed ? "truncated record: the frame needs " + std::to_string(f.needed) + " bytes but the file ends after " +
                      std::to_string(tail)
-               : "truncated record header: the file ends " + std::to_string(tail) + " bytes into a record header";
+               : truncated_header_words(tail);
   if (!resyncing_) skip_or_raise(region_.file_index, at, what);
   region_.valid = false;
   resyncing_ = false;
@@ -282,8 +288,7 @@ void RecordScanner::extend_region(const Frame& f) {
     region_.last = c.last;
   };
   if (c.contiguous) {  // mmap: the tail is already right before the chunk
-    adopt(c.data - tail, tail + c.len);
-    check_mapping();
+    adopt(c.data - tail, tail + c.len);  // probed as the batch goes on in it (next_batch_impl)
     return;
   }
   if (tail <= c.headroom) {  // move the record's start in front of the rest of it
@@ -407,6 +412,7 @@ bool RecordScanner::next_batch_impl(RecordBatch& out) {
   out.clear();
   out.paths = paths_;
   stored_crcs_.clear();
+  const uint8_t* probed = nullptr;  // the region this batch last probed (mmap): a new or extended one is probed
   auto done = [&]() {
     finish_batch(out);
     return true;
@@ -421,7 +427,10 @@ bool RecordScanner::next_batch_impl(RecordBatch& out) {
       return false;
     }
     if (!region_.valid) continue;
-    if (out.offsets.empty()) check_mapping();  // the region this batch starts in, as it is now
+    if (region_.base != probed) {  // once per batch and region, as it is now (a resync stays in it)
+      check_mapping();
+      probed = region_.base;
+    }
     Frame f;
     Parse r = parse(f);
     if (r == Parse::Skipped) continue;

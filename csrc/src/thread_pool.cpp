@@ -37,6 +37,17 @@ void ThreadPool::abandon() noexcept {
   dropped.clear();
 }
 
+bool ThreadPool::ours() const { return static_cast<int>(getpid()) == owner_; }
+
+void ThreadPool::drop_queued() noexcept {
+  if (!ours()) return;  // its lock may have been held by a thread of the parent at the fork
+  std::deque<std::function<void()>> dropped;
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    dropped.swap(state_->tasks);  // destroyed outside the lock: they may own files and buffers
+  }
+}
+
 void ThreadPool::work(std::shared_ptr<State> state) {
   State& s = *state;
   for (;;) {

@@ -41,7 +41,7 @@ from dlstore.placement.mounts import assign_mounts, mount_for
 from dlstore.placement.rank import RankPlan, plan_rank
 from dlstore.placement.sharding import EpochPlan, SamplerState, shuffle_named, shuffle_sizes
 from dlstore.placement.world import World, detect_world
-from dlstore.sources.reader import CorruptionWarnings, PathSpec, path_list
+from dlstore.sources.reader import CorruptionWarnings, PathSpec, close_reader, path_list
 from dlstore.sources.layout import scan_layout
 from dlstore.sources.reads import ReaderPlan as _ReaderPlan
 from dlstore.sources.reads import reader_plan
@@ -511,6 +511,8 @@ class Dataset(ReadsWithOptions):
                 held = None
             self.epoch, self.sample_in_epoch = epoch + 1, 0
         finally:
+            for reader in (core, ahead[2] if ahead is not None else None):
+                close_reader(reader)
             core = ahead = None  # their files, mappings and buffers go now
             self.__dict__.pop("_kept_rank", None)
             self._last = {**totals, **health.stats.as_dict(), "notes": notes}

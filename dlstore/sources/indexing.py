@@ -32,7 +32,7 @@ from dlstore.formats.manifest import MANIFEST_NAME, STAMP_AT, Manifest, decode_m
 from dlstore.sources.reader import (PathSpec, RecordReader, detect_files, expand_paths, list_record_files, path_list,
                                     mixed_formats, open_records, record_file_names, split_glob)
 
-__all__ = ["index_path_for", "build_index", "scan_offsets", "load_index", "find_index", "ensure_index",
+__all__ = ["index_path_for", "build_index", "write_index", "scan_offsets", "load_index", "find_index", "ensure_index",
            "manifest_path_for", "read_manifest", "write_manifest", "record_manifest", "DatasetIndex",
            "index_dataset", "open_shards", "ShardChanged"]
 
@@ -79,14 +79,20 @@ def build_index(path: str, fmt: str = "auto", out: Optional[str] = None, verify:
                          f"build one per file")
     path = files[0]
     fmt, offs, lens = scan_offsets(path, fmt, verify)
-    text = format_named(fmt).format_index(offs, lens)
+    return write_index(path, fmt, offs, lens, out), len(offs)
+
+
+def write_index(path: str, fmt: str, offsets: np.ndarray, lengths: np.ndarray, out: Optional[str] = None) -> str:
+    """Writes the index of ``path`` from its frame offsets and payload lengths (:func:`scan_offsets`) to ``out``
+    (:func:`index_path_for` by default); returns where."""
+    text = format_named(fmt).format_index(offsets, lengths)
     dest = out or index_path_for(path, fmt)
     os.makedirs(os.path.dirname(os.path.abspath(dest)), exist_ok=True)
     tmp = dest + f".tmp{os.getpid()}"
     with open(tmp, "w") as f:
         f.write(text)
     os.replace(tmp, dest)  # a reader never sees half an index
-    return dest, len(offs)
+    return dest
 
 
 def scan_offsets(path: str, fmt: str = "auto", verify: bool = True) -> Tuple[str, np.ndarray, np.ndarray]:

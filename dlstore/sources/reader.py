@@ -373,6 +373,7 @@ class RecordReader(ReadsWithOptions):
         # released (a live mapping would pin pages in the page cache across a drop_caches).
         self._last = {"stats": dict(core.stats()), "notes": list(core.notes()),
                       "corruptions": list(core.corruptions())}
+        close_reader(core)
         if self._core is core:
             self._core = None
 
@@ -491,6 +492,16 @@ def open_records(paths: PathSpec, *, format: str = "auto", compression: Optional
 
     reader.device_index = parse_device(device) if device is not None else (0 if choice.engine == "gds" else None)
     return reader
+
+
+def close_reader(core: Any) -> None:
+    """Ends a core reader's reads in flight (a pass stopped early), waiting for those under way up to the read
+    timeout with the GIL released, so that its files and mappings close when it goes. Dropped without this, a
+    reader never waits (it may be on a hung mount): its reads finish in the background, holding their files
+    till then. The GPU reader has nothing to close."""
+    close = getattr(core, "close", None)
+    if close is not None:
+        close()
 
 
 def detect_files(files: Sequence[str], format: str = "auto",

@@ -173,8 +173,13 @@ class ChunkReader : public ChunkStream {
               std::vector<ByteRange> ranges = {});
   ~ChunkReader() override;
   bool next(Chunk& out) override;
+  // Ends the reads: those not started are dropped, those under way waited for up to the read timeout (with
+  // the GIL released: see the bindings), so that the files are closed when the reader goes. One still
+  // running then is abandoned, as the destructor abandons whatever it finds in flight.
+  void close();
   // Notes such as "direct -> buffered for PATH: the filesystem refuses O_DIRECT", the engine's included.
   std::vector<std::string> notes() const;
+  size_t note_count() const { return notes_.size() + engine_->notes().size(); }  // without copying them
   uint64_t bytes_read() const { return bytes_read_; }
   const std::shared_ptr<BufferPool>& pool() const { return pool_; }
   const EngineOptions& options() const { return opts_; }

@@ -53,6 +53,9 @@ class PlanReader {
   // Starts the first reads (up to the schedule's depth) without waiting for any: a reader made ahead of
   // its turn (the next window of a pass) has its reads in flight when the one before it ends.
   void start();
+  // Ends the reads: those not started are dropped, those under way waited for up to the read timeout (the
+  // GIL released), so that the files are closed when the reader goes; one still running then is abandoned.
+  void close();
   // Emission positions consumed so far (records handed out, plus corrupt ones skipped).
   size_t position() const { return schedule_.position(); }
   size_t size() const { return schedule_.size(); }

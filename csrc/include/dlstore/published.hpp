@@ -17,14 +17,23 @@ namespace dlstore {
 template <class Stats>
 class Published {
  public:
-  // Called by the reading thread only. Stats and notes are small and copied whole; corruptions only
-  // grow (the first kMaxReports), so only those found since the last call are copied.
-  void publish(const Stats& stats, std::vector<std::string> notes,
+  // Called by the reading thread only, at the end of each call that reads. Stats are copied whole. Notes
+  // (one per file read otherwise than asked: there may be as many as files) are made and copied only when
+  // `note_count` says they changed; corruptions only grow (the first kMaxReports), so only those found
+  // since the last call are copied.
+  template <class MakeNotes>
+  void publish(const Stats& stats, size_t note_count, MakeNotes&& make_notes,
                const std::vector<CorruptionReport>& found) noexcept {
     try {
+      std::vector<std::string> notes;
+      const bool new_notes = note_count != published_notes_;
+      if (new_notes) notes = make_notes();
       std::lock_guard<std::mutex> lock(mu_);
       stats_ = stats;
-      notes_ = std::move(notes);
+      if (new_notes) {
+        notes_ = std::move(notes);
+        published_notes_ = note_count;
+      }
       if (found.size() > corruptions_.size())
         corruptions_.insert(corruptions_.end(), found.begin() + static_cast<std::ptrdiff_t>(corruptions_.size()),
                             found.end());
@@ -48,6 +57,7 @@ class Published {
   mutable std::mutex mu_;
   Stats stats_{};
   std::vector<std::string> notes_;
+  size_t published_notes_ = 0;  // the reading thread's: the note count notes_ was made at
   std::vector<CorruptionReport> corruptions_;
 };
 

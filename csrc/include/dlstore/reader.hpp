@@ -34,6 +34,7 @@ class Reader {
  public:
   Reader(std::vector<std::string> paths, ReaderOptions opts);
   bool next_batch(RecordBatch& out);
+  void close() { chunks_->close(); }  // ChunkReader::close
   // As of the end of the last next_batch: safe to call from any thread, while another reads.
   ReaderStats stats() const { return report_.stats(); }
   std::vector<std::string> notes() const { return report_.notes(); }

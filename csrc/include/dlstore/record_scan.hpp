@@ -67,6 +67,13 @@ struct ScanStats {
   std::vector<CorruptionReport> corruptions;  // first kMaxReports, under OnError::Skip
 };
 
+// The words for a file cut inside its last record, said alike by the scanner and by check_frame (an
+// indexed frame that runs to the end of its file): the file ends `tail` bytes into a record header; or a
+// header says `length` bytes of data where `rest` bytes of the file remain (`length_checked`: its CRC
+// held, so the file is short, rather than the length corrupt).
+std::string truncated_header_words(uint64_t tail);
+std::string truncated_record_words(Format format, uint64_t length, uint64_t rest, bool length_checked);
+
 class RecordScanner {
  public:
   RecordScanner(ChunkStream& src, std::shared_ptr<const std::vector<std::string>> paths, ScanOptions opts);

@@ -1,6 +1,7 @@
 // A small fixed pool of worker threads running queued tasks; used to keep several reads in flight.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -41,6 +42,11 @@ class ThreadPool {
   // read on a hung mount may be never. Its tasks must own what they touch (shared pointers). The
   // destructor then returns at once.
   void abandon() noexcept;
+  // Drops the tasks not started (their futures report a broken promise); the threads stay.
+  void drop_queued() noexcept;
+  // Whether this process started the threads: a forked child (a DataLoader worker) inherits the pool, not its
+  // threads, so nothing it queued will ever run there.
+  bool ours() const;
 
  private:
   struct State {
@@ -56,6 +62,22 @@ class ThreadPool {
   std::vector<std::thread>* workers_;
   int owner_;  // the process that started the threads
 };
+
+// Waits for each future of `futures` (get() of each item) until `timeout_s` from now (0: no limit); false
+// when one is still running then.
+template <class Items, class Get>
+bool wait_all(Items& futures, double timeout_s, Get get) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  for (auto& item : futures) {
+    auto& f = get(item);
+    if (timeout_s <= 0) {
+      f.wait();
+    } else if (f.wait_until(deadline) != std::future_status::ready) {
+      return false;
+    }
+  }
+  return true;
+}
 
 // The pool of helper threads the batch functions (Example parsing, JPEG decoding) share in this
 // process, with at least `workers` threads, grown on demand. A forked child (a DataLoader worker)
