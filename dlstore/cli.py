@@ -15,7 +15,7 @@ from dlstore._progress import Progress
 from dlstore.errors import DlstoreError
 from dlstore.formats.detect import FormatMismatchError
 from dlstore.formats.registry import FORMATS
-from dlstore.io.system import format_bytes
+from dlstore.io.system import existing_parent, format_bytes
 from dlstore.placement import ASSIGNMENTS, REMAINDERS, SHUFFLES
 from dlstore.sources.indexing import index_dataset, record_manifest, scan_offsets, write_index
 from dlstore.sources.reader import expand_paths, open_records
@@ -37,9 +37,7 @@ def _check_room(out: str, records: int, record_bytes: int) -> None:
     before anything is planned or written (99999999999999 records ran out of memory planning them)."""
     import shutil
 
-    where = os.path.abspath(out)
-    while not os.path.isdir(where) and os.path.dirname(where) != where:
-        where = os.path.dirname(where)
+    where = existing_parent(out)
     free = shutil.disk_usage(where).free
     need = records * record_bytes
     if need > free:
@@ -50,12 +48,8 @@ def _check_room(out: str, records: int, record_bytes: int) -> None:
 def cmd_gen(args: argparse.Namespace) -> int:
     """Writes a synthetic ImageNet-like or BERT dataset."""
 
-    from dlstore.synthetic import bert, imagenet
-    from dlstore.synthetic.shards import refuse_other_sets, shard_names
-
-    prefix = imagenet.SHARD_PREFIX if args.kind == "imagenet" else bert.SHARD_PREFIX
-    refuse_other_sets(args.out, shard_names(prefix, args.shards))  # a usage error: exit 2, one line
     _check_room(args.out, args.shards * args.records_per_shard, _GEN_RECORD_BYTES[args.kind])
+    # Another set's shards in args.out are refused by the generator (refuse_other_sets): one line, exit 2.
 
     if args.kind == "imagenet":
         paths = synthetic.generate_imagenet(args.out, shards=args.shards, records_per_shard=args.records_per_shard,
@@ -178,12 +172,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     records = corrupt = corrupt_files = unreadable = 0
     with Progress(total, "verify", unit="B", enabled=False if args.quiet else None) as bar:
         for f in files:
-            try:
-                check = _verify_file(f, args.format, args.io)
-            except FormatMismatchError as e:
-                bar.close()
-                print(f"dlstore verify: {e}", file=sys.stderr)
-                return 2
+            check = _verify_file(f, args.format, args.io)  # FormatMismatchError: a usage error (_console)
             bar.update(os.path.getsize(f))
             records += check.records
             corrupt += check.corrupt

@@ -20,6 +20,7 @@ __all__ = ["Setting", "Default", "Adjust", "Case", "SETTINGS", "get", "is_defaul
 
 MiB = 1 << 20
 GiB = 1 << 30
+_CACHE_DIR = "~/.cache/dlstore"
 TiB = 1 << 40
 
 
@@ -184,9 +185,9 @@ SETTINGS: Dict[str, Setting] = {
                 "Bytes of records the shuffle buffer of Dataset's block and buffer shuffles holds (in "
                 "records: this over the dataset's mean record size, unless buffer_size is given).",
                 _size, lambda v: 64 << 10 <= v <= TiB, "at least 64 KiB and at most 1 TiB"),
-        Setting("cache_dir", "~/.cache/dlstore", "DLSTORE_CACHE",
+        Setting("cache_dir", _CACHE_DIR, "DLSTORE_CACHE",
                 "Where generated datasets and indexes of read-only data are kept (empty: the default).",
-                lambda t: os.path.expanduser(str(t).strip() or "~/.cache/dlstore")),
+                lambda t: os.path.expanduser(str(t).strip() or _CACHE_DIR)),
         Setting("no_progress", False, "DLSTORE_NO_PROGRESS",
                 "Set (to anything but 0, false, no or off): no progress bars or progress lines, even on a "
                 "terminal.", _flag),

@@ -151,8 +151,11 @@ class _IterableRecords:
         Call it before creating the epoch's DataLoader iterator: workers take a copy of the dataset then.
         Another epoch than a loaded state's forgets that state's resume point.
         """
-        self.epoch = int(epoch)
+        self._take_epoch(epoch)
         self._board.write(self.epoch)
+
+    def _take_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
         if self._resume is not None and self._resume["epoch"] != self.epoch:
             self._resume = None
 
@@ -234,7 +237,7 @@ class _IterableRecords:
         if info is not None:  # a persistent worker's copy was taken epochs ago: the epoch set since is on the board
             epoch = self._board.read()
             if epoch is not None and epoch != self.epoch:
-                self.set_epoch(epoch)
+                self._take_epoch(epoch)  # the board already says it
         source, start, drop = self._worker_share(info.id if info else 0, info.num_workers if info else 0)
         if self.pipeline is None:
             start_at(source, self.epoch, start)

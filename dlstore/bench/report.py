@@ -13,7 +13,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Union
 
-from dlstore.io.system import format_bytes
+from dlstore.io.system import existing_parent, format_bytes
 
 __all__ = ["Column", "format_cell", "text_table", "markdown_table", "write_json", "summarize", "fmt_ratio",
            "fmt_bytes"]
@@ -109,9 +109,7 @@ def check_output_path(option: str, path: Optional[str]) -> None:
         return
     if os.path.isdir(path):
         raise ValueError(f"{option} {path} is a directory: give a file name")
-    where = os.path.dirname(os.path.abspath(path))
-    while not os.path.isdir(where) and os.path.dirname(where) != where:
-        where = os.path.dirname(where)
+    where = existing_parent(os.path.dirname(os.path.abspath(path)))
     if not os.access(where, os.W_OK):
         raise ValueError(f"{option} {path}: {where} cannot be written")
 

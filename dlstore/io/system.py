@@ -117,6 +117,15 @@ def available_page_cache_bytes() -> int:
     return meminfo().get("MemAvailable", 0)
 
 
+def existing_parent(path: str) -> str:
+    """``path`` if it is a directory, else its nearest ancestor that is: where a file or directory about to be
+    made at ``path`` would go (for its free space, or whether it can be written)."""
+    where = os.path.abspath(path)
+    while not os.path.isdir(where) and os.path.dirname(where) != where:
+        where = os.path.dirname(where)
+    return where
+
+
 def format_bytes(n: float) -> str:
     """Bytes in the decimal unit that fits, as storage, memory and datasets are quoted, with three
     significant digits: ``3.14 GB``, ``24.9 GB``, ``46.1 MB``, ``512 B`` (never a 46 MB set as

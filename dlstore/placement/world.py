@@ -169,12 +169,16 @@ def _pair(source: str, env: Mapping[str, str], rank: str, size: str, local_rank:
     return found
 
 
+_TORCHRUN = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+_HOROVOD = ("HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE")
+
+
 def _torchrun(env: Mapping[str, str]) -> Optional[_Found]:
-    return _pair("torchrun", env, "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+    return _pair("torchrun", env, *_TORCHRUN)
 
 
 def _horovod(env: Mapping[str, str]) -> Optional[_Found]:
-    return _pair("horovod", env, "HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE")
+    return _pair("horovod", env, *_HOROVOD)
 
 
 def _poprun(env: Mapping[str, str]) -> Optional[_Found]:
@@ -298,8 +302,9 @@ def _slurm_local_size(env: Mapping[str, str], found: _Found) -> None:
     found.take(env, "local_size", "SLURM_NTASKS_PER_NODE")
 
 
-#: Launchers' (rank, size) variable pairs, of which one alone is most likely a launch script's mistake.
-_PAIRS = (("RANK", "WORLD_SIZE"), ("HOROVOD_RANK", "HOROVOD_SIZE"))
+#: Launchers' (rank, size) variable pairs, of which one alone is most likely a launch script's mistake (the
+#: ones a launch script sets by hand; MPI launchers set both or neither).
+_PAIRS = (_TORCHRUN[:2], _HOROVOD[:2])
 
 
 def _half_pair(env: Mapping[str, str]) -> str:

@@ -735,8 +735,8 @@ def open_shards(spec: PathSpec, fmt: str = "auto", progress: bool = False, verif
     removed. No shard is opened or ``stat``-ed here (:meth:`DatasetIndex.check` does that for a rank's own).
     """
     items = path_list(spec)
-    if not items:  # an empty list (a glob.glob that found nothing) is no dataset, as an empty directory is none
-        raise DlstoreError("no files to read in []: the list of paths is empty")
+    if not items:
+        expand_paths(items)  # raises, saying the list is empty
     groups: List[_Group] = []
     notes: List[str] = []
     for item in items:

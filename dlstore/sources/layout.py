@@ -8,7 +8,7 @@ from __future__ import annotations
 import glob
 import os
 import warnings
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 
 from dlstore.errors import DlstoreIOError, PlacementError
@@ -20,18 +20,20 @@ __all__ = ["scan_layout", "check_mounts"]
 _GLOB_CHARS = "*?["
 
 
-def _files_under(mount: str) -> List[str]:
+def _record_files_under(mount: str) -> Iterator[str]:
     """Relative paths of the record files under ``mount``, recursively (indexes, metadata, hidden
-    and temporary files left out, as when a directory is read)."""
+    and temporary files left out, as when a directory is read), as the walk finds them."""
 
-    out = []
     for root, dirs, names in os.walk(mount):
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
         for name in names:
             full = os.path.join(root, name)
             if _is_record_file_name(name) and os.path.isfile(full):
-                out.append(os.path.relpath(full, mount))
-    return out
+                yield os.path.relpath(full, mount)
+
+
+def _files_under(mount: str) -> List[str]:
+    return list(_record_files_under(mount))
 
 
 def _matches(mount: str, pattern: str) -> List[str]:
@@ -133,7 +135,8 @@ def scan_layout(mounts: Sequence[str], shards: Optional[Sequence[str]] = None) -
         sizes.append(next(iter(seen)))
     # A mount with no record file at all is most likely a mount point with nothing mounted on it: its ranks
     # read from the others, but say so. (One without the shards asked for, but with others, is a choice.)
-    empty = [m for i, m in enumerate(mounts) if not any(i in held for held in holders) and not _files_under(m)]
+    empty = [m for i, m in enumerate(mounts)
+             if not any(i in held for held in holders) and next(_record_files_under(m), None) is None]
     if empty:
         warnings.warn(f"{'mounts' if len(empty) > 1 else 'mount'} {', '.join(empty)} "
                       f"{'hold' if len(empty) > 1 else 'holds'} no record files (nothing mounted there?): the ranks "

@@ -157,6 +157,8 @@ def expand_paths(paths: PathSpec) -> List[str]:
         when nothing is found, the message says which subfolders were not searched.
     """
     paths = path_list(paths)
+    if not paths:  # a glob.glob that found nothing: no dataset, as an empty directory is none
+        raise DlstoreError("no files to read in []: the list of paths is empty")
     out: List[str] = []
     for p in paths:
         if any(ch in p for ch in _GLOB_CHARS):

@@ -85,7 +85,6 @@ def write_shards(out_dir, prefix: str, shards: int, records_per_shard: int, fmt:
     task; ``label`` names the progress bar.
     """
     out_dir = os.fspath(out_dir)
-    os.makedirs(out_dir, exist_ok=True)
     shards, records_per_shard = int(shards), int(records_per_shard)
     total = shards * records_per_shard
     workers = default_workers(total) if workers is None else max(1, int(workers))
@@ -93,6 +92,8 @@ def write_shards(out_dir, prefix: str, shards: int, records_per_shard: int, fmt:
         raise ValueError(f"copies must be at least 1 (and 1 for {fmt}, whose index names the file), got {copies}")
     files = shards * int(copies)
     names = shard_names(prefix, files)
+    refuse_other_sets(out_dir, names)  # before anything is written
+    os.makedirs(out_dir, exist_ok=True)
     paths = [os.path.join(out_dir, n + (".rec" if fmt == "recordio" else "")) for n in names]
     # Tasks never straddle a shard, so each result goes to one writer.
     tasks = [task(s * records_per_shard + a, s * records_per_shard + min(a + task_size, records_per_shard))

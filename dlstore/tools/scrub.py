@@ -89,10 +89,8 @@ def _check_copy(path: str, fmt: str, io: Optional[str]) -> _CopyCheck:
 
 def _copies(mounts: List[str], shards: Optional[Sequence[str]]) -> Tuple[List[str], List[List[int]]]:
     """The shards (relative paths) and the mounts holding a copy of each. Unlike a dataset's layout,
-    copies of different sizes are accepted: a torn copy is one of the bad copies to find."""
-    for m in mounts:
-        if not os.path.isdir(m):
-            raise PlacementError(f"mount point {m} is not a directory", path=m)
+    copies of different sizes are accepted: a torn copy is one of the bad copies to find. The mounts are
+    checked already (check_mounts)."""
     patterns: List[Optional[str]] = list(shards) if shards else [None]
     names = set()
     for pattern in patterns:
