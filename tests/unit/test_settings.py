@@ -43,11 +43,11 @@ def test_precedence_and_validation(monkeypatch):
     ("chunk_size", "DLSTORE_CHUNK_SIZE", "inf"),     # int(float("inf")) overflows
     ("chunk_size", "DLSTORE_CHUNK_SIZE", "1e20"),    # more than a size_t holds
     ("chunk_size", "DLSTORE_CHUNK_SIZE", "1e12"),    # an allocation that fails
-    ("block_size", "DLSTORE_BLOCK_SIZE", "nan"),
+    ("block_size", "DLSTORE_BLOCK_SIZE", "nan"),      # a control: refused before the bounds too
     ("shuffle_buffer", "DLSTORE_SHUFFLE_BUFFER", "1e30"),
     ("read_timeout", "DLSTORE_READ_TIMEOUT", "inf"),  # overflowed the C++ wait: every read timed out at once
     ("read_timeout", "DLSTORE_READ_TIMEOUT", "1e10"),
-    ("read_timeout", "DLSTORE_READ_TIMEOUT", "nan"),
+    ("read_timeout", "DLSTORE_READ_TIMEOUT", "nan"),  # a control: refused before the bounds too (nan >= 0 fails)
 ])
 def test_values_beyond_any_use_are_refused_in_one_line(monkeypatch, name, env, value):
     monkeypatch.setenv(env, value)
