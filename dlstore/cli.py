@@ -12,7 +12,7 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional
 from dlstore import __version__, _console, settings, synthetic
 from dlstore._console import Parser, positive_int
 from dlstore._progress import Progress
-from dlstore.errors import DlstoreError
+from dlstore.errors import CorruptRecordError, DlstoreError
 from dlstore.formats.detect import FormatMismatchError
 from dlstore.formats.registry import FORMATS
 from dlstore.io.system import existing_parent, format_bytes
@@ -121,10 +121,11 @@ def cmd_index(args: argparse.Namespace) -> int:
 
 
 class _FileCheck(NamedTuple):
-    records: int  # good records
+    records: int  # good records (those before an error that stopped the read included)
     corrupt: int  # corrupt records skipped (every one counted, reported or not)
     lines: List[str]  # what to print: one line per problem
-    unreadable: bool  # the file could not be opened or its format told
+    unreadable: bool  # the file could not be opened, its format told, or read
+    broken: bool  # its compressed stream is damaged: nothing after the damage can be read
 
 
 def _verify_file(path: str, fmt: str, io: Optional[str]) -> _FileCheck:
@@ -132,12 +133,20 @@ def _verify_file(path: str, fmt: str, io: Optional[str]) -> _FileCheck:
 
     try:
         reader = open_records(path, format=fmt, io=io, on_error="skip")
-        stats = reader.count()
     except FormatMismatchError:  # --format names another format than the files': a usage error
         raise
     except (DlstoreError, ValueError) as e:  # unreadable file or unknown format: say so, go on
-        text = str(e)
-        return _FileCheck(0, 0, [text if text.startswith(path) else f"{path}: {text}"], True)
+        return _FileCheck(0, 0, [_naming(path, str(e))], True, False)
+    stopped = None
+    try:
+        stats = reader.count()
+    except FormatMismatchError:
+        raise
+    except DlstoreError as e:
+        # The read stopped: the file cannot be read, or its compressed stream is broken (skipping
+        # cannot go past that). The records read before it still count.
+        stopped = e
+        stats = reader.stats()
     lines = []
     found = reader.corruptions()
     for where, offset, what in found:  # the core's reports are bare: add the file and the offset
@@ -149,7 +158,16 @@ def _verify_file(path: str, fmt: str, io: Optional[str]) -> _FileCheck:
     if unreported > 0:
         lines.append(f"{path}: {unreported} more corrupt {'record was' if unreported == 1 else 'records were'} "
                      f"skipped without a detailed report")
-    return _FileCheck(stats["records"], max(stats["skipped"], len(found)), lines, False)
+    corrupt = max(stats["skipped"], len(found))
+    if stopped is not None:
+        rest = "; the rest of the file cannot be read" if stats["records"] else ""
+        lines.append(_naming(path, str(stopped)) + rest)
+    broken = isinstance(stopped, CorruptRecordError)
+    return _FileCheck(stats["records"], corrupt, lines, stopped is not None and not broken, broken)
+
+
+def _naming(path: str, text: str) -> str:
+    return text if text.startswith(path) else f"{path}: {text}"
 
 
 def _count(n: int, what: str) -> str:
@@ -169,7 +187,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         return 2
     files = list(dict.fromkeys(expand_paths(args.paths)))  # a file named twice (f f, or a glob and it) is one
     total = sum(os.path.getsize(f) for f in files)
-    records = corrupt = corrupt_files = unreadable = 0
+    records = corrupt = corrupt_files = broken = unreadable = 0
     with Progress(total, "verify", unit="B", enabled=False if args.quiet else None) as bar:
         for f in files:
             check = _verify_file(f, args.format, args.io)  # FormatMismatchError: a usage error (_console)
@@ -177,12 +195,15 @@ def cmd_verify(args: argparse.Namespace) -> int:
             records += check.records
             corrupt += check.corrupt
             corrupt_files += check.corrupt > 0
+            broken += check.broken
             unreadable += check.unreadable
             for line in check.lines:
                 print(line, file=sys.stdout, flush=True)
-    bad = corrupt_files + unreadable
+    bad = corrupt_files + broken + unreadable
     summary = (f"{'OK' if not bad else 'CORRUPT'}: {_count(len(files), 'file')}, {records} good records, "
                f"{_count(corrupt, 'corrupt record')} in {_count(corrupt_files, 'file')}")
+    if broken:
+        summary += f", {_count(broken, 'file')} unreadable past damage"
     if unreadable:
         summary += f", {_count(unreadable, 'unreadable file')}"
     print(summary)

@@ -145,7 +145,6 @@ bool InflateStream::next(Chunk& out) {
           throw_error(ErrorKind::Generic, paths_[s.file_index], -1, "inflateReset failed");
         s.ended = false;
       }
-      uint64_t in_pos = s.in.offset + (s.in.len - s.zs.avail_in);
       int r = inflate(&s.zs, Z_NO_FLUSH);
       if (r == Z_STREAM_END) {
         s.ended = true;
@@ -157,7 +156,10 @@ bool InflateStream::next(Chunk& out) {
       }
       if (r == Z_BUF_ERROR) continue;  // needs more input; the loop fetches it
       if (r != Z_OK) {
-        fail("corrupt compressed data at compressed byte " + std::to_string(in_pos) + ": " +
+        // Where zlib stopped: the damage is there or before it (a deflate stream is found bad where its
+        // bits stop making sense; a gzip trailer's CRC once its 4 bytes are read).
+        const uint64_t found_at = s.in.offset + (s.in.len - s.zs.avail_in);
+        fail("corrupt compressed data, found at compressed byte " + std::to_string(found_at) + " of the file: " +
              (s.zs.msg ? s.zs.msg : "inflate error " + std::to_string(r)));
         return true;
       }

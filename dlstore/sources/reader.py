@@ -401,8 +401,10 @@ class RecordReader(ReadsWithOptions):
     def count(self) -> dict:
         """Reads everything (framing and CRCs checked) without handing records to Python; returns :meth:`stats`."""
         core = self._new_core()
-        core.count_all()
-        self._finish(core)
+        try:
+            core.count_all()
+        finally:  # what was counted before an error stays in stats(); the files are let go either way
+            self._finish(core)
         return self.stats()
 
     def stats(self) -> dict:

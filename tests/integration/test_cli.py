@@ -84,6 +84,26 @@ def test_verify_reports_an_unreadable_file_and_goes_on(tmp_path, make_unreadable
     assert lines[-1] == "CORRUPT: 3 files, 5 good records, 0 corrupt records in 0 files, 1 unreadable file"
 
 
+def test_verify_counts_the_good_records_before_a_broken_gzip_stream(tmp_path):
+    # A gzip shard whose trailer CRC is wrong: its 40 records were read and checked before zlib found
+    # it. They count, the file is called damaged (not unreadable), and the message says where zlib
+    # stopped in the compressed file (it said "compressed byte 0": where the last inflate call began).
+    import gzip
+
+    blob = gzip.compress(oracle_tfrecord_bytes([bytes([i]) * 300 for i in range(40)]))
+    broken = bytearray(blob)
+    broken[-6] ^= 0xFF  # in the CRC-32 of the trailer (CRC-32, then the length, 4 bytes each)
+    path = tmp_path / "cut.tfrecord.gz"
+    path.write_bytes(bytes(broken))
+    write_tfrecord(tmp_path / "ok.tfrecord", [b"x"] * 3)
+    out = dlstore("verify", tmp_path, "--quiet")
+    assert out.returncode == 1
+    lines = out.stdout.splitlines()
+    assert lines[0] == (f"{path}: at byte {40 * 316}: corrupt compressed data, found at compressed byte "
+                        f"{len(blob) - 4} of the file: incorrect data check; the rest of the file cannot be read")
+    assert lines[-1] == "CORRUPT: 2 files, 43 good records, 0 corrupt records in 0 files, 1 file unreadable past damage"
+
+
 def test_verify_names_offset_zero(tmp_path):
     # A corrupt first record sits at byte 0, and the message's own digits must not hide it.
     records = [bytes([7]) * 5000, b"next"]
