@@ -94,12 +94,21 @@ def cmd_index(args: argparse.Namespace) -> int:
     DALI and MXNet read) and one dataset manifest per directory (what dlstore.Dataset opens: one file
     for all its shards). A read-only directory's go to the cache directory ($DLSTORE_CACHE)."""
 
-    files = expand_paths(args.paths)
+    named = expand_paths(args.paths)
     fresh: Dict[str, Dict[str, Any]] = {}  # per directory, per shard: the frame offsets just found
     formats: Dict[str, str] = {}
-    for f in files:
+    files, failed = [], 0
+    for f in named:
         out = os.path.join(args.out_dir, os.path.basename(f) + ".idx") if args.out_dir else None
-        fmt, offsets, lengths = scan_offsets(f, args.format)
+        try:
+            fmt, offsets, lengths = scan_offsets(f, args.format)
+        except FormatMismatchError:  # --format names another format than the files': a usage error
+            raise
+        except DlstoreError as e:  # a corrupt or unreadable shard: said, and the others indexed still
+            print(f"dlstore index: {_console.one_line(e)}", file=sys.stderr, flush=True)
+            failed += 1
+            continue
+        files.append(f)
         dest = write_index(f, fmt, offsets, lengths, out)
         print(f"{f}: {len(offsets)} records -> {dest}")
         directory, name = os.path.split(os.path.abspath(f))
@@ -117,6 +126,10 @@ def cmd_index(args: argparse.Namespace) -> int:
             print(f"manifest: {manifest} (the data's directory is read-only: written to the cache directory)")
         else:
             print(f"manifest: {manifest}")
+    if failed and len(named) > 1:
+        print(f"dlstore index: {_count(failed, 'file')} of {len(named)} not indexed (above); "
+              f"`dlstore verify` lists every problem", file=sys.stderr)
+    return 2 if failed else 0
     return 0
 
 

@@ -49,6 +49,25 @@ def test_index_writes_offset_size_lines(tmp_path):
     assert lines == [f"{o} {16 + len(r)}" for o, r in zip(offsets[:-1].tolist(), records)]
 
 
+def test_index_of_a_directory_indexes_every_good_shard_and_names_each_bad_one(tmp_path):
+    # It stopped at the first corrupt shard, leaving the shards after it without an index or manifest.
+    write_tfrecord(tmp_path / "a.tfrecord", [b"a" * 100] * 10)
+    bad = write_tfrecord(tmp_path / "b.tfrecord", [b"b" * 100] * 10)
+    write_tfrecord(tmp_path / "c.tfrecord", [b"c" * 100] * 10)
+    blob = bytearray(Path(bad).read_bytes())
+    blob[116 + 14] ^= 0xFF  # the data of the second record
+    Path(bad).write_bytes(bytes(blob))
+    out = dlstore("index", tmp_path)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    lines = out.stderr.splitlines()
+    assert len(lines) == 2
+    assert lines[0].startswith(f"dlstore index: {bad}: at byte 116: bad data CRC in a record of 100 bytes")
+    assert lines[1] == "dlstore index: 1 file of 3 not indexed (above); `dlstore verify` lists every problem"
+    assert (tmp_path / "a.tfrecord.idx").exists() and (tmp_path / "c.tfrecord.idx").exists()
+    assert not (tmp_path / "b.tfrecord.idx").exists()
+    assert f"manifest: {tmp_path / '.dlstore-manifest'}" in out.stdout
+
+
 def test_missing_path_is_a_clear_error(tmp_path):
     out = dlstore("verify", tmp_path / "nope")
     assert out.returncode == 2 and "no such file" in out.stderr
