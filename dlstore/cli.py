@@ -84,6 +84,9 @@ def cmd_convert(args: argparse.Namespace) -> int:
     print(f"wrote {_count(r.records, 'image')} of {_count(r.classes, 'class folder')} in "
           f"{_count(len(r.outputs), 'shard')} ({args.format}, {format_bytes(r.bytes)} of images) to {args.out}; "
           f"{_count(len(r.left_out), 'file')} left out (not decodable images)")
+    if len(r.outputs) < r.shards_asked:
+        print(f"{_count(r.shards_asked - len(r.outputs), 'shard')} of the {r.shards_asked} asked for would have held "
+              f"only files left out: not written")
     if args.format == "recordio":
         print(f"with an .idx and a .lst file beside each .rec ({len(files)} files in all)")
     return 0

@@ -39,6 +39,7 @@ import numpy as np
 from dlstore._progress import Progress
 from dlstore.formats import recordio
 from dlstore.formats.example import encode_example
+from dlstore.errors import DlstoreError
 from dlstore.io.system import available_cores
 from dlstore.synthetic.shards import refuse_other_sets, shard_names
 from dlstore.writers import RecordIOWriter, TFRecordWriter
@@ -69,6 +70,7 @@ class ConvertResult:
     bytes: int  # image bytes written (the files' sizes)
     left_out: List[Tuple[str, str]] = field(default_factory=list)  # (path, why) of each file not written
     companions: List[str] = field(default_factory=list)  # RecordIO: the .idx and .lst files
+    shards_asked: int = 0  # shards asked for: more than ``outputs`` where files left out emptied some
 
 
 def _pillow():
@@ -208,7 +210,8 @@ def convert_tree(src, out, *, format: str = "tfrecord", shards: int = 1, seed: i
     format : {"tfrecord", "recordio"}
     shards : int
         Files to write. The shuffled file list is cut into ``shards`` runs of equal length (to
-        one); files left out make their shard that much shorter.
+        one); files left out make their shard that much shorter, and a shard they would leave empty is
+        not written (the others are named for their count).
     seed : int
         The record order is a shuffle of all files drawn from this seed alone.
     workers : int, optional
@@ -229,7 +232,8 @@ def convert_tree(src, out, *, format: str = "tfrecord", shards: int = 1, seed: i
     FileNotFoundError, ValueError
         ``src`` is missing or holds no image files; an argument is out of range.
     DlstoreError
-        ``out`` holds another set's record files (this one would read as one dataset with them).
+        ``out`` holds another set's record files (this one would read as one dataset with them), or
+        none of the files is a decodable image.
     ImportError
         Pillow is not installed.
 
@@ -264,7 +268,8 @@ def convert_tree(src, out, *, format: str = "tfrecord", shards: int = 1, seed: i
     names = shard_names(prefix, shards)
     refuse_other_sets(out, names)
     os.makedirs(out, exist_ok=True)
-    result = ConvertResult([], 0, len(classes), 0)
+    result = ConvertResult([], 0, len(classes), 0, shards_asked=shards)
+    written = [0] * shards  # images in each shard
     bar = Progress(len(files), f"convert {format}", unit="img", enabled=False if progress is False else None,
                    piped="lines")
     checked = _checked_in_order(ordered, workers)
@@ -297,12 +302,17 @@ def convert_tree(src, out, *, format: str = "tfrecord", shards: int = 1, seed: i
                         writer.write(recordio.pack(0, float(f.label), record_id, 0, c.data), key=record_id)
                         lst.write(f"{record_id}\t{float(f.label):f}\t{f.relpath}\n")
                     result.records += 1
+                    written[k] += 1
                     result.bytes += len(c.data)
                     bar.update()
             finally:
                 writer.close()
                 if lst is not None:
                     lst.close()
+        if result.records == 0:
+            raise DlstoreError(f"{src}: none of its {len(files)} image files is a decodable image: nothing to write")
+        if 0 in written:
+            _drop_empty_shards(result, written, out, prefix, format)
     except BaseException:
         # Half a set would read as a whole one (verify calls it OK): what this run wrote goes
         for path in result.outputs + result.companions:
@@ -315,3 +325,21 @@ def convert_tree(src, out, *, format: str = "tfrecord", shards: int = 1, seed: i
         checked.close()
         bar.close()
     return result
+
+
+def _drop_empty_shards(result: ConvertResult, written: List[int], out: str, prefix: str, format: str) -> None:
+    # Files left out emptied whole shards: the set is the shards that hold images, named anew for their
+    # count (those names are free: refuse_other_sets let no other set's files stay in ``out``).
+    suffixes = ("",) if format == "tfrecord" else (".rec", ".idx", ".lst")
+    old = shard_names(prefix, len(written))
+    kept = [k for k, n in enumerate(written) if n]
+    new = shard_names(prefix, len(kept))
+    for k, n in enumerate(written):
+        if not n:
+            for suffix in suffixes:
+                os.unlink(os.path.join(out, old[k] + suffix))
+    for name, k in zip(new, kept):
+        for suffix in suffixes:
+            os.replace(os.path.join(out, old[k] + suffix), os.path.join(out, name + suffix))
+    result.outputs = [os.path.join(out, name + suffixes[0]) for name in new]
+    result.companions = [os.path.join(out, name + suffix) for name in new for suffix in suffixes[1:]]

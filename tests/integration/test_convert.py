@@ -368,3 +368,37 @@ def test_a_file_name_that_is_not_utf8_is_converted_and_an_error_leaves_no_half_s
     with pytest.raises(RuntimeError, match="stopped"):  # any error part-way: no shard of this run stays
         convert_tree(src, tmp_path / "p", shards=2, format=fmt, progress=False, on_left_out=stop)
     assert os.listdir(tmp_path / "p") == []
+
+
+@pytest.mark.parametrize("fmt", ["tfrecord", "recordio"])
+def test_a_shard_of_left_out_files_only_is_not_written(tree, tmp_path, fmt):
+    # One shard per file: the 3 files that are not images would each leave a 0-byte shard, read as a
+    # part of the set. The set is the 14 shards that hold images, named for that count.
+    from dlstore.tools.convert import convert_tree, scan_tree
+
+    src, good = tree
+    _, files = scan_tree(src)
+    out = tmp_path / fmt
+    r = convert_tree(src, out, shards=len(files), format=fmt, progress=False)
+    n = len(good)
+    assert (r.shards_asked, len(r.outputs), r.records) == (len(files), n, n)
+    suffix = "" if fmt == "tfrecord" else ".rec"
+    assert [os.path.basename(p) for p in r.outputs] == [f"train-{i:05d}-of-{n:05d}{suffix}" for i in range(n)]
+    assert sorted(os.listdir(out)) == sorted(os.path.basename(p) for p in r.outputs + r.companions)
+    assert all(sum(1 for _ in dlstore.open_records(p)) == 1 for p in r.outputs)
+    if fmt == "recordio":  # the .lst keeps every image's record id, one line per shard
+        ids = [int(Path(p[:-4] + ".lst").read_text().split("\t")[0]) for p in r.outputs]
+        assert ids == list(range(n))
+
+
+def test_a_tree_of_no_images_writes_nothing(tmp_path):
+    from dlstore.errors import DlstoreError
+    from dlstore.tools.convert import convert_tree
+
+    src = tmp_path / "train" / "cat"
+    src.mkdir(parents=True)
+    (src / "a.jpg").write_bytes(b"not a jpeg")
+    (src / "b.jpg").write_bytes(b"")
+    with pytest.raises(DlstoreError, match="none of its 2 image files is a decodable image"):
+        convert_tree(tmp_path / "train", tmp_path / "out", shards=1, progress=False)
+    assert os.listdir(tmp_path / "out") == []
