@@ -215,9 +215,13 @@ def run_workload(workload: Workload, args: argparse.Namespace) -> int:
     # The page-cache tier reads from RAM: buffered, or mmap when asked for or when a global shuffle
     # reads record by record (what io="auto" picks for data that fits in the page cache).
     page_io = "mmap" if args.io == "mmap" or (args.io == "auto" and SHUFFLES[args.shuffle].random_reads) else "buffered"
+    page_why = None if page_io == args.io else (
+        f"the page-cache tier reads from RAM: {page_io}"
+        + (f" ({args.shuffle} reads record by record)" if page_io == "mmap" else ""))
 
     def specs_for(batch: int) -> Dict[str, LoaderSpec]:
-        return {"page-cache": LoaderSpec(paths=tuple(baseline), io=page_io, batch_size=batch, **spec_common),
+        return {"page-cache": LoaderSpec(paths=tuple(baseline), io=page_io, io_why=page_why, batch_size=batch,
+                                         **spec_common),
                 "local-cold": LoaderSpec(paths=tuple(baseline), io=args.io, batch_size=batch, **spec_common),
                 "target": LoaderSpec(paths=tuple(target), io=args.io, mounts=tuple(args.mounts or ()),
                                      shards=(args.data,) if args.mounts else (), batch_size=batch, **spec_common)}

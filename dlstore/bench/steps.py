@@ -42,8 +42,11 @@ def fit_batch_size(records: Optional[int], batch_size: int, steps: int) -> Tuple
     if records is None or records >= batch_size * steps:
         return batch_size, None
     fitted = max(1, records // steps)
-    return fitted, (f"batch size lowered from {batch_size} to {fitted}: the data holds {records} records, "
-                    f"too few for {steps} steps of batch {batch_size}")
+    note = (f"batch size lowered from {batch_size} to {fitted}: the data holds {records} records, "
+            f"too few for {steps} steps of batch {batch_size}")
+    if records < steps:  # plan_steps deals the batches into fewer steps
+        note += f"; {records} steps of batch 1, not {steps}: more data makes more steps"
+    return fitted, note
 
 
 def _batch_len(batch: Any) -> int:

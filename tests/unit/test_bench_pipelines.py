@@ -46,7 +46,12 @@ def test_fit_batch_size_lowers_it_for_small_data_and_says_so():
     assert fit_batch_size(None, 256, 9) == (256, None)
     size, note = fit_batch_size(32, 256, 9)
     assert size == 3 and "32 records" in note and "256" in note
-    assert fit_batch_size(4, 256, 9)[0] == 1
+    assert note.endswith("too few for 9 steps of batch 256")  # 9 steps of 3 fit: the steps asked for run
+    # Fewer records than steps: plan_steps makes one step per record, and the note says so (it did not:
+    # --steps 50 ran 32 steps without a word).
+    size, note = fit_batch_size(4, 256, 9)
+    assert size == 1 and note.endswith("; 4 steps of batch 1, not 9: more data makes more steps")
+    assert len(plan_steps(4 // size, 9)) == 4
 
 
 class FakeClock:
@@ -489,6 +494,8 @@ def test_bench_resnet50_tiny_writes_the_json_keys(tmp_path):
         assert t["images_per_s"] > 0 and t["mb_per_s"] > 0 and len(t["steps"]) >= 1
         assert all(r > 0 for r in t["steps"])
     assert doc["tiers"][0]["io"] in ("buffered", "mmap")
+    # The bench chose the page-cache tier's engine, not the user (it said "requested" for --io auto).
+    assert doc["tiers"][0]["io_reason"] == "the page-cache tier reads from RAM: buffered"
     cold = doc["tiers"][1]
     assert "drop_caches" in cold["cache_method"] or "posix_fadvise" in cold["cache_method"]
     assert {"cpu", "cores", "kernel"} <= set(doc["sysinfo"])
