@@ -50,7 +50,7 @@ import argparse
 import functools
 import os
 import sys
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, NamedTuple, Optional, Sequence
 
 from dlstore import settings
 from dlstore.bench import report, sysinfo
@@ -59,7 +59,7 @@ from dlstore.bench.jobs import run_jobs
 from dlstore.bench.pipeline_report import build_document, format_report, markdown_report, tier_entry
 from dlstore.bench.plot import MatplotlibMissing, plot_document
 from dlstore.bench.ranks import aggregate_ranks
-from dlstore.bench.steps import DEFAULT_STEP_BATCHES, DEFAULT_STEPS, fit_batch_size, plan_steps
+from dlstore.bench.steps import DEFAULT_STEPS, fit_batch_size, plan_steps
 from dlstore.bench.storage import dataset_paths
 from dlstore.bench.tiers import TIERS, LoaderSpec, Workload, run_tier, warm_up
 from dlstore.distributed import mpi_comm
@@ -115,7 +115,8 @@ def add_common_arguments(p: argparse.ArgumentParser, workload: Workload) -> None
                         "IPU-POD64 + DDN AI400X2 reference architecture)")
     p.add_argument("--step-batches", type=int, default=None, metavar="B",
                    help="batches per step (default: the baseline set's batches dealt into --steps steps, so a "
-                        f"tier reads it once; {DEFAULT_STEP_BATCHES} when its size is unknown)")
+                        "tier reads it once; the batch size is lowered, saying so, when the data is too small for "
+                        "the steps)")
     p.add_argument("--epochs", type=int, default=1, metavar="E",
                    help="passes over the data per tier (default: %(default)s). A cold tier is cold in its first "
                         "epoch only: later ones come from the page cache, as the Graphcore + DDN "
@@ -152,7 +153,16 @@ def _tiers_wanted(args: argparse.Namespace) -> List[str]:
     return [t for t in TIERS if t in wanted]
 
 
-def target_paths(data: str, mounts: Optional[Sequence[str]]) -> List[str]:
+class Target(NamedTuple):
+    """The target tier's data: ``files`` (every copy: what the cache is dropped or evicted for), and the
+    ``shards`` they are copies of with the bytes of one copy of each."""
+
+    files: List[str]
+    shards: int
+    shard_bytes: int
+
+
+def target_paths(data: str, mounts: Optional[Sequence[str]]) -> Target:
     """The target tier's files: ``--data`` expanded; with ``--mounts``, every copy of the shards on them.
 
     With ``--mounts``, ``--data`` is a shard path or glob relative to each mount point; the files
@@ -160,9 +170,12 @@ def target_paths(data: str, mounts: Optional[Sequence[str]]) -> List[str]:
     :class:`dlstore.Dataset` over the mounts (:meth:`LoaderSpec.open`).
     """
     if not mounts:
-        return expand_paths(data)
+        files = expand_paths(data)
+        return Target(files, len(files), sum(map(os.path.getsize, files)))
     layout = scan_layout(list(mounts), [data])
-    return [layout.path(s, m) for s in range(len(layout.shards)) for m in layout.holders[s]]
+    files = [layout.path(s, m) for s in range(len(layout.shards)) for m in layout.holders[s]]
+    one_each = sum(os.path.getsize(layout.path(s, layout.holders[s][0])) for s in range(len(layout.shards)))
+    return Target(files, len(layout.shards), one_each)
 
 
 def _baseline_paths(workload: Workload, args: argparse.Namespace) -> List[str]:
@@ -205,7 +218,8 @@ def run_workload(workload: Workload, args: argparse.Namespace) -> int:
     warnings: List[str] = []  # why a figure may not be trusted: a tier too short, other processes busy
 
     baseline = _baseline_paths(workload, args) if {"page-cache", "local-cold"} & set(wanted) else []
-    target = target_paths(args.data, args.mounts) if "target" in wanted else []
+    target_data = target_paths(args.data, args.mounts) if "target" in wanted else None
+    target = target_data.files if target_data else []
     # Every tier reads a dlstore.Dataset, which gives each rank (from the launcher) its share of the
     # records, in the --shuffle order.
     spec_common = dict(pipeline=workload.pipeline, pipeline_kwargs=workload.pipeline_kwargs(args),
@@ -230,17 +244,15 @@ def run_workload(workload: Workload, args: argparse.Namespace) -> int:
     # the tiers' steps hold the same samples.
     first = specs_for(args.batch_size)
     probe = first["target" if target else "local-cold"].dataset()  # what the header says is read, and how
-    records = None
-    if baseline and args.step_batches is None:
-        records = len(probe if not target else first["local-cold"].dataset())
+    # This rank's records: of the baseline set where there is one, else of the target's.
+    records = len(first["local-cold"].dataset() if baseline and target else probe)
     if comm is not None:  # one plan for every rank: the smallest share decides
-        counts = [c for c in comm.allgather(records) if c is not None]
-        records = min(counts) if counts else None
-    batch_size, lowered = fit_batch_size(records, args.batch_size, args.steps)
+        records = min(comm.allgather(records))
+    # --step-batches fixes the batches: the batch size fits them all in the data, as it fits --steps.
+    batch_size, lowered = fit_batch_size(records, args.batch_size, args.steps, args.step_batches)
     if lowered:
         notes.append(lowered)
-    plan = plan_steps(args.epochs * (records // batch_size) if records is not None else None, args.steps,
-                      args.step_batches)
+    plan = plan_steps(args.epochs * (records // batch_size), args.steps, args.step_batches)
     compute = resolve_compute(args.compute, workload.name, batch_size, workload.variant(args))
     step_text = (f"{plan[0]} batch{'es' if plan[0] != 1 else ''} of {batch_size} {workload.unit}"
                  if len(set(plan)) == 1 else
@@ -253,11 +265,16 @@ def run_workload(workload: Workload, args: argparse.Namespace) -> int:
         data_lines.append(("baseline", f"{len(baseline)} files, {report.fmt_bytes(sum(map(os.path.getsize, baseline)))}"
                                         f"{f', {records:,} records' if records is not None else ''} in "
                                         f"{os.path.dirname(baseline[0])}"))
-    if target:
-        where = (f"on {len(args.mounts)} mounts ({', '.join(args.mounts)}), read through dlstore.Dataset"
-                 if args.mounts else f"in {os.path.dirname(target[0])}")
-        data_lines.append(("target", f"{len(target)} files, {report.fmt_bytes(sum(map(os.path.getsize, target)))} "
-                                      f"{where}"))
+    if target_data and args.mounts:
+        copies = len(target_data.files)
+        held = (f"{copies} copies in all, {report.fmt_bytes(sum(map(os.path.getsize, target)))}"
+                if copies > target_data.shards else "one copy each")
+        data_lines.append(("target", f"{target_data.shards} shards, {report.fmt_bytes(target_data.shard_bytes)} "
+                                      f"({held}) on {len(args.mounts)} mounts ({', '.join(args.mounts)}), read "
+                                      f"through dlstore.Dataset"))
+    elif target_data:
+        data_lines.append(("target", f"{len(target)} files, {report.fmt_bytes(target_data.shard_bytes)} in "
+                                      f"{os.path.dirname(target[0])}"))
     extra = [("workload", f"{workload.name} ({workload.describe(args)}), batch {batch_size}, prefetch "
                           f"{args.prefetch}, CRC {'checked' if args.verify else 'not checked'}")]
     extra += data_lines

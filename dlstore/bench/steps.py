@@ -37,15 +37,22 @@ def plan_steps(total_batches: Optional[int], steps: int = DEFAULT_STEPS,
     return [(i + 1) * total_batches // k - i * total_batches // k for i in range(k)]
 
 
-def fit_batch_size(records: Optional[int], batch_size: int, steps: int) -> Tuple[int, Optional[str]]:
-    """The batch size to use, lowered so that ``records`` make at least ``steps`` batches; and a note when lowered."""
-    if records is None or records >= batch_size * steps:
+def fit_batch_size(records: Optional[int], batch_size: int, steps: int,
+                   step_batches: Optional[int] = None) -> Tuple[int, Optional[str]]:
+    """The batch size to use, lowered so that ``records`` make at least ``steps`` batches (``steps`` x
+    ``step_batches`` when that is given); and a note when lowered."""
+    batches = steps * (step_batches or 1)
+    if records is None or records >= batch_size * batches:
         return batch_size, None
-    fitted = max(1, records // steps)
-    note = (f"batch size lowered from {batch_size} to {fitted}: the data holds {records} records, "
-            f"too few for {steps} steps of batch {batch_size}")
-    if records < steps:  # plan_steps deals the batches into fewer steps
-        note += f"; {records} steps of batch 1, not {steps}: more data makes more steps"
+    fitted = max(1, records // batches)
+    asked = (f"{steps} steps of batch {batch_size}" if step_batches is None else
+             f"{steps} steps of {step_batches} batches of {batch_size}")
+    note = f"batch size lowered from {batch_size} to {fitted}: the data holds {records} records, too few for {asked}"
+    if records < batches:
+        if step_batches is None:  # plan_steps deals the batches into fewer steps
+            note += f"; {records} steps of batch 1, not {steps}: more data makes more steps"
+        else:
+            note += f"; the data ends after {records} batches"
     return fitted, note
 
 

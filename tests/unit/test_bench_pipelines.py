@@ -19,6 +19,7 @@ from dlstore.bench import resnet50 as resnet50_bench
 from dlstore.bench.compute import COMPUTE_PRESETS, Compute, resolve_compute
 from dlstore.bench.jobs import run_jobs, summarize_jobs
 from dlstore.bench.pipeline_report import build_document, format_report, markdown_report
+from dlstore.bench.report import fmt_bytes
 from dlstore.bench.ranks import aggregate_ranks
 from dlstore.bench.steps import DEFAULT_STEP_BATCHES, CountingSource, fit_batch_size, plan_steps, run_steps
 from dlstore.bench.tiers import LoaderSpec, read_share, run_tier
@@ -52,6 +53,12 @@ def test_fit_batch_size_lowers_it_for_small_data_and_says_so():
     size, note = fit_batch_size(4, 256, 9)
     assert size == 1 and note.endswith("; 4 steps of batch 1, not 9: more data makes more steps")
     assert len(plan_steps(4 // size, 9)) == 4
+    # --step-batches: the batch size fits all the steps' batches (it was not fitted at all, and a small
+    # set ended in a last_batch='DROP' error).
+    size, note = fit_batch_size(64, 256, 9, step_batches=3)
+    assert size == 2 and note.endswith("too few for 9 steps of 3 batches of 256")
+    size, note = fit_batch_size(20, 256, 9, step_batches=3)
+    assert size == 1 and note.endswith("; the data ends after 20 batches")
 
 
 class FakeClock:
@@ -531,6 +538,30 @@ def test_bench_resnet50_target_tier_from_data(tmp_path):
     doc = _load(out)
     assert [t["tier"] for t in doc["tiers"]] == ["target"]
     assert doc["tiers"][0]["images_per_s"] > 0
+
+
+@pytest.mark.slow
+def test_bench_target_tier_alone_on_replica_mounts_sizes_its_steps(tmp_path):
+    # The target tier alone planned its steps without counting its records: 12 records at the default
+    # batch 256 ended in a last_batch='DROP' error. And its header counted every copy as a file.
+    pytest.importorskip("PIL", reason="the synthetic ImageNet-like set needs pillow")
+    import shutil
+
+    from dlstore.synthetic import generate_imagenet
+
+    first = generate_imagenet(os.fspath(tmp_path / "m0"), shards=2, records_per_shard=6, progress=False)
+    shutil.copytree(tmp_path / "m0", tmp_path / "m1")
+    out = tmp_path / "t.json"
+    r = _bench("resnet50", "--data", "train-*", "--mounts", tmp_path / "m0", tmp_path / "m1", "--tiers", "target",
+               "--json", os.fspath(out), tmp_path=tmp_path)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    one_copy = sum(os.path.getsize(p) for p in first)
+    target = next(line for line in r.stdout.splitlines() if line.startswith("target  "))
+    assert target.startswith(f"target     2 shards, {fmt_bytes(one_copy)} (4 copies in all, {fmt_bytes(2 * one_copy)}) "
+                             "on 2 mounts")
+    assert "note: batch size lowered from 256 to 1: the data holds 12 records" in r.stdout
+    tier = _load(out)["tiers"][0]
+    assert not tier["ended_early"] and tier["samples"] == 12
 
 
 @pytest.mark.slow
