@@ -24,7 +24,12 @@ def tier_entry(t: Dict[str, Any], rate_key: str, compute: Optional[Compute], bat
     }
     entry.update({k: v for k, v in t.items() if k not in ("rate", "busiest_core_pct", "steps")})
     entry["step_details"] = t["steps"]
-    entry["bytes_per_sample"] = t["bytes"] / t["samples"] if t["samples"] else None
+    # Storage's bytes per sample: of every record the source delivered (the steps' bytes count records
+    # read ahead that their samples do not, which doubled the figure on a short run).
+    if t.get("read_records"):
+        entry["bytes_per_sample"] = t["read_bytes"] / t["read_records"]
+    else:
+        entry["bytes_per_sample"] = t["bytes"] / t["samples"] if t["samples"] else None
     if compute is not None:
         need = compute.samples_per_s(batch_size)
         entry["required_mb_per_s_per_accelerator"] = (need * entry["bytes_per_sample"] / 1e6

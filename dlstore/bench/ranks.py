@@ -46,6 +46,8 @@ def aggregate_ranks(per_rank: Sequence[Sequence[Dict[str, Any]]]) -> List[Dict[s
                                                if t["busiest_core_pct"] is not None), default=None),
             accelerator_util_pct=mean_known(t.get("accelerator_util_pct") for t in tiers),
             batches=sum(t["batches"] for t in tiers),
+            read_records=sum_known(t.get("read_records") for t in tiers),
+            read_bytes=sum_known(t.get("read_bytes") for t in tiers),
             process_cpu_pct=sum_known(t.get("process_cpu_pct") for t in tiers),
             cached_before=mean_known(t.get("cached_before") for t in tiers),
             read_share_pct=mean_known(t.get("read_share_pct") for t in tiers)))

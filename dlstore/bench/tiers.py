@@ -126,7 +126,8 @@ def run_tier(tier: str, spec: LoaderSpec, plan: Sequence[int], *, cold: bool, co
     -------
     dict
         :func:`run_steps`' figures plus ``tier``, ``io``, ``io_reason``, ``cache``,
-        ``cache_method`` and ``cached_before`` (fraction of the files in the page cache when
+        ``cache_method``, ``read_records`` and ``read_bytes`` (all the source delivered, read-ahead
+        included) and ``cached_before`` (fraction of the files in the page cache when
         the tier started), and the loader's ``loader_stats`` when it has them.
     """
     paths = list(spec.paths)
@@ -157,7 +158,10 @@ def run_tier(tier: str, spec: LoaderSpec, plan: Sequence[int], *, cold: bool, co
     reason = source.engine_reason
     if spec.io_why and reason == "requested":  # the bench asked for it, not the user
         reason = spec.io_why
-    return dict(measured, tier=tier, io=source.engine, io_reason=reason,
+    # What storage delivered per record: the steps' bytes include the records read ahead for the
+    # next step, which a short run's samples do not (needed MB/s would count them).
+    return dict(measured, read_records=source.records, read_bytes=source.bytes,
+                tier=tier, io=source.engine, io_reason=reason,
                 cache="cold" if cold else "warm", cache_method=method, cached_before=resident,
                 read_share_pct=read_share(stats), loader_stats=stats)
 

@@ -18,7 +18,7 @@ from dlstore.bench import bert as bert_bench
 from dlstore.bench import resnet50 as resnet50_bench
 from dlstore.bench.compute import COMPUTE_PRESETS, Compute, resolve_compute
 from dlstore.bench.jobs import run_jobs, summarize_jobs
-from dlstore.bench.pipeline_report import build_document, format_report, markdown_report
+from dlstore.bench.pipeline_report import build_document, format_report, markdown_report, tier_entry
 from dlstore.bench.report import fmt_bytes
 from dlstore.bench.ranks import aggregate_ranks
 from dlstore.bench.steps import DEFAULT_STEP_BATCHES, CountingSource, fit_batch_size, plan_steps, run_steps
@@ -405,6 +405,11 @@ def test_run_tier_prepares_the_cache_and_reports_it(shards, cold):
     out = run_tier("local-cold" if cold else "page-cache", spec, [2, 2, 2], cold=cold, log=lambda s: None)
     assert out["io"] == "buffered" and out["samples"] == 24 and len(out["steps"]) == 3
     assert out["bytes"] == 30 * 1000 and out["loader_stats"] == {"engine": "buffered"}
+    # The steps' 30,000 bytes include the 6 records read ahead past the plan's 24 samples: what each
+    # sample needs from storage is a record's 1,000 bytes (it was 1,250: bytes over samples).
+    entry = tier_entry(out, "images_per_s", Compute(0.5, "x", "y"), batch_size=4)
+    assert entry["bytes_per_sample"] == 1000
+    assert entry["required_mb_per_s_per_accelerator"] == pytest.approx(8 * 1000 / 1e6)
     if cold:
         assert out["cache"] == "cold"
         assert "drop_caches" in out["cache_method"] or "posix_fadvise" in out["cache_method"]
