@@ -49,6 +49,7 @@ from __future__ import annotations
 import argparse
 import functools
 import os
+import socket
 import sys
 from typing import Dict, List, NamedTuple, Optional, Sequence
 
@@ -309,6 +310,10 @@ def run_workload(workload: Workload, args: argparse.Namespace) -> int:
             metrics.end(tier, results[-1]["io"], entry.get("required_mb_per_s_per_accelerator"))
         if results[-1]["ended_early"]:
             notes.append(f"{tier}: the data ended after {results[-1]['batches']} of {sum(plan)} batches")
+        if comm is not None:  # the ranks on this host are the run, not other processes
+            measured = comm.allgather((socket.gethostname(), results[-1]["other_processes_cores"],
+                                       results[-1]["process_cpu_pct"]))
+            results[-1]["other_processes_cores"] = sysinfo.outside_the_run(measured)[rank]
         warnings += sysinfo.trust_warnings(f"tier {tier}" + (f" (rank {rank})" if comm is not None else ""),
                                            results[-1]["seconds"], results[-1]["other_processes_cores"])
 

@@ -30,7 +30,7 @@ from dlstore.io.system import (
 
 # filesystem_of is dlstore.io.system's, the one the engine choice reads too.
 __all__ = ["cpu_model", "filesystem_of", "gpu_status", "device_fields", "device_row", "collect", "format_header",
-           "per_core_cpu_ticks", "busiest_core_percent", "other_processes_cores", "trust_warnings",
+           "per_core_cpu_ticks", "busiest_core_percent", "other_processes_cores", "outside_the_run", "trust_warnings",
            "MIN_STABLE_SECONDS", "OTHERS_TOLERATED_CORES"]
 
 #: A measurement shorter than this is dominated by start-up and timer noise: its figure is flagged.
@@ -179,6 +179,23 @@ def other_processes_cores(before: List[tuple], after: List[tuple], process_cpu_s
         return None
     busy_s = sum(b1 - b0 for (b0, _), (b1, _) in zip(before, after)) / os.sysconf("SC_CLK_TCK")
     return max(0.0, busy_s - process_cpu_s) / seconds
+
+
+def outside_the_run(ranks: Sequence[Tuple[str, Optional[float], Optional[float]]]) -> List[Optional[float]]:
+    """Each rank's :func:`other_processes_cores` less the CPU of the run's other ranks on its host.
+
+    ``ranks``: per rank, ``(host, other_processes_cores, process_cpu_pct)`` as it measured them over
+    the same span (the ranks run a tier together). A rank's "other processes" are every process but
+    itself, its sibling ranks included: they are the run, not a load on it.
+    """
+    out: List[Optional[float]] = []
+    for i, (host, others, _) in enumerate(ranks):
+        if others is None:
+            out.append(None)
+            continue
+        siblings = sum(cpu for j, (h, _, cpu) in enumerate(ranks) if j != i and h == host and cpu is not None)
+        out.append(max(0.0, others - siblings / 100.0))
+    return out
 
 
 def trust_warnings(what: str, seconds: float, others_cores: Optional[float]) -> List[str]:

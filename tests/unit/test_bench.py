@@ -526,3 +526,13 @@ def test_a_fio_queue_depth_is_positive(depth, capsys):
         main(["storage", "--fio-iodepth", depth])
     assert e.value.code == 2
     assert f"argument --fio-iodepth: expected a positive integer, not {depth}" in capsys.readouterr().err
+
+
+def test_other_processes_of_a_rank_leave_out_the_runs_ranks_on_its_host():
+    # Under mpirun each rank measured the machine's busy cores less its own CPU: its sibling ranks
+    # counted as other processes, and every multi-rank run on one host warned of a busy machine.
+    ranks = [("a", 1.7, 90.0), ("a", 1.6, 80.0), ("b", 0.3, 95.0), ("a", None, 85.0)]
+    got = sysinfo.outside_the_run(ranks)
+    assert got[0] == pytest.approx(1.7 - 1.65) and got[1] == pytest.approx(0.0)  # never below 0
+    assert got[2] == pytest.approx(0.3) and got[3] is None  # alone on its host; not measured
+    assert not any("other processes" in w for w in sysinfo.trust_warnings("tier x", 5.0, got[0]))
