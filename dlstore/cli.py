@@ -97,7 +97,7 @@ def cmd_index(args: argparse.Namespace) -> int:
     DALI and MXNet read) and one dataset manifest per directory (what dlstore.Dataset opens: one file
     for all its shards). A read-only directory's go to the cache directory ($DLSTORE_CACHE)."""
 
-    named = expand_paths(args.paths)
+    named = list(dict.fromkeys(expand_paths(args.paths)))  # a file named twice (f f, or a glob and it) is one
     fresh: Dict[str, Dict[str, Any]] = {}  # per directory, per shard: the frame offsets just found
     formats: Dict[str, str] = {}
     files, failed = [], 0

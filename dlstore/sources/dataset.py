@@ -194,6 +194,7 @@ class Dataset(ReadsWithOptions):
         there is none."""
         if not mounts:
             index = open_shards(shards, fmt, progress)
+            _refuse_twice_named(index.paths)
             return None, index.paths, index
         layout = scan_layout(path_list(mounts), None if shards is None else path_list(shards))
         first = [layout.path(i, layout.holders[i][0]) for i in range(len(layout.shards))]
@@ -868,3 +869,14 @@ def _add_counts(totals: Dict[str, int], stats: Mapping[str, int]) -> None:
             totals[key] = max(totals.get(key, 0), int(value))
         else:
             totals[key] = totals.get(key, 0) + int(value)
+
+
+def _refuse_twice_named(paths: Sequence[str]) -> None:
+    """A shard named twice (a glob and the file, or a list holding it twice) would be read twice per
+    epoch, its records given twice: a mistake, not a way to weight data, so it is refused."""
+    if len(set(paths)) == len(paths):
+        return
+    seen: set = set()
+    twice = next(p for p in paths if p in seen or seen.add(p))
+    raise DlstoreError(f"{twice}: named more than once in shards (twice in the list, or by a glob or directory and "
+                       "again): each shard is read once per epoch; name each file once")

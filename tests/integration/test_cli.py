@@ -68,6 +68,13 @@ def test_index_of_a_directory_indexes_every_good_shard_and_names_each_bad_one(tm
     assert f"manifest: {tmp_path / '.dlstore-manifest'}" in out.stdout
 
 
+def test_index_of_a_file_named_twice_indexes_it_once(tmp_path):
+    path = write_tfrecord(tmp_path / "a.tfrecord", [b"a"] * 3)
+    out = dlstore("index", path, tmp_path / "*.tfrecord")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count(" records -> ") == 1
+
+
 def test_missing_path_is_a_clear_error(tmp_path):
     out = dlstore("verify", tmp_path / "nope")
     assert out.returncode == 2 and "no such file" in out.stderr

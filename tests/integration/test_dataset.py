@@ -319,6 +319,16 @@ def test_an_empty_list_of_paths_is_no_dataset(tmp_path):
         Dataset([])  # a glob.glob that found nothing: refused as an empty directory is
 
 
+def test_a_shard_named_twice_is_refused(tmp_path):
+    # It was read twice per epoch, its records given twice: 2 x 3 records from one shard of 3.
+    _write_shards(tmp_path, shards=2)
+    one = os.fspath(tmp_path / "part-0.tfrecord")
+    for spec in ([one, one], [os.fspath(tmp_path / "*.tfrecord"), one], [os.fspath(tmp_path), one]):
+        with pytest.raises(dlstore.DlstoreError, match=f"^{one}: named more than once in shards"):
+            Dataset(spec)
+    assert len(Dataset([one, os.fspath(tmp_path / "part-1.tfrecord")])) == len(Dataset(os.fspath(tmp_path)))
+
+
 def test_bytes_paths_are_paths(tmp_path):
     """os.listdir(b".") gives bytes names: open_records and Dataset failed on them with "expected str, bytes or
     os.PathLike object, not int" (a bytes path was taken as a list of byte values)."""
