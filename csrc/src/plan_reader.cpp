@@ -197,6 +197,18 @@ std::unique_ptr<PlanReader::Loaded> load_chunk(const ReadPlan& plan, std::vector
     out->bytes_read += reads[i].bytes_read;
   }
   if (view && !pieces.empty()) {
+    // The frames are checked below where they lie, in the mapping: a file cut short since it was opened
+    // is an I/O error here, not a SIGBUS (the batch that takes these records probes them again).
+    try {
+      const Mapping& map = *opened[0]->map;
+      map.expect_holds(static_cast<uint64_t>(reads[0].data - map.data()), reads[0].len);
+    } catch (const Error&) {
+      progress.pos.store(static_cast<int64_t>(pieces[0].first));
+      out->failure = std::current_exception();
+      out->failed_from = pieces[0].first;
+      pieces.clear();
+      return out;
+    }
     out->owner = opened[0]->map;
     out->map = opened[0]->map.get();
     out->owns_memory = false;

@@ -299,3 +299,38 @@ def test_a_mapped_file_cut_short_under_the_reader_is_an_io_error_not_sigbus(tmp_
         assert f"records {total} distinct {len(set(r for recs in data for r in recs))} failovers" in proc.stdout, \
             proc.stdout
         assert int(proc.stdout.split("failovers")[1]) >= 1, proc.stdout
+
+
+# The same with the default reads in flight, no replica: chunks were still loading when the files shrank,
+# and their frames were checked where they lie in the mapping, unprobed (a SIGBUS in an I/O thread).
+CUT_WHILE_LOADING = r"""
+import os, sys
+import dlstore
+
+root = sys.argv[1]
+ds = dlstore.Dataset(root, shuffle="none", remainder="uneven", batch_size=10, io="mmap", chunk_size=64 << 10,
+                     block_size=64 << 10)
+try:
+    for i, batch in enumerate(ds.batches()):
+        if i == 0:
+            for name in sorted(os.listdir(root)):
+                if name.endswith(".tfrecord"):
+                    path = os.path.join(root, name)
+                    os.truncate(path, os.path.getsize(path) // 3)
+    print("no error")
+except dlstore.DlstoreIOError as e:
+    print("error:", e)
+"""
+
+
+def test_mapped_files_cut_short_while_chunks_load_are_an_io_error_not_sigbus(tmp_path):
+    rng = np.random.default_rng(3)
+    for s in range(4):
+        with dlstore.TFRecordWriter(os.fspath(tmp_path / f"part-{s}.tfrecord")) as w:
+            for _ in range(40):
+                w.write(rng.bytes(int(rng.integers(2000, 6000))))
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, "-c", CUT_WHILE_LOADING, os.fspath(tmp_path)], capture_output=True,
+                          text=True, timeout=300, env=env, cwd=REPO)
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
+    assert proc.stdout.startswith("error: ") and "part-" in proc.stdout, proc.stdout
