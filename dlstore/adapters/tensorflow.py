@@ -81,11 +81,24 @@ class TensorFlowAdapter(BatchAdapter):
 
         Its cardinality is :meth:`cardinality` when known (so that Keras knows an epoch's steps),
         else unknown.
+
+        :meth:`state_dict` is exact for a loop that iterates this dataset, with what it adds that does
+        not read ahead (``map``, ``batch``...): tf.data's own injected prefetch is turned off. A
+        ``prefetch`` or ``shuffle`` added downstream holds elements the loop has not consumed yet, and
+        a state saved then is ahead of the loop by them: leave them out of a pipeline that resumes mid-epoch
+        (the loader reads ahead on its own threads already).
         """
         def generate() -> Iterator[Dict[str, Any]]:
             yield from self
 
         ds = self._tf.data.Dataset.from_generator(generate, output_signature=self.element_spec)
+        # tf.data injects a prefetch at a pipeline's end: it would draw batches from the loader ahead of
+        # the training loop, and a state_dict() saved in the loop would be ahead of what it consumed.
+        # The loader prefetches already (its own threads), and counts only what the loop drew.
+        options = self._tf.data.Options()
+        if hasattr(options.experimental_optimization, "inject_prefetch"):
+            options.experimental_optimization.inject_prefetch = False
+        ds = ds.with_options(options)
         known = self.cardinality()
         return ds if known is None else ds.apply(self._tf.data.experimental.assert_cardinality(known))
 

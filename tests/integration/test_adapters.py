@@ -567,6 +567,26 @@ def test_tf_adapter_resumes_exactly(bert):
     assert_resumes_exactly(make, stops=[1, 6, 9], run=iter, values=loader_rows)
 
 
+def test_tf_dataset_resumes_exactly_under_a_slow_training_step(bert):
+    # Through the tf.data.Dataset itself, with a step that takes time: tf.data's injected prefetch had
+    # drawn the next batch from the loader meanwhile, so the state saved was a batch ahead of the loop
+    # and the resumed run never saw that batch.
+    pytest.importorskip("tensorflow")
+    import time
+
+    pipeline = _pipeline()
+    from dlstore.adapters.tensorflow import TensorFlowAdapter
+
+    def make():
+        return TensorFlowAdapter(pipeline.bert_loader(bert, batch_size=4, seed=2, shuffle="global"))
+
+    def slow_rows(batch):
+        time.sleep(0.05)  # the training step
+        return loader_rows(batch)
+
+    assert_resumes_exactly(make, stops=[2, 5], run=lambda adapter: adapter.dataset(), values=slow_rows, epochs=1)
+
+
 def _dali_values(batch):
     images, labels = batch
     return [bytes(i) + b"|%d" % label for i, label in zip(images, labels.tolist())]
