@@ -79,15 +79,36 @@ def list_record_files(directory: str, pattern: Optional[str] = None) -> List[str
     DlstoreIOError
         When the directory cannot be listed.
     """
+    odd: List[str] = []  # neither a file nor a directory: a broken symbolic link, a FIFO, a device
     try:
         with os.scandir(directory or ".") as entries:
-            files = [e.name for e in entries if e.is_file()]
+            files = []
+            for e in entries:
+                if e.is_file():
+                    files.append(e.name)
+                elif not e.is_dir():
+                    odd.append(e.name)
     except (FileNotFoundError, NotADirectoryError):
         return []
     except OSError as e:
         raise DlstoreIOError(f"{directory}: cannot list the directory: {e.strerror} (errno {e.errno})",
                              path=directory) from e
+    _refuse_unreadable_shards([os.path.join(directory, n) for n in record_file_names(odd, pattern)])
     return record_file_names(files, pattern)
+
+
+def _refuse_unreadable_shards(paths: Sequence[str]) -> None:
+    """A name that reads as a shard but is no file (a symbolic link whose target is gone, a FIFO, a
+    device) was left out without a word, and the epoch was that shard short: it is an error."""
+    if not paths:
+        return
+    first = paths[0]
+    if os.path.islink(first) and not os.path.exists(first):
+        what = f"a symbolic link to {os.readlink(first)}, which does not exist"
+    else:
+        what = "not a regular file (a FIFO, a socket or a device)"
+    more = f" (and {len(paths) - 1} more such)" if len(paths) > 1 else ""
+    raise DlstoreIOError(f"{first}: named as a shard but {what}{more}: restore it or remove it", path=first)
 
 
 def split_glob(path: str) -> Optional[Tuple[str, Optional[str]]]:
@@ -112,7 +133,10 @@ def _glob_record_files(pattern: str) -> Tuple[List[str], int]:
             with contextlib.suppress(OSError):
                 others = len(fnmatch.filter(os.listdir(directory), name))
         return kept, others
-    files = sorted(m for m in glob.glob(pattern, recursive=True) if os.path.isfile(m))
+    matched = glob.glob(pattern, recursive=True)
+    files = sorted(m for m in matched if os.path.isfile(m))
+    _refuse_unreadable_shards(sorted(m for m in matched if not os.path.isfile(m) and not os.path.isdir(m)
+                                     and _is_record_file_name(m)))
     kept = [f for f in files if _is_record_file_name(f)]
     return kept, len(files) - len(kept)
 

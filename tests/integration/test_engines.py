@@ -116,6 +116,31 @@ def test_directories_leave_out_files_that_are_not_records(tmp_path):
     assert [bytes(r) for r in dlstore.open_records(named)] == [b"t"]
 
 
+@pytest.mark.parametrize("odd", ["broken_link", "fifo"])
+def test_a_shard_name_that_is_no_file_is_an_error_not_left_out(tmp_path, odd):
+    # A shard linked in from a filesystem now gone (or a FIFO among the shards) was left out of a
+    # directory's or a glob's listing without a word: an epoch a shard short.
+    for k in range(2):
+        write_tfrecord(tmp_path / f"part-{k}.tfrecord", [bytes([k])])
+    bad = tmp_path / "part-2.tfrecord"
+    if odd == "broken_link":
+        target = tmp_path / "gone" / "part-2.tfrecord"
+        os.symlink(target, bad)
+        words = f"{bad}: named as a shard but a symbolic link to {target}, which does not exist"
+    else:
+        os.mkfifo(bad)
+        words = f"{bad}: named as a shard but not a regular file"
+    (tmp_path / "sub.tfrecord").mkdir()  # a subfolder is not searched, whatever its name
+    for spec in (tmp_path, tmp_path / "part-*", tmp_path / "**" / "part-*.tfrecord"):
+        with pytest.raises(dlstore.DlstoreIOError) as e:
+            expand_paths(os.fspath(spec))
+        assert str(e.value).startswith(words) and e.value.path == os.fspath(bad)
+        with pytest.raises(dlstore.DlstoreIOError, match="named as a shard"):
+            dlstore.Dataset(os.fspath(spec))
+    bad.unlink()
+    assert len(expand_paths(tmp_path)) == 2
+
+
 def test_unreadable_file_is_a_dlstore_error_naming_it(tmp_path, make_unreadable):
     path = write_tfrecord(tmp_path / "locked.tfrecord", [b"x"])
     make_unreadable(path)
