@@ -21,6 +21,7 @@ import numpy as np
 from dlstore import metrics
 from dlstore.errors import DlstoreError
 from dlstore.io import memory
+from dlstore.io.system import available_page_cache_bytes, format_bytes
 from dlstore.pipeline.prefetch import BatchRing, Prefetcher
 from dlstore.pipeline.stalls import WAIT_BUCKETS_S, StallMeter
 from dlstore.pipeline.stages import Pipeline, check_last_batch
@@ -166,6 +167,7 @@ class Loader:
         self.on_error = on_error
         self.format = source.format
         self._fields = dict(pipeline.fields())
+        _check_ring_fits(self._fields, self.batch_size, self.prefetch)
         self._run = pipeline.bind(format=self.format, seed=self.seed, threads=self.threads)
         self.record_key = record_key
         self._keys_of: Optional[Callable[[Any], Dict[str, np.ndarray]]] = None
@@ -491,6 +493,20 @@ class Loader:
     def __repr__(self) -> str:
         return (f"Loader({self.pipeline.name}, batch_size={self.batch_size}, prefetch={self.prefetch}, "
                 f"last_batch={self.last_batch}, epoch={self._epoch}, sample_in_epoch={self._position})")
+
+
+def _check_ring_fits(fields: Dict[str, Tuple[Tuple[int, ...], Any]], batch_size: int, prefetch: int) -> None:
+    """Refuses a ring of output buffers (``prefetch + 2`` batches, allocated at the first iteration) that
+    would take more than half the memory available: a batch size or prefetch typed with a digit too many
+    grew the process until the machine ran out of memory."""
+    per_sample = sum(int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize for shape, dtype in fields.values())
+    ring = per_sample * batch_size * (prefetch + 2)
+    available = available_page_cache_bytes()  # MemAvailable; 0 where unknown: nothing to compare with
+    if available and ring > available // 2:
+        raise DlstoreError(f"Loader: its output buffers, {prefetch + 2} batches (prefetch {prefetch} + 2) of "
+                           f"{batch_size} samples of {format_bytes(per_sample)}, would take {format_bytes(ring)}, "
+                           f"more than half the {format_bytes(available)} of memory available: lower batch_size "
+                           f"or prefetch")
 
 
 class _Producer:

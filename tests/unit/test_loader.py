@@ -506,3 +506,18 @@ def test_recordio_labels_and_image_spans():
     tiny = Chunk([payloads[0], b"x" * 10])
     with pytest.raises(CorruptRecordError, match="record 1: RecordIO image record of 10 bytes is shorter"):
         recordio_labels(tiny.buffer, tiny.offsets, tiny.lengths)
+
+
+def test_output_buffers_larger_than_half_the_memory_are_refused(monkeypatch):
+    # batch_size or prefetch a digit too large grew the ring of output buffers (allocated at the first
+    # iteration) until the machine ran out of memory (21 GB in a minute for prefetch=10**6).
+    from dlstore.pipeline import loader as loader_module
+
+    per_sample = sum(int(np.prod(shape)) * np.dtype(dtype).itemsize for shape, dtype in Bert(SEQ, PRED).fields())
+    monkeypatch.setattr(loader_module, "available_page_cache_bytes", lambda: 2 * per_sample * 64 * 4)
+    Loader(ListSource(100), Bert(SEQ, PRED), 64, prefetch=2)  # exactly half: taken
+    with pytest.raises(DlstoreError, match=r"^Loader: its output buffers, 5 batches \(prefetch 3 \+ 2\) of 64 "
+                                           r"samples of .* more than half the .* lower batch_size or prefetch$"):
+        Loader(ListSource(100), Bert(SEQ, PRED), 64, prefetch=3)
+    with pytest.raises(DlstoreError, match="lower batch_size or prefetch"):
+        Loader(ListSource(100), Bert(SEQ, PRED), 65, prefetch=2)
