@@ -513,7 +513,8 @@ def test_output_buffers_larger_than_half_the_memory_are_refused(monkeypatch):
     # iteration) until the machine ran out of memory (21 GB in a minute for prefetch=10**6).
     from dlstore.pipeline import loader as loader_module
 
-    per_sample = sum(int(np.prod(shape)) * np.dtype(dtype).itemsize for shape, dtype in Bert(SEQ, PRED).fields())
+    fields = dict(Bert(SEQ, PRED).fields()).values()
+    per_sample = sum(int(np.prod(shape)) * np.dtype(dtype).itemsize for shape, dtype in fields)
     monkeypatch.setattr(loader_module, "available_page_cache_bytes", lambda: 2 * per_sample * 64 * 4)
     Loader(ListSource(100), Bert(SEQ, PRED), 64, prefetch=2)  # exactly half: taken
     with pytest.raises(DlstoreError, match=r"^Loader: its output buffers, 5 batches \(prefetch 3 \+ 2\) of 64 "
