@@ -197,9 +197,15 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     _check_settings(io=args.io)
     if args.mounts:
+        strays = [m for m in args.mounts if not os.path.isdir(m)]
+        if strays and not args.paths:  # `--mounts` takes every argument after it: shards named after it land there
+            print(f"dlstore verify: mount point {strays[0]} is not a directory (shard paths and globs go before "
+                  f"--mounts, which takes every argument after it: dlstore verify SHARDS --mounts M1 M2 ...)",
+                  file=sys.stderr)
+            return 2
         return run_scrub(args)
     if not args.paths:
-        print("dlstore verify: name the files to check, or --mounts M1 M2 ... [SHARDS]", file=sys.stderr)
+        print("dlstore verify: name the files to check, or [SHARDS] --mounts M1 M2 ...", file=sys.stderr)
         return 2
     files = list(dict.fromkeys(expand_paths(args.paths)))  # a file named twice (f f, or a glob and it) is one
     total = sum(os.path.getsize(f) for f in files)

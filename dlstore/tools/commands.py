@@ -290,7 +290,7 @@ def run_plan(args: argparse.Namespace, max_reads: int = 6, max_consumers: int = 
 
 
 def run_scrub(args: argparse.Namespace) -> int:
-    """``dlstore verify --mounts M1 M2 ... [SHARDS]``: exit 1 if any copy is bad, 0 if all are clean,
+    """``dlstore verify [SHARDS] --mounts M1 M2 ...``: exit 1 if any copy is bad, 0 if all are clean,
     2 when the mounts or shards cannot be found."""
     from dataclasses import asdict
 

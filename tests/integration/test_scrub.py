@@ -84,6 +84,13 @@ def test_bad_usage_exits_2(tmp_path, mounts):
     proc = _verify("--mounts", mounts[0], tmp_path / "nowhere", "--quiet")
     assert proc.returncode == 2 and "nowhere" in proc.stderr
     assert _verify("--mounts", *mounts, "no-such-*.tfrecord", "--quiet").returncode == 2
+    # Shards named after --mounts are taken as mounts: the error says where they go.
+    proc = _verify("--mounts", *mounts, "part-1.tfrecord", "--quiet")
+    assert proc.returncode == 2 and proc.stderr == (
+        "dlstore verify: mount point part-1.tfrecord is not a directory (shard paths and globs go before --mounts, "
+        "which takes every argument after it: dlstore verify SHARDS --mounts M1 M2 ...)\n")
+    proc = _verify("part-1.tfrecord", "--mounts", *mounts, "--quiet")
+    assert proc.returncode == 0 and proc.stdout.splitlines()[-1].startswith("OK: 3 copies on 3 mounts"), proc.stdout
 
 
 def test_a_torn_copy_is_a_bad_copy(mounts):
