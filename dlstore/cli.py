@@ -56,7 +56,8 @@ def cmd_gen(args: argparse.Namespace) -> int:
                                             seed=args.seed, progress=not args.quiet)
     else:
         paths = synthetic.generate_bert(args.out, shards=args.shards, records_per_shard=args.records_per_shard,
-                                        seed=args.seed, seq_len=args.seq_len, progress=not args.quiet)
+                                        seed=args.seed, seq_len=args.seq_len, max_predictions=args.max_predictions,
+                                        progress=not args.quiet)
 
     size = sum(os.path.getsize(p) for p in paths)
     records = args.shards * args.records_per_shard
@@ -315,6 +316,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="records in each shard (default: %(default)s)")
     g.add_argument("--seed", type=int, default=0, help="seed of the generated content (default: %(default)s)")
     g.add_argument("--seq-len", type=int, default=128, choices=[128, 384], help="BERT sequence length")
+    g.add_argument("--max-predictions", type=positive_int, default=None, metavar="N",
+                   help="BERT masked-LM predictions per sequence (default: 20 at seq 128, 60 at 384, as the "
+                        "BERT pipeline and bench expect)")
     g.add_argument("--quiet", action="store_true", help="no progress bar")
 
     c = sub.add_parser("convert", help=cmd_convert.__doc__, description=cmd_convert.__doc__)

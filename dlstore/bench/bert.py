@@ -11,10 +11,11 @@ import argparse
 
 from dlstore.bench import pipeline_bench
 from dlstore.bench.tiers import Workload
+from dlstore.pipeline.bert import BERT_PRESETS
 
 __all__ = ["WORKLOAD", "MAX_PREDICTIONS", "add_arguments", "run"]
 
-MAX_PREDICTIONS = {128: 20, 384: 60}  # masked-LM slots of each preset (create_pretraining_data.py's usual values)
+MAX_PREDICTIONS = BERT_PRESETS  # masked-LM slots of each preset (create_pretraining_data.py's usual values)
 
 
 def _max_predictions(args: argparse.Namespace) -> int:

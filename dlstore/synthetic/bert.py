@@ -95,7 +95,7 @@ def _bert_payloads(task: Tuple[int, int, int, int, int]) -> List[bytes]:
 
 
 def generate_bert(out_dir, *, shards: int, records_per_shard: int, seed: int = 0, seq_len: int = 128,
-                  max_predictions: int = 20, copies: int = 1, progress: bool = True,
+                  max_predictions: Optional[int] = None, copies: int = 1, progress: bool = True,
                   workers: Optional[int] = None) -> List[str]:
     """Writes BERT pretraining records (``tf.train.Example``) in TFRecord shards.
 
@@ -116,7 +116,9 @@ def generate_bert(out_dir, *, shards: int, records_per_shard: int, seed: int = 0
     seq_len : int, optional
         Sequence length; 128 and 384 are the usual presets. At least 8.
     max_predictions : int, optional
-        Masked-LM slots per record (20 for 128, 56 or 76 for longer sequences).
+        Masked-LM slots per record; default: the preset of ``seq_len``
+        (:data:`dlstore.pipeline.bert.BERT_PRESETS`: 20 at 128, 60 at 384), which the BERT pipeline
+        expects of that length. A length without preset needs it.
     copies : int, optional
         Write the ``shards`` shards this many times, as ``shards * copies`` files (copy ``c`` of
         shard ``s`` is file ``c * shards + s``): a set large enough to time, at the cost of encoding
@@ -136,6 +138,13 @@ def generate_bert(out_dir, *, shards: int, records_per_shard: int, seed: int = 0
     check_counts(shards, records_per_shard, seed)
     if int(seq_len) < 8:
         raise ValueError(f"seq_len must be at least 8, got {seq_len}")
+    if max_predictions is None:
+        from dlstore.pipeline.bert import BERT_PRESETS  # what the pipeline expects at this length
+
+        if int(seq_len) not in BERT_PRESETS:
+            raise ValueError(f"no max_predictions preset for seq_len {seq_len} (presets: {BERT_PRESETS}); "
+                             f"pass max_predictions")
+        max_predictions = BERT_PRESETS[int(seq_len)]
     if int(max_predictions) < 1:
         raise ValueError(f"max_predictions must be at least 1, got {max_predictions}")
 

@@ -211,6 +211,23 @@ def _bench_plot(*args):
                           text=True, cwd=REPO, timeout=300)
 
 
+def test_gen_bert_at_seq_384_is_read_by_the_bert_pipeline_at_384(tmp_path):
+    # gen wrote 20 masked-LM slots whatever --seq-len, and the pipeline at 384 expects 60 (its preset):
+    # a set made by `gen bert --seq-len 384` could not be read at 384.
+    from dlstore.pipeline import bert_loader
+
+    out = tmp_path / "b384"
+    assert dlstore("gen", "bert", "--out", out, "--shards", 1, "--records-per-shard", 8, "--seq-len", 384,
+                   "--quiet").returncode == 0
+    batches = list(bert_loader(os.fspath(out), batch_size=4, seq_len=384))
+    assert len(batches) == 2 and batches[0]["masked_lm_positions"].shape == (4, 60)
+    out = tmp_path / "b384x"
+    assert dlstore("gen", "bert", "--out", out, "--shards", 1, "--records-per-shard", 4, "--seq-len", 384,
+                   "--max-predictions", 7, "--quiet").returncode == 0
+    assert next(iter(bert_loader(os.fspath(out), batch_size=4, seq_len=384, max_predictions=7)))[
+        "masked_lm_ids"].shape == (4, 7)
+
+
 @pytest.mark.slow
 def test_gen_refuses_bad_counts_in_one_line(tmp_path):
     for flag in ("--shards", "--records-per-shard"):
