@@ -37,12 +37,22 @@ class DlstoreError(Exception):
         self.offset = offset
         self.record = record
         self.errno = errno
-        self.reason = message if reason is None else reason
+        self.reason = _without_location(message, path, offset, record) if reason is None else reason
 
     @classmethod
     def of_record(cls, record: int, reason: str, **fields) -> "DlstoreError":
         """An error about record ``record`` of a batch: the message reads ``record N: reason``."""
         return cls(f"record {record}: {reason}", record=record, reason=reason, **fields)
+
+
+def _without_location(message: str, path: Optional[str], offset: Optional[int], record: Optional[int]) -> str:
+    """The message less the ``path: ``, ``at byte N: `` and ``record N: `` it starts with (as every
+    located message does), so that ``reason`` says what went wrong only."""
+    for prefix in (f"{path}: " if path is not None else None, f"at byte {offset}: " if offset is not None else None,
+                   f"record {record}: " if record is not None else None):
+        if prefix and message.startswith(prefix):
+            message = message[len(prefix):]
+    return message
 
 
 class DlstoreIOError(DlstoreError, OSError):

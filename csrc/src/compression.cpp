@@ -116,8 +116,8 @@ bool InflateStream::next(Chunk& out) {
     // these errors are positions in the uncompressed stream, as for every record error.
     auto fail = [&](const std::string& what) {
       const size_t produced = cap - s.zs.avail_out;
-      Error e(ErrorKind::Corrupt, describe(paths_[s.file_index], static_cast<int64_t>(s.out_offset + produced), what),
-              paths_[s.file_index], static_cast<int64_t>(s.out_offset + produced));
+      Error e = located_error(ErrorKind::Corrupt, paths_[s.file_index],
+                              static_cast<int64_t>(s.out_offset + produced), what);
       inflateEnd(&s.zs);
       s.active = false;
       s.have_in = false;

@@ -182,8 +182,7 @@ class Ring {
 
 // An I/O error about `path` at `offset`, as throw_errno makes them, for a request to carry.
 std::exception_ptr io_error(const std::string& path, uint64_t offset, const std::string& what, int err) {
-  Error e(ErrorKind::Io, describe(path, static_cast<int64_t>(offset), what), path, static_cast<int64_t>(offset));
-  e.reason = what;
+  Error e = located_error(ErrorKind::Io, path, static_cast<int64_t>(offset), what);
   e.err = err;
   return std::make_exception_ptr(e);
 }

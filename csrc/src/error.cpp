@@ -12,16 +12,19 @@ std::string describe(const std::string& path, int64_t offset, const std::string&
   return os.str();
 }
 
-void throw_error(ErrorKind kind, const std::string& path, int64_t offset, const std::string& what) {
+Error located_error(ErrorKind kind, const std::string& path, int64_t offset, const std::string& what) {
   Error e(kind, describe(path, offset, what), path, offset);
   e.reason = what;
-  throw e;
+  return e;
+}
+
+void throw_error(ErrorKind kind, const std::string& path, int64_t offset, const std::string& what) {
+  throw located_error(kind, path, offset, what);
 }
 
 void throw_errno(const std::string& path, int64_t offset, const std::string& call, int err) {
   std::string what = call + " failed: " + std::strerror(err) + " (errno " + std::to_string(err) + ")";
-  Error e(ErrorKind::Io, describe(path, offset, what), path, offset);
-  e.reason = what;
+  Error e = located_error(ErrorKind::Io, path, offset, what);
   e.err = err;
   throw e;
 }

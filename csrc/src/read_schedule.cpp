@@ -259,7 +259,7 @@ Step ReadSchedule::next() {
         if (opts_.on_error == OnError::Raise) {
           // The good records before it go out first; the error comes with the next call.
           std::exception_ptr e = std::make_exception_ptr(
-              Error(ErrorKind::Corrupt, describe(path, at, bad->second.what), path, at));
+              located_error(ErrorKind::Corrupt, path, at, bad->second.what));
           ++k_;
           done_with(pos);
           bad_.erase(bad);

@@ -64,8 +64,7 @@ void RecordScanner::verify_batch(RecordBatch& out) {
       if (opts_.on_error == OnError::Raise) {
         // Deliver records [0, i) now; the error comes with the next call. An error found while
         // framing later records is superseded: this one comes first in the file.
-        pending_error_ = std::make_exception_ptr(Error(ErrorKind::Corrupt, describe(path(out.file_index), at, what),
-                                                       path(out.file_index), at));
+        pending_error_ = std::make_exception_ptr(located_error(ErrorKind::Corrupt, path(out.file_index), at, what));
         for (size_t j = i; j < n; ++j) out.payload_bytes -= out.lengths[j];
         keep = i;
         break;

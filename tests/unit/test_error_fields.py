@@ -65,3 +65,28 @@ def test_of_record_builds_the_message_from_the_fields():
     assert (str(e), e.record, e.reason, e.path, e.offset, e.errno) == (
         "record 4: IRHeader says 9 extra labels", 4, "IRHeader says 9 extra labels", None, None, None)
     assert DlstoreError("plain").reason == "plain"
+
+
+def test_reason_never_repeats_the_location(tmp_path):
+    # A bad CRC found by the reader, and errors raised in Python with a located message: reason held the
+    # whole message, path and offset included (the README says it is the message without its location).
+    from pathlib import Path
+
+    import dlstore
+    from tests.helpers import write_tfrecord
+
+    path = write_tfrecord(tmp_path / "a.tfrecord", [b"a" * 100, b"b" * 100])
+    blob = bytearray(Path(path).read_bytes())
+    blob[116 + 20] ^= 0xFF
+    Path(path).write_bytes(bytes(blob))
+    with pytest.raises(CorruptRecordError) as info:
+        list(dlstore.open_records(path).batches())
+    e = info.value
+    assert (e.path, e.offset) == (path, 116) and e.reason.startswith("bad data CRC in a record of 100 bytes")
+    assert str(e) == f"{path}: at byte 116: {e.reason}"
+    with pytest.raises(DlstoreError) as info:
+        dlstore.open_records(str(tmp_path / "nope.tfrecord"))
+    assert info.value.reason == "no such file or directory"
+    e = DlstoreError("f: at byte 3: record 2: bad", "f", 3, record=2)
+    assert e.reason == "bad"
+    assert DlstoreError("f: bad", "g").reason == "f: bad"  # another file's name is not a location of this one

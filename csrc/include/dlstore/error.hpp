@@ -30,6 +30,8 @@ struct Error : std::runtime_error {
 
 // Builds "path: at byte N: message" so every message names where it happened.
 std::string describe(const std::string& path, int64_t offset, const std::string& what);
+// An Error whose what() is describe(path, offset, what) and whose reason is `what` alone.
+Error located_error(ErrorKind kind, const std::string& path, int64_t offset, const std::string& what);
 
 [[noreturn]] void throw_error(ErrorKind kind, const std::string& path, int64_t offset,
                               const std::string& what);
