@@ -19,6 +19,7 @@ from typing import Any, Callable, Dict, Iterator, Optional, Tuple, Union
 import numpy as np
 
 from dlstore import metrics
+from dlstore._args import whole
 from dlstore.errors import DlstoreError
 from dlstore.io import memory
 from dlstore.io.system import available_page_cache_bytes, format_bytes
@@ -140,19 +141,14 @@ class Loader:
         if not isinstance(pipeline, Pipeline):
             raise TypeError(f"pipeline must be a dlstore.pipeline.Pipeline (Bert, ResNet50), "
                             f"got {type(pipeline).__name__}")
-        if int(batch_size) < 1:
-            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
-        if int(prefetch) < 1:
-            raise ValueError(f"prefetch must be at least 1, got {prefetch}")
+        batch_size = whole("batch_size", batch_size, 1)
+        prefetch = whole("prefetch", prefetch, 1)
         last_batch = check_last_batch(last_batch)  # DALI's LastBatchPolicy.FILL too
-        if epochs is not None and int(epochs) < 1:
-            raise ValueError(f"epochs must be at least 1 or None (endless), got {epochs}")
+        epochs = whole("epochs", epochs, 1, none_means="endless")
         if on_error not in ("raise", "skip", "warn"):
             raise ValueError(f"on_error must be 'raise', 'skip' or 'warn', got {on_error!r}")
-        if int(seed) < 0:
-            raise ValueError(f"seed must be non-negative, got {seed}")
-        if threads is not None and int(threads) < 1:
-            raise ValueError(f"threads must be at least 1, got {threads}")
+        seed = whole("seed", seed, 0)
+        threads = whole("threads", threads, 1, none_means="the pipeline's choice")
 
         self.source = source
         self.pipeline = pipeline

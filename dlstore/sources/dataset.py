@@ -30,6 +30,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from dlstore import settings
+from dlstore._args import whole
 from dlstore.errors import CorruptRecordError, DlstoreError, DlstoreIOError, PlacementError
 from dlstore.formats.registry import format_named
 from dlstore.sources import replicas
@@ -137,8 +138,10 @@ class Dataset(ReadsWithOptions):
             raise TypeError(f"Dataset() got unexpected keyword arguments {', '.join(sorted(read_options))}")
         #: What the shuffle means: how it orders, reads and is described (:class:`~dlstore.placement.Shuffle`).
         self.shuffle_kind = shuffle_named(shuffle)
-        if batch_size is not None and (isinstance(batch_size, bool) or int(batch_size) < 1):
-            raise ValueError(f"batch_size must be at least 1 (or None: the loader's), not {batch_size!r}")
+        batch_size = whole("batch_size", batch_size, 1, none_means="the loader's")
+        if world is not None and not isinstance(world, World):
+            raise TypeError(f"world must be a dlstore.placement.World (dlstore.world(rank=..., size=...)), not "
+                            f"{world!r:.80}")
         self.world = world if world is not None else detect_world()
         gpu = parse_device(device, self.world.local_rank)  # a bad device string fails here, before any indexing
         self._layout, self.shards, self.index = self._find_shards(shards, mounts, format, progress)
@@ -147,8 +150,7 @@ class Dataset(ReadsWithOptions):
         self.interleave = interleave
         self.batch_size = None if batch_size is None else int(batch_size)
         self.block_size = settings.get("block_size", block_size)
-        if buffer_size is not None and (isinstance(buffer_size, bool) or int(buffer_size) < 1):
-            raise ValueError(f"buffer_size must be at least 1 record, not {buffer_size!r}")
+        whole("buffer_size", buffer_size, 1, none_means="the default")
         self._sizes_asked = (buffer_size, shuffle_window)
         self._take_index()
         # A rank checks its own shards against the manifest (a stat each), not every shard. Alone, it brings
@@ -657,6 +659,15 @@ class Dataset(ReadsWithOptions):
             were split for the old world; finish that epoch with it, or resume from its end), or the
             records or their order (shuffle, its sizes) changed mid-epoch.
         """
+        missing = [k for k in ("epoch", "sample_in_epoch") if k not in state]
+        if missing:
+            raise PlacementError(f"not a dataset state (it lacks {', '.join(missing)}; state_dict() gives one)")
+        try:
+            for key in ("epoch", "sample_in_epoch", "seed", "num_consumers", "batch_size"):
+                if state.get(key) is not None:
+                    operator.index(state[key])
+        except TypeError:
+            raise PlacementError(f"not a dataset state: its {key} is {state[key]!r}, not an integer") from None
         if int(state.get("seed", self.seed)) != self.seed:
             raise PlacementError(f"the state was saved with seed {state['seed']}, this dataset has seed {self.seed}")
         saved = SamplerState(int(state["epoch"]), int(state["sample_in_epoch"]), self.seed,

@@ -329,6 +329,20 @@ def test_a_shard_named_twice_is_refused(tmp_path):
     assert len(Dataset([one, os.fspath(tmp_path / "part-1.tfrecord")])) == len(Dataset(os.fspath(tmp_path)))
 
 
+def test_arguments_and_states_of_the_wrong_kind_are_refused_in_one_line(tmp_path):
+    # batch_size=2.5 became 2; world=(0, 2) and a state without its keys failed with Python's own errors.
+    _write_shards(tmp_path, shards=2)
+    with pytest.raises(TypeError, match=r"^batch_size must be an integer \(or None: the loader's\), not 2.5$"):
+        Dataset(os.fspath(tmp_path), batch_size=2.5)
+    with pytest.raises(TypeError, match=r"^world must be a dlstore.placement.World .*, not \(0, 2\)$"):
+        Dataset(os.fspath(tmp_path), world=(0, 2))
+    ds = Dataset(os.fspath(tmp_path))
+    with pytest.raises(dlstore.PlacementError, match=r"^not a dataset state \(it lacks epoch, sample_in_epoch"):
+        ds.load_state_dict({})
+    with pytest.raises(dlstore.PlacementError, match="^not a dataset state: its epoch is 'x', not an integer$"):
+        ds.load_state_dict({"epoch": "x", "sample_in_epoch": 0})
+
+
 def test_bytes_paths_are_paths(tmp_path):
     """os.listdir(b".") gives bytes names: open_records and Dataset failed on them with "expected str, bytes or
     os.PathLike object, not int" (a bytes path was taken as a list of byte values)."""

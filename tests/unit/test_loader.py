@@ -522,3 +522,18 @@ def test_output_buffers_larger_than_half_the_memory_are_refused(monkeypatch):
         Loader(ListSource(100), Bert(SEQ, PRED), 64, prefetch=3)
     with pytest.raises(DlstoreError, match="lower batch_size or prefetch"):
         Loader(ListSource(100), Bert(SEQ, PRED), 65, prefetch=2)
+
+
+def test_counts_that_are_not_integers_are_refused_not_truncated():
+    # batch_size=2.5 made batches of 2 and True batches of 1; None failed inside int().
+    for kwargs, words in (({"batch_size": 2.5}, "batch_size must be an integer, not 2.5"),
+                          ({"batch_size": True}, "batch_size must be an integer, not True"),
+                          ({"batch_size": None}, "batch_size must be an integer, not None"),
+                          ({"batch_size": 4, "prefetch": 1.5}, "prefetch must be an integer, not 1.5"),
+                          ({"batch_size": 4, "epochs": 2.0},
+                           r"epochs must be an integer \(or None: endless\), not 2.0")):
+        with pytest.raises(TypeError, match=f"^{words}$"):
+            Loader(ListSource(100), Bert(SEQ, PRED), **kwargs)
+    with pytest.raises(ValueError, match="^batch_size must be at least 1, got 0$"):
+        Loader(ListSource(100), Bert(SEQ, PRED), 0)
+    assert Loader(ListSource(100), Bert(SEQ, PRED), np.int64(4)).batch_size == 4
