@@ -50,18 +50,15 @@ inline void take_gil_back(PyThreadState* state) {  // not noexcept: see above
 template <class F>
 auto without_gil(F&& f) -> decltype(f()) {
   using R = decltype(f());
-  std::exception_ptr error;
-  PyThreadState* state = PyEval_SaveThread();
   if constexpr (std::is_void_v<R>) {
-    try {
+    without_gil([&] {
       f();
-    } catch (...) {
-      error = std::current_exception();
-    }
-    take_gil_back(state);
-    if (error) std::rethrow_exception(error);
+      return true;
+    });
   } else {
+    std::exception_ptr error;
     std::optional<R> out;
+    PyThreadState* state = PyEval_SaveThread();
     try {
       out.emplace(f());
     } catch (...) {
