@@ -30,7 +30,7 @@ from dlstore.errors import DlstoreError
 from dlstore.formats.registry import format_named
 from dlstore.formats.manifest import MANIFEST_NAME, STAMP_AT, Manifest, decode_manifest, encode_manifest, encode_stamp
 from dlstore.sources.reader import (PathSpec, RecordReader, detect_files, expand_paths, list_record_files, path_list,
-                                    mixed_formats, open_records, record_file_names, split_glob)
+                                    mixed_formats, open_records, record_file_names, refuse_unreadable, split_glob)
 
 __all__ = ["index_path_for", "build_index", "write_index", "scan_offsets", "load_index", "find_index", "ensure_index",
            "manifest_path_for", "read_manifest", "write_manifest", "record_manifest", "DatasetIndex",
@@ -294,10 +294,11 @@ def write_manifest(dest: str, fmt: str, names: Sequence[str], sizes, mtimes, cou
     return dest
 
 
-def _listed(directory: str) -> Tuple[int, List[str]]:
-    """The directory's mtime (ns), then its record files: a change after that moment changes the mtime again."""
+def _listed(directory: str, odd: Optional[List[str]] = None) -> Tuple[int, List[str]]:
+    """The directory's mtime (ns), then its record files: a change after that moment changes the mtime again.
+    ``odd`` gets the names that read as record files but are no file (:func:`list_record_files`)."""
     before = os.stat(directory).st_mtime_ns
-    return before, list_record_files(directory)
+    return before, list_record_files(directory, None, odd)
 
 
 def _stamp(dest: str, stamp: int) -> None:
@@ -475,8 +476,10 @@ def _directory_group(directory: str, pattern: Optional[str], names: Optional[Lis
         if names is None:
             names, same = _matching(_listing(manifest), pattern), True
     else:
-        before, listing = _listed(directory)
-        if names is None:
+        odd: List[str] = []
+        before, listing = _listed(directory, odd)
+        if names is None:  # the directory, or a glob in it: the shards it names are all there, files
+            refuse_unreadable([os.path.join(directory, n) for n in record_file_names(odd, pattern)])
             names = record_file_names(listing, pattern)
     if usable:
         entries = _entries(manifest, names, same)

@@ -23,8 +23,8 @@ from dlstore.formats.index import INDEX_SUFFIX, MANIFEST_SUFFIX
 from dlstore.io.select import EngineChoice, resolve_engine
 from dlstore.sources.source import ReadOptions, ReadsWithOptions
 
-__all__ = ["open_records", "RecordReader", "expand_paths", "record_file_names", "list_record_files", "split_glob",
-           "detect_files", "CorruptionWarnings"]
+__all__ = ["open_records", "RecordReader", "expand_paths", "record_file_names", "list_record_files",
+           "refuse_unreadable", "split_glob", "detect_files", "CorruptionWarnings"]
 
 PathSpec = Union[str, bytes, os.PathLike, Sequence[Union[str, bytes, os.PathLike]]]
 # Files that sit beside record files and are not records, besides dlstore's own companions
@@ -70,43 +70,53 @@ def _is_record_file_name(name: str) -> bool:
     return bool(record_file_names([os.path.basename(name)]))
 
 
-def list_record_files(directory: str, pattern: Optional[str] = None) -> List[str]:
+def list_record_files(directory: str, pattern: Optional[str] = None, odd: Optional[List[str]] = None) -> List[str]:
     """The names of the record files in ``directory`` matching the glob ``pattern`` (None: all), sorted.
-    The directory's entries say whether they are files without a ``stat`` each.
+    The directory's entries say whether they are files without a ``stat`` each. ``odd``, when given,
+    gets the matching names that are neither a file nor a directory (a symbolic link whose target is
+    gone, a FIFO, a device): the caller that was asked for them says so (:func:`refuse_unreadable`).
 
     Raises
     ------
     DlstoreIOError
         When the directory cannot be listed.
     """
-    odd: List[str] = []  # neither a file nor a directory: a broken symbolic link, a FIFO, a device
+    others: List[str] = []
     try:
         with os.scandir(directory or ".") as entries:
             files = []
             for e in entries:
                 if e.is_file():
                     files.append(e.name)
-                elif not e.is_dir():
-                    odd.append(e.name)
+                elif odd is not None and not e.is_dir():
+                    others.append(e.name)
     except (FileNotFoundError, NotADirectoryError):
         return []
     except OSError as e:
         raise DlstoreIOError(f"{directory}: cannot list the directory: {e.strerror} (errno {e.errno})",
                              path=directory) from e
-    _refuse_unreadable_shards([os.path.join(directory, n) for n in record_file_names(odd, pattern)])
+    if odd is not None:
+        odd.extend(record_file_names(others, pattern))
     return record_file_names(files, pattern)
 
 
-def _refuse_unreadable_shards(paths: Sequence[str]) -> None:
-    """A name that reads as a shard but is no file (a symbolic link whose target is gone, a FIFO, a
-    device) was left out without a word, and the epoch was that shard short: it is an error."""
+def refuse_unreadable(paths: Sequence[str]) -> None:
+    """Raises for shards a directory or glob named that are no file (a symbolic link whose target is
+    gone, a FIFO, a device): left out without a word, the epoch was a shard short.
+
+    Raises
+    ------
+    DlstoreIOError
+        Naming the first of ``paths`` and what it is.
+    """
     if not paths:
         return
     first = paths[0]
-    if os.path.islink(first) and not os.path.exists(first):
-        what = f"a symbolic link to {os.readlink(first)}, which does not exist"
-    else:
+    try:
+        os.stat(first)
         what = "not a regular file (a FIFO, a socket or a device)"
+    except OSError as e:
+        what = f"a symbolic link to {os.readlink(first)}, which cannot be reached ({e.strerror})"
     more = f" (and {len(paths) - 1} more such)" if len(paths) > 1 else ""
     raise DlstoreIOError(f"{first}: named as a shard but {what}{more}: restore it or remove it", path=first)
 
@@ -127,22 +137,31 @@ def _glob_record_files(pattern: str) -> Tuple[List[str], int]:
     one = split_glob(pattern)
     if one is not None:
         directory, name = one
-        kept = [os.path.join(os.path.dirname(pattern), n) for n in list_record_files(directory, name)]
+        odd: List[str] = []
+        kept = [os.path.join(os.path.dirname(pattern), n) for n in list_record_files(directory, name, odd)]
+        refuse_unreadable([os.path.join(os.path.dirname(pattern), n) for n in odd])
         others = 0
         if not kept:
             with contextlib.suppress(OSError):
                 others = len(fnmatch.filter(os.listdir(directory), name))
         return kept, others
-    matched = glob.glob(pattern, recursive=True)
-    files = sorted(m for m in matched if os.path.isfile(m))
-    _refuse_unreadable_shards(sorted(m for m in matched if not os.path.isfile(m) and not os.path.isdir(m)
-                                     and _is_record_file_name(m)))
+    files, odd = [], []
+    for m in glob.glob(pattern, recursive=True):
+        if os.path.isfile(m):
+            files.append(m)
+        elif not os.path.isdir(m) and _is_record_file_name(m):
+            odd.append(m)
+    files.sort()
+    refuse_unreadable(sorted(odd))
     kept = [f for f in files if _is_record_file_name(f)]
     return kept, len(files) - len(kept)
 
 
 def _list_directory(path: str) -> List[str]:
-    return [os.path.join(path, n) for n in list_record_files(path)]
+    odd: List[str] = []
+    found = [os.path.join(path, n) for n in list_record_files(path, None, odd)]
+    refuse_unreadable([os.path.join(path, n) for n in odd])
+    return found
 
 
 def path_list(paths: PathSpec) -> List[str]:

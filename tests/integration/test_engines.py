@@ -126,7 +126,7 @@ def test_a_shard_name_that_is_no_file_is_an_error_not_left_out(tmp_path, odd):
     if odd == "broken_link":
         target = tmp_path / "gone" / "part-2.tfrecord"
         os.symlink(target, bad)
-        words = f"{bad}: named as a shard but a symbolic link to {target}, which does not exist"
+        words = f"{bad}: named as a shard but a symbolic link to {target}, which cannot be reached (No such file"
     else:
         os.mkfifo(bad)
         words = f"{bad}: named as a shard but not a regular file"
@@ -137,6 +137,10 @@ def test_a_shard_name_that_is_no_file_is_an_error_not_left_out(tmp_path, odd):
         assert str(e.value).startswith(words) and e.value.path == os.fspath(bad)
         with pytest.raises(dlstore.DlstoreIOError, match="named as a shard"):
             dlstore.Dataset(os.fspath(spec))
+    # Not named: a glob or list that does not take it reads the others (the directory's listing, taken
+    # for its manifest, does not refuse it).
+    named = [os.fspath(tmp_path / f"part-{k}.tfrecord") for k in range(2)]
+    assert len(dlstore.Dataset(os.fspath(tmp_path / "part-[01].tfrecord"))) == len(dlstore.Dataset(named)) == 2
     bad.unlink()
     assert len(expand_paths(tmp_path)) == 2
 
