@@ -27,6 +27,7 @@ from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from dlstore._args import whole
 from dlstore.adapters.base import LastBatch, check_last_batch, current_world, import_framework
 from dlstore.sources.dataset import dataset_for
 from dlstore.errors import DlstoreError
@@ -87,10 +88,8 @@ class EncodedSamples:
     def __init__(self, source: Any, batch_size: int, *, last_batch: str = LastBatch.PARTIAL,
                  image_key: str = "image/encoded", label_key: str = "image/class/label", label_offset: int = 0,
                  keep: int = 4):
-        if int(batch_size) < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.source = source
-        self.batch_size = int(batch_size)
+        self.batch_size = whole("batch_size", batch_size, 1)
         self.last_batch = check_last_batch(last_batch)
         self.image_key, self.label_key = image_key, label_key
         self.label_spec = {label_key: (np.int64, 1)}

@@ -35,6 +35,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from dlstore._args import whole
 from dlstore.adapters.base import BatchAdapter, LastBatch, check_last_batch, import_framework
 from dlstore.sources.dataset import dataset_for
 from dlstore.io.cuda import parse_device
@@ -71,8 +72,10 @@ class _IterableRecords:
                  shuffle: str = "block", seed: int = 0, remainder: str = "uneven",
                  last_batch: str = LastBatch.PARTIAL, prefetch: int = 2, threads: Optional[int] = None,
                  record_key: Optional[str] = None, report_stalls: Any = False, **dataset_kwargs: Any):
-        if pipeline is not None and (batch_size is None or int(batch_size) < 1):
-            raise ValueError(f"a pipeline needs batch_size >= 1, got {batch_size!r}")
+        if pipeline is not None:
+            if batch_size is None:
+                raise ValueError("a pipeline needs a batch_size (the DataLoader's is None with a pipeline)")
+            batch_size = whole("batch_size", batch_size, 1)
         if pipeline is None and batch_size is not None:
             raise ValueError("batch_size goes with a pipeline; without one the dataset yields records "
                              "and the DataLoader batches them")
@@ -87,10 +90,10 @@ class _IterableRecords:
                                        remainder=remainder, batch_size=batch_size)
         self.pipeline = pipeline
         self.batch_size = None if batch_size is None else int(batch_size)
-        self.seed = int(seed)
+        self.seed = whole("seed", seed, 0)
         self.last_batch = check_last_batch(last_batch)
-        self.prefetch = int(prefetch)
-        self.threads = threads
+        self.prefetch = whole("prefetch", prefetch, 1)
+        self.threads = whole("threads", threads, 1, none_means="the pipeline's choice")
         self.record_key, self.report_stalls = record_key, report_stalls
         self.epoch = 0
         self._board = _EpochBoard()  # where workers that outlive an epoch (persistent_workers) learn the next

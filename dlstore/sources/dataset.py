@@ -659,6 +659,8 @@ class Dataset(ReadsWithOptions):
             were split for the old world; finish that epoch with it, or resume from its end), or the
             records or their order (shuffle, its sizes) changed mid-epoch.
         """
+        if not isinstance(state, Mapping):
+            raise PlacementError(f"not a dataset state: {state!r:.80} (state_dict() gives one)")
         missing = [k for k in ("epoch", "sample_in_epoch") if k not in state]
         if missing:
             raise PlacementError(f"not a dataset state (it lacks {', '.join(missing)}; state_dict() gives one)")

@@ -341,6 +341,19 @@ def test_arguments_and_states_of_the_wrong_kind_are_refused_in_one_line(tmp_path
         ds.load_state_dict({})
     with pytest.raises(dlstore.PlacementError, match="^not a dataset state: its epoch is 'x', not an integer$"):
         ds.load_state_dict({"epoch": "x", "sample_in_epoch": 0})
+    with pytest.raises(dlstore.PlacementError, match=r"^not a dataset state: None \(state_dict\(\) gives one\)$"):
+        ds.load_state_dict(None)
+    # The adapters check their counts the same way (they truncated 2.5 to 2).
+    from dlstore.adapters.dali import EncodedSamples
+    from dlstore.adapters.torch import DlstoreIterableDataset
+    from dlstore.pipeline import Bert
+
+    with pytest.raises(TypeError, match="^batch_size must be an integer, not 2.5$"):
+        DlstoreIterableDataset(os.fspath(tmp_path), Bert(128), batch_size=2.5)
+    with pytest.raises(TypeError, match="^prefetch must be an integer, not 1.5$"):
+        DlstoreIterableDataset(os.fspath(tmp_path), Bert(128), batch_size=2, prefetch=1.5)
+    with pytest.raises(TypeError, match="^batch_size must be an integer, not True$"):
+        EncodedSamples(ds, True)
 
 
 def test_bytes_paths_are_paths(tmp_path):
