@@ -139,9 +139,10 @@ class Dataset(ReadsWithOptions):
         #: What the shuffle means: how it orders, reads and is described (:class:`~dlstore.placement.Shuffle`).
         self.shuffle_kind = shuffle_named(shuffle)
         batch_size = whole("batch_size", batch_size, 1, none_means="the loader's")
-        if world is not None and not isinstance(world, World):
+        lacks = [a for a in ("consumer", "num_consumers", "local_rank", "with_worker") if not hasattr(world, a)]
+        if world is not None and lacks:  # a World, or anything with its members
             raise TypeError(f"world must be a dlstore.placement.World (dlstore.world(rank=..., size=...)), not "
-                            f"{world!r:.80}")
+                            f"{world!r:.80} (it has no {', '.join(lacks)})")
         self.world = world if world is not None else detect_world()
         gpu = parse_device(device, self.world.local_rank)  # a bad device string fails here, before any indexing
         self._layout, self.shards, self.index = self._find_shards(shards, mounts, format, progress)

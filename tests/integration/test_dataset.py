@@ -334,8 +334,19 @@ def test_arguments_and_states_of_the_wrong_kind_are_refused_in_one_line(tmp_path
     _write_shards(tmp_path, shards=2)
     with pytest.raises(TypeError, match=r"^batch_size must be an integer \(or None: the loader's\), not 2.5$"):
         Dataset(os.fspath(tmp_path), batch_size=2.5)
-    with pytest.raises(TypeError, match=r"^world must be a dlstore.placement.World .*, not \(0, 2\)$"):
+    with pytest.raises(TypeError, match=r"^world must be a dlstore.placement.World .*, not \(0, 2\) \(it has no "
+                                        r"consumer, num_consumers, local_rank, with_worker\)$"):
         Dataset(os.fspath(tmp_path), world=(0, 2))
+
+    class Delegating:  # anything with a World's members will do, as the torch adapter documents
+        def __init__(self, world):
+            self._world = world
+
+        def __getattr__(self, name):
+            return getattr(self._world, name)
+
+    delegating = Delegating(World(rank=0, size=1))
+    assert len(Dataset(os.fspath(tmp_path), world=delegating)) == len(Dataset(os.fspath(tmp_path)))
     ds = Dataset(os.fspath(tmp_path))
     with pytest.raises(dlstore.PlacementError, match=r"^not a dataset state \(it lacks epoch, sample_in_epoch"):
         ds.load_state_dict({})
