@@ -250,7 +250,7 @@ def run_workload(workload: Workload, args: argparse.Namespace) -> int:
     if comm is not None:  # one plan for every rank: the smallest share decides
         records = min(comm.allgather(records))
     # --step-batches fixes the batches: the batch size fits them all in the data, as it fits --steps.
-    batch_size, lowered = fit_batch_size(records, args.batch_size, args.steps, args.step_batches)
+    batch_size, lowered = fit_batch_size(records, args.batch_size, args.steps, args.step_batches, args.epochs)
     if lowered:
         notes.append(lowered)
     plan = plan_steps(args.epochs * (records // batch_size), args.steps, args.step_batches)

@@ -38,21 +38,23 @@ def plan_steps(total_batches: Optional[int], steps: int = DEFAULT_STEPS,
 
 
 def fit_batch_size(records: Optional[int], batch_size: int, steps: int,
-                   step_batches: Optional[int] = None) -> Tuple[int, Optional[str]]:
-    """The batch size to use, lowered so that ``records`` make at least ``steps`` batches (``steps`` x
-    ``step_batches`` when that is given); and a note when lowered."""
+                   step_batches: Optional[int] = None, epochs: int = 1) -> Tuple[int, Optional[str]]:
+    """The batch size to use, lowered so that ``epochs`` passes over ``records`` make at least ``steps``
+    batches (``steps`` x ``step_batches`` when that is given); and a note when lowered."""
     batches = steps * (step_batches or 1)
-    if records is None or records >= batch_size * batches:
+    samples = None if records is None else records * epochs
+    if samples is None or samples >= batch_size * batches:
         return batch_size, None
-    fitted = max(1, records // batches)
+    fitted = max(1, samples // batches)
     asked = (f"{steps} steps of batch {batch_size}" if step_batches is None else
              f"{steps} steps of {step_batches} batches of {batch_size}")
-    note = f"batch size lowered from {batch_size} to {fitted}: the data holds {records} records, too few for {asked}"
-    if records < batches:
+    held = f"{records} records" + (f" x {epochs} epochs" if epochs > 1 else "")
+    note = f"batch size lowered from {batch_size} to {fitted}: the data holds {held}, too few for {asked}"
+    if samples < batches:
         if step_batches is None:  # plan_steps deals the batches into fewer steps
-            note += f"; {records} steps of batch 1, not {steps}: more data makes more steps"
+            note += f"; {samples} steps of batch 1, not {steps}: more data makes more steps"
         else:
-            note += f"; the data ends after {records} batches"
+            note += f"; the data ends after {samples} batches"
     return fitted, note
 
 

@@ -59,6 +59,11 @@ def test_fit_batch_size_lowers_it_for_small_data_and_says_so():
     assert size == 2 and note.endswith("too few for 9 steps of 3 batches of 256")
     size, note = fit_batch_size(20, 256, 9, step_batches=3)
     assert size == 1 and note.endswith("; the data ends after 20 batches")
+    # --epochs: the passes together make the steps (it fitted one pass, and said fewer steps than ran).
+    size, note = fit_batch_size(4, 256, 9, epochs=3)
+    assert size == 1 and "the data holds 4 records x 3 epochs" in note and "steps of batch 1" not in note
+    assert len(plan_steps(3 * (4 // size), 9)) == 9
+    assert fit_batch_size(40, 256, 9, epochs=3)[0] == 13
 
 
 class FakeClock:
