@@ -74,12 +74,15 @@ class _CopyCheck:
 
 def _check_copy(path: str, fmt: str, io: Optional[str]) -> _CopyCheck:
     out = _CopyCheck()
+    reader = None
     try:
         reader = open_records(path, format=fmt, io=io, on_error="skip")
         stats = reader.count()
     except (DlstoreError, OSError) as e:
         text = str(e)
         out.unreadable = text[len(path) + 2:] if text.startswith(path + ": ") else text
+        if reader is not None:  # the read stopped partway (a broken compressed stream): what it read counts
+            out.records = int(reader.stats()["records"])
         return out
     out.records = int(stats["records"])
     out.corrupt = [(int(offset), what) for _, offset, what in reader.corruptions()]

@@ -126,3 +126,22 @@ def test_a_copy_cut_on_a_record_boundary_or_missing_is_found(mounts):
     os.remove(path)  # now only missing copies: said, and clean
     proc = _verify("--mounts", *mounts, "--quiet")
     assert proc.returncode == 0 and "2 of 6 shards have no copy" in proc.stdout
+
+
+def test_a_gzip_copy_broken_at_its_trailer_counts_the_records_before_it(tmp_path):
+    # As verify does for one file: the 40 records read before zlib found the damage are good ones.
+    import gzip
+
+    from tests.helpers import oracle_tfrecord_bytes
+
+    blob = gzip.compress(oracle_tfrecord_bytes([bytes([i]) * 300 for i in range(40)]))
+    broken = bytearray(blob)
+    broken[-6] ^= 0xFF  # the trailer's CRC-32
+    for m, data in (("m0", blob), ("m1", bytes(broken))):
+        (tmp_path / m).mkdir()
+        (tmp_path / m / "s.tfrecord.gz").write_bytes(data)
+    proc = _verify("s.tfrecord.gz", "--mounts", tmp_path / "m0", tmp_path / "m1", "--quiet")
+    assert proc.returncode == 1
+    lines = proc.stdout.splitlines()
+    assert "incorrect data check" in lines[0] and lines[0].endswith(f"good copy on {tmp_path / 'm0'}")
+    assert lines[-1].startswith("CORRUPT: 2 copies on 2 mounts, 80 good records, 1 bad copy")
