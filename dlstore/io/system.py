@@ -117,6 +117,38 @@ def available_page_cache_bytes() -> int:
     return meminfo().get("MemAvailable", 0)
 
 
+def cgroup_memory_room(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> Optional[int]:
+    """Bytes this process's memory cgroup may still charge (its limit less its usage: cgroup v2's
+    ``memory.max`` and ``memory.current``, or v1's ``memory.limit_in_bytes`` and ``memory.usage_in_bytes``);
+    None without a limit, or where it cannot be read. A container's MemAvailable is the host's."""
+    try:
+        with open(proc_cgroup) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":  # v2: one unified hierarchy
+            where = os.path.join(root, path.lstrip("/"))
+            files = (os.path.join(where, "memory.max"), os.path.join(where, "memory.current"))
+        elif "memory" in controllers.split(","):
+            where = os.path.join(root, "memory", path.lstrip("/"))
+            files = (os.path.join(where, "memory.limit_in_bytes"), os.path.join(where, "memory.usage_in_bytes"))
+        else:
+            continue
+        try:
+            with open(files[0]) as f:
+                limit = f.read().strip()
+            with open(files[1]) as f:
+                usage = int(f.read().strip())
+        except (OSError, ValueError):
+            continue
+        if limit == "max" or not limit.isdigit() or int(limit) >= 1 << 60:  # v1 writes ~2**63 for no limit
+            continue
+        return max(0, int(limit) - usage)
+    return None
+
+
 def existing_parent(path: str) -> str:
     """``path`` if it is a directory, else its nearest ancestor that is: where a file or directory about to be
     made at ``path`` would go (for its free space, or whether it can be written)."""

@@ -22,7 +22,7 @@ from dlstore import metrics
 from dlstore._args import whole
 from dlstore.errors import DlstoreError
 from dlstore.io import memory
-from dlstore.io.system import available_page_cache_bytes, format_bytes
+from dlstore.io.system import available_page_cache_bytes, cgroup_memory_room, format_bytes
 from dlstore.pipeline.prefetch import BatchRing, Prefetcher
 from dlstore.pipeline.stalls import WAIT_BUCKETS_S, StallMeter
 from dlstore.pipeline.stages import Pipeline, check_last_batch
@@ -493,11 +493,15 @@ class Loader:
 
 def _check_ring_fits(fields: Dict[str, Tuple[Tuple[int, ...], Any]], batch_size: int, prefetch: int) -> None:
     """Refuses a ring of output buffers (``prefetch + 2`` batches, allocated at the first iteration) that
-    would take more than half the memory available: a batch size or prefetch typed with a digit too many
-    grew the process until the machine ran out of memory."""
+    would take more than half the memory available (MemAvailable, or a cgroup's room when less): a batch
+    size or prefetch typed with a digit too many grew the process until the machine ran out of memory.
+    Each process checks its own ring: DataLoader workers or ranks on one host are not summed."""
     per_sample = sum(int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize for shape, dtype in fields.values())
     ring = per_sample * batch_size * (prefetch + 2)
     available = available_page_cache_bytes()  # MemAvailable; 0 where unknown: nothing to compare with
+    room = cgroup_memory_room()  # a container's limit: MemAvailable is the host's
+    if room is not None:
+        available = min(available, room) if available else room
     if available and ring > available // 2:
         raise DlstoreError(f"Loader: its output buffers, {prefetch + 2} batches (prefetch {prefetch} + 2) of "
                            f"{batch_size} samples of {format_bytes(per_sample)}, would take {format_bytes(ring)}, "

@@ -516,6 +516,7 @@ def test_output_buffers_larger_than_half_the_memory_are_refused(monkeypatch):
     fields = dict(Bert(SEQ, PRED).fields()).values()
     per_sample = sum(int(np.prod(shape)) * np.dtype(dtype).itemsize for shape, dtype in fields)
     monkeypatch.setattr(loader_module, "available_page_cache_bytes", lambda: 2 * per_sample * 64 * 4)
+    monkeypatch.setattr(loader_module, "cgroup_memory_room", lambda: None)
     Loader(ListSource(100), Bert(SEQ, PRED), 64, prefetch=2)  # exactly half: taken
     with pytest.raises(DlstoreError, match=r"^Loader: its output buffers, 5 batches \(prefetch 3 \+ 2\) of 64 "
                                            r"samples of .* more than half the .* lower batch_size or prefetch$"):
@@ -537,3 +538,26 @@ def test_counts_that_are_not_integers_are_refused_not_truncated():
     with pytest.raises(ValueError, match="^batch_size must be at least 1, got 0$"):
         Loader(ListSource(100), Bert(SEQ, PRED), 0)
     assert Loader(ListSource(100), Bert(SEQ, PRED), np.int64(4)).batch_size == 4
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_cgroup_limit_is_the_memory_available(tmp_path, version):
+    # In a container MemAvailable is the host's: the cgroup's room (limit less usage) is what is left.
+    from dlstore.io.system import cgroup_memory_room
+
+    proc = tmp_path / "cgroup"
+    if version == 2:
+        proc.write_text("0::/job\n")
+        (tmp_path / "fs" / "job").mkdir(parents=True)
+        (tmp_path / "fs" / "job" / "memory.max").write_text("1000000\n")
+        (tmp_path / "fs" / "job" / "memory.current").write_text("400000\n")
+    else:
+        proc.write_text("5:devices:/\n4:memory:/job\n0::/\n")
+        (tmp_path / "fs" / "memory" / "job").mkdir(parents=True)
+        (tmp_path / "fs" / "memory" / "job" / "memory.limit_in_bytes").write_text("1000000\n")
+        (tmp_path / "fs" / "memory" / "job" / "memory.usage_in_bytes").write_text("400000\n")
+    assert cgroup_memory_room(str(proc), str(tmp_path / "fs")) == 600000
+    unlimited = "max" if version == 2 else str(2**63 - 4096)
+    limit_file = "memory.max" if version == 2 else "memory.limit_in_bytes"
+    (tmp_path / "fs" / ("job" if version == 2 else "memory/job") / limit_file).write_text(unlimited + "\n")
+    assert cgroup_memory_room(str(proc), str(tmp_path / "fs")) is None
