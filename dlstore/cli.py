@@ -98,7 +98,7 @@ def cmd_index(args: argparse.Namespace) -> int:
     DALI and MXNet read) and one dataset manifest per directory (what dlstore.Dataset opens: one file
     for all its shards). A read-only directory's go to the cache directory ($DLSTORE_CACHE)."""
 
-    named = list(dict.fromkeys(expand_paths(args.paths)))  # a file named twice (f f, or a glob and it) is one
+    named = _once(expand_paths(args.paths))
     fresh: Dict[str, Dict[str, Any]] = {}  # per directory, per shard: the frame offsets just found
     formats: Dict[str, str] = {}
     files, failed = [], 0
@@ -135,6 +135,13 @@ def cmd_index(args: argparse.Namespace) -> int:
               f"`dlstore verify` lists every problem", file=sys.stderr)
     return 2 if failed else 0
     return 0
+
+
+def _once(files: List[str]) -> List[str]:
+    """Each file once, as first named: ``f f``, a glob and ``f``, ``f`` and ``./f``, or a path through a
+    symbolic link are one file."""
+    seen: set = set()
+    return [f for f in files if not (os.path.realpath(f) in seen or seen.add(os.path.realpath(f)))]
 
 
 class _FileCheck(NamedTuple):
@@ -208,7 +215,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if not args.paths:
         print("dlstore verify: name the files to check, or [SHARDS] --mounts M1 M2 ...", file=sys.stderr)
         return 2
-    files = list(dict.fromkeys(expand_paths(args.paths)))  # a file named twice (f f, or a glob and it) is one
+    files = _once(expand_paths(args.paths))
     total = sum(os.path.getsize(f) for f in files)
     records = corrupt = corrupt_files = broken = unreadable = 0
     with Progress(total, "verify", unit="B", enabled=False if args.quiet else None) as bar:

@@ -23,6 +23,7 @@ import copy
 import functools
 import inspect
 import operator
+import os
 import time
 import warnings
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
@@ -886,11 +887,19 @@ def _add_counts(totals: Dict[str, int], stats: Mapping[str, int]) -> None:
 
 
 def _refuse_twice_named(paths: Sequence[str]) -> None:
-    """A shard named twice (a glob and the file, or a list holding it twice) would be read twice per
-    epoch, its records given twice: a mistake, not a way to weight data, so it is refused."""
+    """A shard named twice (a glob and the file, a list holding it twice, or two directories that are one
+    through a symbolic link) would be read twice per epoch, its records given twice: a mistake, not a way
+    to weight data, so it is refused. Directories are resolved once each, not the shards."""
+    keys: Sequence[Any] = paths
     if len(set(paths)) == len(paths):
-        return
+        directories = {p.rpartition(os.sep)[0] for p in paths}
+        if len(directories) == 1:
+            return
+        real = {d: os.path.realpath(d) for d in directories}
+        keys = [(real[p.rpartition(os.sep)[0]], p.rpartition(os.sep)[2]) for p in paths]
+        if len(set(keys)) == len(keys):
+            return
     seen: set = set()
-    twice = next(p for p in paths if p in seen or seen.add(p))
-    raise DlstoreError(f"{twice}: named more than once in shards (twice in the list, or by a glob or directory and "
-                       "again): each shard is read once per epoch; name each file once")
+    twice = next(p for p, k in zip(paths, keys) if k in seen or seen.add(k))
+    raise DlstoreError(f"{twice}: named more than once in shards (twice in the list, by a glob or directory and "
+                       "again, or through a symbolic link): each shard is read once per epoch; name each file once")

@@ -70,9 +70,11 @@ def test_index_of_a_directory_indexes_every_good_shard_and_names_each_bad_one(tm
 
 def test_index_of_a_file_named_twice_indexes_it_once(tmp_path):
     path = write_tfrecord(tmp_path / "a.tfrecord", [b"a"] * 3)
-    out = dlstore("index", path, tmp_path / "*.tfrecord")
+    out = dlstore("index", path, tmp_path / "*.tfrecord", tmp_path / "." / "a.tfrecord")
     assert out.returncode == 0, out.stderr
     assert out.stdout.count(" records -> ") == 1
+    out = dlstore("verify", path, tmp_path / "." / "a.tfrecord", "--quiet")
+    assert out.stdout.splitlines()[-1].startswith("OK: 1 file, 3 good records")
 
 
 def test_missing_path_is_a_clear_error(tmp_path):

@@ -327,6 +327,11 @@ def test_a_shard_named_twice_is_refused(tmp_path):
         with pytest.raises(dlstore.DlstoreError, match=f"^{one}: named more than once in shards"):
             Dataset(spec)
     assert len(Dataset([one, os.fspath(tmp_path / "part-1.tfrecord")])) == len(Dataset(os.fspath(tmp_path)))
+    # The same directory through a symbolic link is the same shards.
+    os.symlink(tmp_path, tmp_path.parent / f"{tmp_path.name}-link")
+    through = os.fspath(tmp_path.parent / f"{tmp_path.name}-link" / "part-0.tfrecord")
+    with pytest.raises(dlstore.DlstoreError, match=f"^{through}: named more than once in shards"):
+        Dataset([one, through])
 
 
 def test_arguments_and_states_of_the_wrong_kind_are_refused_in_one_line(tmp_path):
