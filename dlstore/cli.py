@@ -134,7 +134,6 @@ def cmd_index(args: argparse.Namespace) -> int:
         print(f"dlstore index: {_count(failed, 'file')} of {len(named)} not indexed (above); "
               f"`dlstore verify` lists every problem", file=sys.stderr)
     return 2 if failed else 0
-    return 0
 
 
 def _once(files: List[str]) -> List[str]:
@@ -205,8 +204,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     _check_settings(io=args.io)
     if args.mounts:
-        strays = [m for m in args.mounts if not os.path.isdir(m)]
-        if strays and not args.paths:  # `--mounts` takes every argument after it: shards named after it land there
+        # `--mounts` takes every argument after it: shards named after it land there (a glob, or a file here or
+        # under one of the mounts); a mount that is missing (a typo) is check_mounts' to say
+        real = [m for m in args.mounts if os.path.isdir(m)]
+        strays = [m for m in args.mounts if not os.path.isdir(m) and (
+            any(ch in m for ch in "*?[") or os.path.isfile(m) or any(os.path.isfile(os.path.join(r, m)) for r in real))]
+        if strays and not args.paths:
             print(f"dlstore verify: mount point {strays[0]} is not a directory (shard paths and globs go before "
                   f"--mounts, which takes every argument after it: dlstore verify SHARDS --mounts M1 M2 ...)",
                   file=sys.stderr)

@@ -83,10 +83,10 @@ class TensorFlowAdapter(BatchAdapter):
         else unknown.
 
         :meth:`state_dict` is exact for a loop that iterates this dataset, with what it adds that does
-        not read ahead (``map``, ``batch``...): tf.data's own injected prefetch is turned off. A
-        ``prefetch`` or ``shuffle`` added downstream holds elements the loop has not consumed yet, and
-        a state saved then is ahead of the loop by them: leave them out of a pipeline that resumes mid-epoch
-        (the loader reads ahead on its own threads already).
+        not read ahead (a sequential ``map``, ``batch``...): tf.data's own injected prefetch is turned
+        off. A ``prefetch``, a ``shuffle`` or a ``map(num_parallel_calls=...)`` added downstream holds
+        elements the loop has not consumed yet, and a state saved then is ahead of the loop by them: leave
+        them out of a pipeline that resumes mid-epoch (the loader reads ahead on its own threads already).
         """
         def generate() -> Iterator[Dict[str, Any]]:
             yield from self

@@ -89,6 +89,8 @@ def test_bad_usage_exits_2(tmp_path, mounts):
     assert proc.returncode == 2 and proc.stderr == (
         "dlstore verify: mount point part-1.tfrecord is not a directory (shard paths and globs go before --mounts, "
         "which takes every argument after it: dlstore verify SHARDS --mounts M1 M2 ...)\n")
+    proc = _verify("--mounts", *mounts, tmp_path / "typo", "--quiet")  # a mount mistyped: no hint about shards
+    assert proc.returncode == 2 and "shard paths" not in proc.stderr and "typo" in proc.stderr
     proc = _verify("part-1.tfrecord", "--mounts", *mounts, "--quiet")
     assert proc.returncode == 0 and proc.stdout.splitlines()[-1].startswith("OK: 3 copies on 3 mounts"), proc.stdout
 
