@@ -718,15 +718,17 @@ class Dataset(ReadsWithOptions):
         shard's index in :attr:`shards` and the record's in the shard, found from the batch's file
         indices and offsets by one ``searchsorted`` over the index's frame offsets."""
         files = np.asarray(batch.file_indices, dtype=np.int64)
-        if self._layout is None:  # the reader's files are the shards
-            shard = files
-        else:  # the reader's files are (shard, mount) places: a shard's copy, told by its path
-            lookup = self.__dict__.get("_shard_of_path")
-            if lookup is None:
-                lookup = self._shard_of_path = {self._layout.path(s, m): s for s in range(len(self.shards))
-                                                for m in self._layout.holders[s]}
-            used, first, inverse = np.unique(files, return_index=True, return_inverse=True)
-            shard = np.array([lookup[batch.path(int(k))] for k in first], dtype=np.int64)[inverse.reshape(-1)]
+        # The reader's files are those its plan reads (the shards it needs, or (shard, mount) places: a
+        # shard's copy), not all the shards in order: each is told by its path, once per batch.
+        lookup = self.__dict__.get("_shard_of_path")
+        if lookup is None:
+            if self._layout is None:
+                lookup = {path: s for s, path in enumerate(self.shards)}
+            else:
+                lookup = {self._layout.path(s, m): s for s in range(len(self.shards)) for m in self._layout.holders[s]}
+            self._shard_of_path = lookup
+        used, first, inverse = np.unique(files, return_index=True, return_inverse=True)
+        shard = np.array([lookup[batch.path(int(k))] for k in first], dtype=np.int64)[inverse.reshape(-1)]
         keys = self.__dict__.get("_frame_keys")
         if keys is None:  # every frame as (shard << 40) | offset, in order: shards hold less than 1 TiB
             starts = np.concatenate([[0], np.cumsum(self.counts)])

@@ -128,3 +128,23 @@ def test_each_next_window_is_made_ahead_and_used(shards, monkeypatch):
     assert sum(b.num_records for b in ds.batches()) == 5 * 37
     starts = [0] + ds.window_starts(5 * 37).tolist()
     assert len(starts) >= 3 and made == starts and ahead == starts[1:]  # one reader a window, all but the first ahead
+
+
+@pytest.mark.parametrize("shuffle", ["none", "global"])
+def test_record_keys_are_right_when_a_consumer_reads_fewer_records_than_there_are_shards(tmp_path, shuffle):
+    # The reader is given only the shards its plan reads; record_keys took its file indices for shard
+    # indices, so every key of such a consumer named another shard (each record carries its own name).
+    for s in range(40):
+        with dlstore.TFRecordWriter(os.fspath(tmp_path / f"s{s:03d}.tfrecord")) as w:
+            for i in range(2):
+                w.write(f"s{s}r{i}".encode())
+    for rank in range(4):
+        ds = dlstore.Dataset(os.fspath(tmp_path), world=World(rank=rank, size=4), shuffle=shuffle,
+                             remainder="uneven", batch_size=4, seed=3)
+        for b in ds.batches():
+            shard, record = ds.record_keys(b)
+            view = memoryview(b)
+            named = [bytes(view[o:o + n]).decode() for o, n in zip(b.offsets, b.lengths)]
+            shard_names = [int(os.path.basename(ds.shards[s])[1:4]) for s in shard.tolist()]
+            keyed = [f"s{s}r{r}" for s, r in zip(shard_names, record.tolist())]
+            assert keyed == named
