@@ -482,9 +482,12 @@ class Loader:
         if self.on_error != "raise" or getattr(self.source, "on_error", "raise") != "raise":
             return None
         agreed = getattr(self.source, "num_batches", None)
-        if self.last_batch == "PARTIAL" and isinstance(agreed, int):
+        full = getattr(self.source, "num_full_batches", None)
+        if self.last_batch == "DROP":  # every rank stops at the full batches of the smallest share (_epoch)
+            return full if isinstance(full, int) else samples // self.batch_size
+        if isinstance(agreed, int):  # PARTIAL and FILL top a short rank up to the agreed count (_agree)
             return max(agreed, -(-samples // self.batch_size))
-        return samples // self.batch_size if self.last_batch == "DROP" else -(-samples // self.batch_size)
+        return -(-samples // self.batch_size)
 
     def __repr__(self) -> str:
         return (f"Loader({self.pipeline.name}, batch_size={self.batch_size}, prefetch={self.prefetch}, "
@@ -559,7 +562,8 @@ class _Producer:
             if prefetcher.stopping:
                 return
             if published == 0 and position == 0:
-                raise DlstoreError(_no_batch_note(self.loader, epoch, delivered))
+                share = len(self.source) if hasattr(self.source, "num_full_batches") else delivered
+                raise DlstoreError(_no_batch_note(self.loader, epoch, max(delivered, share)))
             prefetcher.publish(_EpochEnd(epoch))
             epoch += 1
 
@@ -583,9 +587,13 @@ class _Producer:
         fresh_until = len(self.source) - repeats if repeats else None
         padding = 0  # rows of the batch being filled that repeat records (the source's padding)
         keys = None
+        # DROP over a source whose consumers' shares differ (a Dataset under remainder="uneven"): every rank
+        # stops at the full batches of the smallest share, so that all yield as many.
+        full = getattr(self.source, "num_full_batches", None) if self.last_batch == "DROP" else None
+        limit = full - delivered // batch_size if isinstance(full, int) else None
         chunks = self.source.batches()
         try:
-            while True:
+            while limit is None or published < limit:
                 t0 = self.phase_start = time.perf_counter()
                 self.phase = 0
                 chunk = next(chunks, None)
@@ -630,6 +638,8 @@ class _Producer:
                         published += 1
                         slot = None
                         padding = 0
+                        if limit is not None and published >= limit:
+                            break  # the rest of this rank's share is dropped, as its short batch would be
         finally:
             close = getattr(chunks, "close", None)
             if close is not None:
@@ -646,7 +656,11 @@ class _Producer:
                     a[row:] = a[row - 1]
                 self._publish(prefetcher, slot, batch_size, batch_size - row + padding, epoch, position, delivered)
                 published += 1
-        return delivered, published + self._agree(prefetcher, epoch, position, delivered)
+                row = batch_size
+        # The epoch's last sample (FILL repeats it in the batches the ranks agreed on), read before any slot is
+        # taken again: the consumer only reads the slot it was given.
+        last = {name: a[row - 1].copy() for name, a in out.items()} if out and row else None
+        return delivered, published + self._agree(prefetcher, epoch, position, delivered, last)
 
     def _pass_ended(self, skipped_here: int) -> None:
         """Adds the source's counts of the pass that just ended: its failovers and retries, and the
@@ -656,18 +670,27 @@ class _Producer:
         self.counts["failovers"] += int(stats.get("failovers", 0))
         self.counts["retries"] += int(stats.get("retries", 0))
 
-    def _agree(self, prefetcher: Prefetcher, epoch: int, position: int, delivered: int) -> int:
+    def _agree(self, prefetcher: Prefetcher, epoch: int, position: int, delivered: int,
+               last: Optional[Dict[str, np.ndarray]] = None) -> int:
         # A source that splits an epoch unevenly between ranks (dlstore.Dataset, remainder "uneven")
-        # agrees on a batch count so that no rank waits forever in a collective: a rank whose
-        # share ran out early yields empty batches (0 rows) up to that count.
+        # agrees on a batch count so that no rank waits forever in a collective: a rank whose share ran
+        # out early yields batches up to that count, empty ones (0 rows) under PARTIAL, and under FILL
+        # full ones repeating the epoch's last sample (empty where it had none). DROP stops every rank at
+        # the smallest share's full batches instead (_epoch).
         agreed = self.source.num_batches
-        if self.last_batch != "PARTIAL" or not isinstance(agreed, int):
+        if self.last_batch == "DROP" or not isinstance(agreed, int):
             return 0
         yielded = -(-delivered // self.batch_size)  # batches covering the samples of this epoch
         for k in range(agreed - yielded):
             if prefetcher.stopping:
                 return k
-            self._publish(prefetcher, prefetcher.acquire(), 0, 0, epoch, position, delivered)
+            slot = prefetcher.acquire()
+            if self.last_batch == "FILL" and last is not None:
+                for name, a in self.ring.slots[slot].items():
+                    a[:] = last[name]
+                self._publish(prefetcher, slot, self.batch_size, self.batch_size, epoch, position, delivered)
+            else:
+                self._publish(prefetcher, slot, 0, 0, epoch, position, delivered)
         return max(0, agreed - yielded)
 
     def _process(self, chunk: Any, buffer: Any, offsets: np.ndarray, lengths: np.ndarray, start: int, count: int,
@@ -761,6 +784,11 @@ def _share(loader: Loader) -> str:
 def _no_batch_note(loader: Loader, epoch: int, samples: int) -> str:
     """Why an epoch yielded no batch, and what to change."""
     what = f"epoch {epoch} yields no batch for {_share(loader)}: it has {samples} samples"
+    if samples >= loader.batch_size:  # another consumer's share is short of a batch: DROP stops all of them there
+        smallest = loader.source.plan().smallest_share()
+        return (f"{what}, but the smallest consumer's share has {smallest}, fewer than batch_size {loader.batch_size}, "
+                f"and last_batch='DROP' stops every consumer at the full batches all of them make (so that none "
+                f"waits for another): use a batch_size of at most {smallest}, or last_batch='PARTIAL' (or 'FILL')")
     if samples == 0:
         return (f"{what}; its share of the records is empty (fewer records than consumers?): check the data "
                 f"and the world ({getattr(loader.source, 'world', 'unknown')})")

@@ -509,6 +509,10 @@ class EpochPlan:
         start, stop = self.span(consumer)
         return stop - start
 
+    def smallest_share(self) -> int:
+        """Records the consumer with the fewest emits this epoch (``uneven``: shares differ by one)."""
+        return int((self._stops - self._starts).min()) if len(self._starts) else 0
+
     def repeats(self, consumer: int) -> int:
         """Records of the consumer's epoch that another position of the epoch already gives (``pad`` wraps
         around to the epoch's start): the last ones of its span."""

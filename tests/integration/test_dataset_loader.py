@@ -47,6 +47,32 @@ def test_ranks_see_every_sample_once_and_agree_on_batches(bert_dir, remainder):
         assert set(seen) == set(everything)
 
 
+@pytest.mark.parametrize("last_batch", ["FILL", "DROP"])
+@pytest.mark.parametrize("ranks,batch", [(4, 5), (4, 3), (3, 2), (5, 4)])
+def test_uneven_ranks_agree_on_batches_under_fill_and_drop(bert_dir, last_batch, ranks, batch):
+    # Under remainder="uneven" (the adapters' default) only PARTIAL agreed: FILL and DROP yielded as many
+    # batches as each rank's own share made, and a rank with one more waits forever in a collective.
+    # FILL now tops a short rank up with batches of its last sample repeated (padding, not samples);
+    # DROP stops every rank at the full batches of the smallest share. Nothing is yielded twice.
+    counts, seen = [], collections.Counter()
+    for rank in range(ranks):
+        ds = Dataset(bert_dir, world=World(rank=rank, size=ranks), remainder="uneven", seed=1)
+        loader = bert_loader(ds, batch_size=batch, last_batch=last_batch, copy=True)
+        n = 0
+        for b in loader:
+            n += 1
+            assert len(b["input_ids"]) == batch
+            seen.update(_rows(b)[:batch - loader.padding])
+        counts.append(n)
+        assert loader.batches_per_epoch() == n  # what the adapters give as a length and a cardinality
+    assert len(set(counts)) == 1, counts
+    assert max(seen.values()) == 1
+    if last_batch == "FILL":
+        assert sum(seen.values()) == 69  # every sample, once
+    else:
+        assert sum(seen.values()) == counts[0] * batch * ranks == 69 // ranks // batch * batch * ranks
+
+
 def test_resume_mid_epoch_through_the_loader(bert_dir):
     def make():
         ds = Dataset(bert_dir, world=World(rank=1, size=2), shuffle="global", remainder="pad", batch_size=4, seed=3)
