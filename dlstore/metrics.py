@@ -34,7 +34,9 @@ in other processes (DataLoader workers) are exported by those processes only.
 from __future__ import annotations
 
 import multiprocessing
+import os
 import threading
+import warnings
 import weakref
 from typing import Any, Dict, Iterator, Optional, Tuple
 
@@ -89,9 +91,14 @@ def track(loader: Any) -> None:
         _live[loader] = name
     # Only a launched process serves by itself: processes it starts through multiprocessing (DataLoader
     # workers) would all ask for its port.
-    if _state["server"] is None and settings.get("metrics_port") is not None and \
+    if _state["server"] is None and not _state.get("refused") and settings.get("metrics_port") is not None and \
             multiprocessing.parent_process() is None:
-        serve()
+        try:
+            serve()
+        except (OSError, MetricsUnavailable) as e:
+            # The exporter is optional: a port another job holds must not stop training. Said once.
+            _state["refused"] = True
+            warnings.warn(f"{ENV_PORT} is set, but no metrics are served: {e}", stacklevel=3)
 
 
 def _label_values(loader: Any, name: str, stats: Dict[str, Any]) -> Tuple[str, ...]:
@@ -198,6 +205,10 @@ def serve(port: Optional[int] = None, addr: str = "0.0.0.0") -> int:
     OSError
         When the port cannot be bound, naming it.
     """
+    if _state["server"] is not None and _state.get("pid") != os.getpid():
+        # A forked child (a DataLoader worker) inherits the parent's server object, not its thread: it
+        # serves nothing here, and this process serves its own.
+        _state.update(server=None, thread=None, port=None)
     if _state["server"] is not None:
         return _state["port"]
     port = settings.get("metrics_port", port)  # a bad value fails here, naming where it came from
@@ -210,7 +221,7 @@ def serve(port: Optional[int] = None, addr: str = "0.0.0.0") -> int:
         server, thread = prometheus().start_http_server(port, addr=addr, registry=reg)
     except OSError as e:
         raise OSError(e.errno, f"{e.strerror} (dlstore metrics on {addr}:{port})") from None
-    _state.update(server=server, thread=thread, port=server.server_port)
+    _state.update(server=server, thread=thread, port=server.server_port, pid=os.getpid(), refused=False)
     return server.server_port
 
 

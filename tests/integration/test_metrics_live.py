@@ -105,6 +105,46 @@ def test_the_environment_variable_alone_serves_every_loader(tmp_path):
     assert out.stdout.startswith("4 ['dlstore_batches_total{") and out.stdout.rstrip().endswith("4.0']")
 
 
+def test_a_port_taken_warns_once_and_the_loaders_still_run(tmp_path):
+    # With the variable set and its port held by another job, every Loader() raised OSError: the optional
+    # exporter stopped training.
+    generate_bert(str(tmp_path), shards=1, records_per_shard=16, progress=False)
+    with socket.socket() as busy:
+        busy.bind(("0.0.0.0", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        script = ("import dlstore\n"
+                  "from dlstore.pipeline import bert_loader\n"
+                  f"print([sum(1 for _ in bert_loader({str(tmp_path)!r}, batch_size=4)) for _ in range(2)], "
+                  "dlstore.metrics.serving())\n")
+        env = dict(os.environ, DLSTORE_METRICS_PORT=str(port), PYTHONPATH=REPO)
+        out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["[4,", "4]", "None"]
+    said = "DLSTORE_METRICS_PORT is set, but no metrics are served"
+    warned = [line for line in out.stderr.splitlines() if said in line]
+    assert len(warned) == 1 and f":{port}" in warned[0], out.stderr
+
+
+def test_a_forked_worker_serves_its_own_port(tmp_path):
+    # A forked child inherited the parent's server object (not its thread): serve() returned the parent's
+    # port and the worker exported nothing, so the documented per-worker recipe did nothing under fork.
+    script = ("import multiprocessing as mp, urllib.request, dlstore, dlstore.metrics\n"
+              "dlstore.metrics.serve(0)\n"
+              "def child(q):\n"
+              "    port = dlstore.metrics.serve(0)\n"
+              "    urllib.request.urlopen(f'http://127.0.0.1:{port}/metrics', timeout=10).read()\n"
+              "    q.put(port)\n"
+              "q = mp.get_context('fork').Queue()\n"
+              "p = mp.get_context('fork').Process(target=child, args=(q,))\n"
+              "p.start(); got = q.get(timeout=60); p.join()\n"
+              "print(got != dlstore.metrics.serving(), p.exitcode)\n")
+    env = dict(os.environ, PYTHONPATH=REPO)
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "0"]
+
+
 def test_the_environment_variable_does_not_make_dataloader_workers_serve(tmp_path):
     """Processes started through multiprocessing (DataLoader workers) would all ask for the same port."""
     pytest.importorskip("torch")
