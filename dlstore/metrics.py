@@ -44,7 +44,7 @@ from dlstore import settings
 from dlstore.errors import DlstoreError
 from dlstore.placement.world import detect_world
 
-__all__ = ["serve", "serving", "registry", "exposition", "track", "stop", "prometheus", "ENV_PORT",
+__all__ = ["serve", "serving", "registry", "exposition", "track", "untrack", "stop", "prometheus", "ENV_PORT",
            "MetricsUnavailable"]
 
 #: The environment variable that makes the first loader of the process start the exporter on that port
@@ -86,6 +86,8 @@ def track(loader: Any) -> None:
     DataLoader worker).
     """
     with _lock:
+        if loader in _live:  # tracked already: one series
+            return
         name = f"{getattr(getattr(loader, 'pipeline', None), 'name', 'loader')}-{_made[0]}"
         _made[0] += 1
         _live[loader] = name
@@ -101,8 +103,14 @@ def track(loader: Any) -> None:
             warnings.warn(f"{ENV_PORT} is set, but no metrics are served: {e}", stacklevel=3)
 
 
+def untrack(loader: Any) -> None:
+    """Stops exporting ``loader`` (another object exports what it counts: an adapter over its passes)."""
+    with _lock:
+        _live.pop(loader, None)
+
+
 def _label_values(loader: Any, name: str, stats: Dict[str, Any]) -> Tuple[str, ...]:
-    source = getattr(loader, "source", None)
+    source = getattr(loader, "source", None) or getattr(loader, "dataset", None)
     world = getattr(source, "world", None)
     rank = str(world.rank) if world is not None else str(detect_world().rank)
     mounts = getattr(source, "rank_mounts", None) or []

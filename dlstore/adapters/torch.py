@@ -35,6 +35,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from dlstore import metrics
 from dlstore._args import whole
 from dlstore.adapters.base import BatchAdapter, LastBatch, check_last_batch, import_framework
 from dlstore.sources.dataset import dataset_for
@@ -98,7 +99,7 @@ class _IterableRecords:
         self.epoch = 0
         self._board = _EpochBoard()  # where workers that outlive an epoch (persistent_workers) learn the next
         self._current: Any = None  # the loader of the pass under way in this process (not pickled)
-        self._passes: Dict[str, Any] = {"passes": 0, "stats": {}, "stalls": None}  # finished passes, summed
+        self._passes: Dict[str, Any] = {"passes": 0, "stats": {}, "stalls": None, "waits": None}  # finished, summed
         self._resume: Optional[Dict[str, int]] = None  # where the next pass of `epoch` starts (load_state_dict)
 
     @property
@@ -120,6 +121,19 @@ class _IterableRecords:
         if summed["stalls"] is None:
             summed["stalls"] = StallMeter()
         summed["stalls"].add(loader._stalls.totals)
+        counts = loader.wait_histogram()[1]
+        summed["waits"] = counts if summed["waits"] is None else tuple(a + b for a, b in zip(summed["waits"], counts))
+
+    def wait_histogram(self) -> Tuple[Tuple[float, ...], Tuple[int, ...]]:
+        """The :meth:`dlstore.pipeline.Loader.wait_histogram` of the passes run in this process, together."""
+        from dlstore.pipeline.stalls import WAIT_BUCKETS_S
+
+        counts = [0] * len(WAIT_BUCKETS_S)
+        current = self._current
+        for part in (self._passes["waits"], current.wait_histogram()[1] if current is not None else None):
+            if part is not None:
+                counts = [a + b for a, b in zip(counts, part)]
+        return WAIT_BUCKETS_S, tuple(counts)
 
     def stats(self) -> Dict[str, Any]:
         """Counters of the passes run in this process, summed (the loaders' ``stats()``: ``batches``,
@@ -260,6 +274,10 @@ class _IterableRecords:
                         record_key=self.record_key, report_stalls=self.report_stalls)
         loader.load_state_dict({"epoch": self.epoch, "sample_in_epoch": start, "seed": seed})
         self._current = loader
+        # Exported as this dataset, one series over its passes (stats() sums them), not one per epoch's
+        # loader: those vanished when their pass ended, with what they counted since the last scrape.
+        metrics.untrack(loader)
+        metrics.track(self)
         try:
             for batch in loader:
                 if drop:  # an agreed empty batch handed out before the stop

@@ -90,6 +90,23 @@ def test_a_training_loop_scraped_agrees_with_stats(tmp_path, served):
     assert value(series, "dlstore_samples_total", **mine) == stats["samples"]
 
 
+def test_a_torch_dataset_is_one_series_over_its_epochs(tmp_path, served):
+    # Each epoch's loader was its own series (bert-0, bert-1...), gone when its pass ended with what it
+    # counted since the last scrape: after an epoch no dlstore_samples_total was served at all.
+    torch = pytest.importorskip("torch")
+    from dlstore.adapters.torch import DlstoreIterableDataset
+
+    generate_bert(str(tmp_path), shards=1, records_per_shard=30, progress=False)
+    ds = DlstoreIterableDataset(str(tmp_path), Bert(), batch_size=4)
+    for epoch in range(3):
+        ds.set_epoch(epoch)
+        sum(1 for _ in torch.utils.data.DataLoader(ds, batch_size=None, num_workers=0))
+        series = scrape(served)
+        samples = [(labels, v) for (n, labels), v in series.items() if n == "dlstore_samples_total"]
+        assert len(samples) == 1 and samples[0][1] == 30 * (epoch + 1) == ds.stats()["samples"]
+        assert sum(v for (n, _), v in series.items() if n == "dlstore_batch_wait_seconds_count") == 8 * (epoch + 1)
+
+
 def test_the_environment_variable_alone_serves_every_loader(tmp_path):
     generate_bert(str(tmp_path), shards=1, records_per_shard=16, progress=False)
     script = ("import urllib.request, dlstore\n"
