@@ -2,7 +2,8 @@
 file and the byte offset where it happened when they are known."""
 from __future__ import annotations
 
-from typing import Optional
+import re
+from typing import Optional, Tuple
 
 __all__ = [
     "DlstoreError",
@@ -33,6 +34,8 @@ class DlstoreError(Exception):
     def __init__(self, message: str, path: Optional[str] = None, offset: Optional[int] = None, *,
                  record: Optional[int] = None, errno: Optional[int] = None, reason: Optional[str] = None):
         super().__init__(message)
+        if path is None and offset is None and reason is None and message.startswith("Caught "):
+            path, offset, reason = _from_worker(message)
         self.path = path
         self.offset = offset
         self.record = record
@@ -43,6 +46,16 @@ class DlstoreError(Exception):
     def of_record(cls, record: int, reason: str, **fields) -> "DlstoreError":
         """An error about record ``record`` of a batch: the message reads ``record N: reason``."""
         return cls(f"record {record}: {reason}", record=record, reason=reason, **fields)
+
+
+def _from_worker(message: str) -> Tuple[Optional[str], Optional[int], Optional[str]]:
+    """``(path, offset, reason)`` of an error a PyTorch DataLoader worker raised, which torch re-creates in
+    the main process from one string, the worker's traceback ("Caught X in DataLoader worker process N.
+    ... dlstore.errors.X: MESSAGE"): the fields come back from MESSAGE's location."""
+    found = re.search(r"\ndlstore\.errors\.\w+: (.+?): at byte (\d+): (.*?)\s*\Z", message, re.S)
+    if found is None or "DataLoader worker" not in message.split("\n", 1)[0]:
+        return None, None, None
+    return found.group(1), int(found.group(2)), found.group(3)
 
 
 def _without_location(message: str, path: Optional[str], offset: Optional[int], record: Optional[int]) -> str:

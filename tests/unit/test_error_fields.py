@@ -90,3 +90,18 @@ def test_reason_never_repeats_the_location(tmp_path):
     e = DlstoreError("f: at byte 3: record 2: bad", "f", 3, record=2)
     assert e.reason == "bad"
     assert DlstoreError("f: bad", "g").reason == "f: bad"  # another file's name is not a location of this one
+
+
+def test_an_error_rebuilt_from_a_dataloader_workers_traceback_keeps_its_location():
+    # torch re-creates a worker's exception in the main process from one string, the worker's traceback:
+    # path and offset were None there. They come back from the message's last line.
+    text = ("Caught CorruptRecordError in DataLoader worker process 0.\nOriginal Traceback (most recent call last):\n"
+            '  File "x.py", line 1, in f\n    raise error\n'
+            "dlstore.errors.CorruptRecordError: /data/p: 1.tfrecord: at byte 29971: bad data CRC in a record of 815 "
+            "bytes\n")
+    e = CorruptRecordError(text)
+    assert (e.path, e.offset, e.reason) == ("/data/p: 1.tfrecord", 29971, "bad data CRC in a record of 815 bytes")
+    assert str(e) == text  # what torch shows is torch's
+    e = DlstoreError("Caught DlstoreError in DataLoader worker process 1.\n...\ndlstore.errors.DlstoreError: nowhere\n")
+    assert (e.path, e.offset) == (None, None)
+    assert DlstoreError("Caught a cold: at byte 3: x").path is None  # only a worker's traceback is read
