@@ -44,8 +44,8 @@ from dlstore import settings
 from dlstore.errors import DlstoreError
 from dlstore.placement.world import detect_world
 
-__all__ = ["serve", "serving", "registry", "exposition", "track", "untrack", "stop", "prometheus", "ENV_PORT",
-           "MetricsUnavailable"]
+__all__ = ["serve", "serving", "registry", "exposition", "track", "untrack", "series_name", "stop", "prometheus",
+           "ENV_PORT", "MetricsUnavailable"]
 
 #: The environment variable that makes the first loader of the process start the exporter on that port
 #: (the ``metrics_port`` setting).
@@ -101,6 +101,12 @@ def track(loader: Any) -> None:
             # The exporter is optional: a port another job holds must not stop training. Said once.
             _state["refused"] = True
             warnings.warn(f"{ENV_PORT} is set, but no metrics are served: {e}", stacklevel=3)
+
+
+def series_name(loader: Any) -> Optional[str]:
+    """The ``loader`` label ``loader``'s series carry, or None when it is not exported."""
+    with _lock:
+        return _live.get(loader)
 
 
 def untrack(loader: Any) -> None:

@@ -102,9 +102,11 @@ def test_a_torch_dataset_is_one_series_over_its_epochs(tmp_path, served):
         ds.set_epoch(epoch)
         sum(1 for _ in torch.utils.data.DataLoader(ds, batch_size=None, num_workers=0))
         series = scrape(served)
-        samples = [(labels, v) for (n, labels), v in series.items() if n == "dlstore_samples_total"]
+        name = metrics.series_name(ds)  # other tests' loaders may still be alive in this process
+        samples = [(labels, v) for (n, labels), v in series.items() if n == "dlstore_samples_total"
+                   and ("loader", name) in labels]
         assert len(samples) == 1 and samples[0][1] == 30 * (epoch + 1) == ds.stats()["samples"]
-        assert sum(v for (n, _), v in series.items() if n == "dlstore_batch_wait_seconds_count") == 8 * (epoch + 1)
+        assert value(series, "dlstore_batch_wait_seconds_count", loader=name) == 8 * (epoch + 1)
 
 
 def test_the_environment_variable_alone_serves_every_loader(tmp_path):
