@@ -193,7 +193,8 @@ def _sections(doc: Dict[str, Any]) -> List[Tuple[str, Tuple[List[Dict], List[rep
     if doc.get("jobs"):
         j = doc["jobs"]
         out.append((f"concurrent jobs ({j['shards']}; each runs {j['steps_per_job']} "
-                    f"{'step' if j['steps_per_job'] == 1 else 'steps'}, {j['batches_per_job']} batches; "
+                    f"{'step' if j['steps_per_job'] == 1 else 'steps'}, {j['batches_per_job']} "
+                    f"{'batch' if j['batches_per_job'] == 1 else 'batches'}; "
                     f"cache: {j['cache_method']})", jobs_table(j, unit)))
     return out
 

@@ -303,6 +303,9 @@ def test_verdict_with_emulated_accelerators_and_jobs():
     assert "accelerator emulated: a100" in report_text and "note: a note" in report_text
     assert report_text.splitlines()[-1] == "warning: tier page-cache lasted 0.15 s, under 2 s: too short"
     assert "needed MB/s per accel." in report_text
+    assert "each runs 1 step, 2 batches;" in report_text
+    jobs["batches_per_job"] = 1
+    assert "each runs 1 step, 1 batch;" in format_report(_doc(resnet50_bench.WORKLOAD, compute=compute, jobs=jobs))
     md = markdown_report(doc)
     assert md.startswith("## dlstore.bench resnet50") and "| step |" in md and "| jobs |" in md
     assert "- warning: tier page-cache lasted 0.15 s" in md
