@@ -6,7 +6,7 @@ reader releases the GIL), cuts them into runs that fill output batches of exactl
 (a :class:`~dlstore.Dataset` hands out batches of the loader's size, one run each; a reader's chunks
 may take two runs per batch, with no copy of the records), runs the pipeline's C++ batch function once
 per run, and hands finished batches to the consumer through a bounded queue. Output arrays come from
-a ring of ``prefetch + 2`` buffers allocated once.
+a ring of ``prefetch + 2`` buffers (fewer when an epoch holds fewer batches) allocated once.
 """
 from __future__ import annotations
 
@@ -163,7 +163,7 @@ class Loader:
         self.on_error = on_error
         self.format = source.format
         self._fields = dict(pipeline.fields())
-        _check_ring_fits(self._fields, self.batch_size, self.prefetch)
+        _check_ring_fits(self._fields, self.batch_size, self.prefetch, self._ring_slots())
         self._run = pipeline.bind(format=self.format, seed=self.seed, threads=self.threads)
         self.record_key = record_key
         self._keys_of: Optional[Callable[[Any], Dict[str, np.ndarray]]] = None
@@ -263,7 +263,7 @@ class Loader:
     def _consume(self) -> Iterator[Dict[str, np.ndarray]]:
         # The thread starts at the first next(), so an iterator never advanced holds nothing.
         if self._ring is None:
-            self._ring = BatchRing(self._fields, self.batch_size, self.prefetch + 2, self._allocator)
+            self._ring = BatchRing(self._fields, self.batch_size, self._ring_slots(), self._allocator)
         ring = self._ring
         producer = _Producer(self, self._epoch, self._position, self._delivered)
         prefetcher = Prefetcher(len(ring), producer.run, name="dlstore-loader")
@@ -419,7 +419,8 @@ class Loader:
         thread spent waiting on the source (``source_s``: I/O), in the pipeline (``pipeline_s``:
         parse/decode) and waiting for the consumer to free a buffer (``producer_wait_s``), and
         that the consumer spent waiting for a batch (``consumer_wait_s``); ``buffers_allocated``
-        (output arrays allocated: fields x ``(prefetch + 2)``, all at the first iteration) and
+        (output arrays allocated: fields x ``(prefetch + 2)``, or x an epoch's batches + 2 where fewer, all at
+        the first iteration) and
         ``buffer_bytes``; the pipeline's description (which decoder and why) and counters
         (ResNet-50: ``fallback_decodes``, images that were not JPEGs), ``batch_size``,
         ``prefetch``, ``last_batch``, ``threads``; and the source's ``engine`` / ``engine_reason``
@@ -472,6 +473,12 @@ class Loader:
         cumulative; the last bound is infinity)."""
         return WAIT_BUCKETS_S, tuple(self._stalls.buckets)
 
+    def _ring_slots(self) -> int:
+        """Batches of output buffers: ``prefetch + 2``, or an epoch's batches + 2 where that is fewer (more
+        would only let the producer run into the next epoch; a tiny set with a large prefetch took GBs)."""
+        per_epoch = self.batches_per_epoch()
+        return self.prefetch + 2 if per_epoch is None else min(self.prefetch + 2, max(3, per_epoch + 2))
+
     def batches_per_epoch(self) -> Optional[int]:
         """Batches a whole epoch yields, when the source says its length and nothing is skipped
         (``on_error="raise"`` on the loader and the source); else None."""
@@ -494,19 +501,21 @@ class Loader:
                 f"last_batch={self.last_batch}, epoch={self._epoch}, sample_in_epoch={self._position})")
 
 
-def _check_ring_fits(fields: Dict[str, Tuple[Tuple[int, ...], Any]], batch_size: int, prefetch: int) -> None:
-    """Refuses a ring of output buffers (``prefetch + 2`` batches, allocated at the first iteration) that
-    would take more than half the memory available (MemAvailable, or a cgroup's room when less): a batch
-    size or prefetch typed with a digit too many grew the process until the machine ran out of memory.
-    Each process checks its own ring: DataLoader workers or ranks on one host are not summed."""
+def _check_ring_fits(fields: Dict[str, Tuple[Tuple[int, ...], Any]], batch_size: int, prefetch: int,
+                     slots: int) -> None:
+    """Refuses a ring of output buffers (``slots`` batches, allocated at the first iteration) that would
+    take more than half the memory available (MemAvailable, or a cgroup's room when less): a batch size
+    or prefetch typed with a digit too many grew the process until the machine ran out of memory. Each
+    process checks its own ring: DataLoader workers or ranks on one host are not summed."""
     per_sample = sum(int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize for shape, dtype in fields.values())
-    ring = per_sample * batch_size * (prefetch + 2)
+    ring = per_sample * batch_size * slots
     available = available_page_cache_bytes()  # MemAvailable; 0 where unknown: nothing to compare with
     room = cgroup_memory_room()  # a container's limit: MemAvailable is the host's
     if room is not None:
         available = min(available, room) if available else room
     if available and ring > available // 2:
-        raise DlstoreError(f"Loader: its output buffers, {prefetch + 2} batches (prefetch {prefetch} + 2) of "
+        why = f"prefetch {prefetch} + 2" if slots == prefetch + 2 else f"an epoch's {slots - 2} + 2"
+        raise DlstoreError(f"Loader: its output buffers, {slots} batches ({why}) of "
                            f"{batch_size} samples of {format_bytes(per_sample)}, would take {format_bytes(ring)}, "
                            f"more than half the {format_bytes(available)} of memory available: lower batch_size "
                            f"or prefetch")

@@ -517,12 +517,20 @@ def test_output_buffers_larger_than_half_the_memory_are_refused(monkeypatch):
     per_sample = sum(int(np.prod(shape)) * np.dtype(dtype).itemsize for shape, dtype in fields)
     monkeypatch.setattr(loader_module, "available_page_cache_bytes", lambda: 2 * per_sample * 64 * 4)
     monkeypatch.setattr(loader_module, "cgroup_memory_room", lambda: None)
-    Loader(ListSource(100), Bert(SEQ, PRED), 64, prefetch=2)  # exactly half: taken
+    Loader(ListSource(1000), Bert(SEQ, PRED), 64, prefetch=2)  # exactly half: taken
     with pytest.raises(DlstoreError, match=r"^Loader: its output buffers, 5 batches \(prefetch 3 \+ 2\) of 64 "
                                            r"samples of .* more than half the .* lower batch_size or prefetch$"):
-        Loader(ListSource(100), Bert(SEQ, PRED), 64, prefetch=3)
+        Loader(ListSource(1000), Bert(SEQ, PRED), 64, prefetch=3)
     with pytest.raises(DlstoreError, match="lower batch_size or prefetch"):
-        Loader(ListSource(100), Bert(SEQ, PRED), 65, prefetch=2)
+        Loader(ListSource(1000), Bert(SEQ, PRED), 65, prefetch=2)
+    # A ring larger than an epoch's batches + 2 is never needed: a tiny set with a huge prefetch takes that.
+    class Sized(ListSource):
+        def __len__(self):
+            return self.n
+
+    small = Loader(Sized(100), Bert(SEQ, PRED), 10, prefetch=10**6)
+    sum(1 for _ in small)
+    assert small.stats()["buffers_allocated"] == len(dict(Bert(SEQ, PRED).fields())) * (10 + 2)
 
 
 def test_counts_that_are_not_integers_are_refused_not_truncated():
