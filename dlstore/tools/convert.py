@@ -26,7 +26,6 @@ file that does not decode as an image is reported and left out, never written.
 """
 from __future__ import annotations
 
-import contextlib
 import io
 import os
 import re
@@ -267,8 +266,7 @@ def convert_tree(src, out, *, format: str = "tfrecord", shards: int = 1, seed: i
     # Shard k takes files [bounds[k], bounds[k + 1]) of the shuffled list, as np.array_split cuts.
     bounds = [len(files) * k // shards for k in range(shards + 1)]
     names = shard_names(prefix, shards)
-    earlier = _earlier_runs(out, prefix, shards)
-    refuse_other_sets(out, names + earlier)
+    refuse_other_sets(out, names)
     os.makedirs(out, exist_ok=True)
     result = ConvertResult([], 0, len(classes), 0, shards_asked=shards)
     written = [0] * shards  # images in each shard
@@ -315,9 +313,6 @@ def convert_tree(src, out, *, format: str = "tfrecord", shards: int = 1, seed: i
             raise DlstoreError(f"{src}: none of its {len(files)} image files is a decodable image: nothing to write")
         if 0 in written:
             _drop_empty_shards(result, written, out, prefix, format)
-        for stale in set(earlier) - {os.path.basename(p) for p in result.outputs + result.companions}:
-            with contextlib.suppress(FileNotFoundError):  # renamed or removed by this run already
-                os.unlink(os.path.join(out, stale))  # what an earlier run of this conversion wrote: another count
     except BaseException:
         # Half a set would read as a whole one (verify calls it OK): what this run wrote goes
         for path in result.outputs + result.companions:
@@ -348,13 +343,3 @@ def _drop_empty_shards(result: ConvertResult, written: List[int], out: str, pref
             os.replace(os.path.join(out, old[k] + suffix), os.path.join(out, name + suffix))
     result.outputs = [os.path.join(out, name + suffixes[0]) for name in new]
     result.companions = [os.path.join(out, name + suffix) for name in new for suffix in suffixes[1:]]
-
-
-def _earlier_runs(out: str, prefix: str, shards: int) -> List[str]:
-    """The files in ``out`` that a run of this conversion may have written: shards (and their RecordIO
-    companions) named for a count up to ``shards``, since files left out can leave fewer. They are this
-    set's, not another's: rewritten, or removed once this run has written its own."""
-    if not os.path.isdir(out):
-        return []
-    own = re.compile(rf"{re.escape(prefix)}-\d{{5}}-of-(\d{{5}})(\.rec|\.idx|\.lst)?")
-    return sorted(n for n in os.listdir(out) if (m := own.fullmatch(n)) and 1 <= int(m.group(1)) <= shards)

@@ -402,25 +402,3 @@ def test_a_tree_of_no_images_writes_nothing(tmp_path):
     with pytest.raises(DlstoreError, match="none of its 2 image files is a decodable image"):
         convert_tree(tmp_path / "train", tmp_path / "out", shards=1, progress=False)
     assert os.listdir(tmp_path / "out") == []
-
-
-@pytest.mark.parametrize("fmt", ["tfrecord", "recordio"])
-def test_the_same_conversion_runs_again_after_shards_were_dropped(tree, tmp_path, fmt):
-    # The first run named its set for the 14 shards that held images; the second checked for names of
-    # 17 and called its own earlier output another set. Now it rewrites it: one set in the directory.
-    from dlstore.tools.convert import convert_tree, scan_tree
-
-    src, good = tree
-    _, files = scan_tree(src)
-    out = tmp_path / fmt
-    first = convert_tree(src, out, shards=len(files), format=fmt, progress=False)
-    again = convert_tree(src, out, shards=len(files), format=fmt, progress=False)
-    assert again.outputs == first.outputs
-    assert sorted(os.listdir(out)) == sorted(os.path.basename(p) for p in again.outputs + again.companions)
-    # An earlier run of 5 shards: its names are this conversion's too (at most as many shards as asked
-    # for now), so they are replaced by the 14 this run writes, not left beside them.
-    out = tmp_path / f"{fmt}-5"
-    assert len(convert_tree(src, out, shards=5, format=fmt, progress=False).outputs) == 5
-    more = convert_tree(src, out, shards=len(files), format=fmt, progress=False)
-    assert sorted(os.listdir(out)) == sorted(os.path.basename(p) for p in more.outputs + more.companions)
-    assert sum(sum(1 for _ in dlstore.open_records(p)) for p in more.outputs) == len(good)
