@@ -51,9 +51,15 @@ class DlstoreError(Exception):
 def _from_worker(message: str) -> Tuple[Optional[str], Optional[int], Optional[str]]:
     """``(path, offset, reason)`` of an error a PyTorch DataLoader worker raised, which torch re-creates in
     the main process from one string, the worker's traceback ("Caught X in DataLoader worker process N.
-    ... dlstore.errors.X: MESSAGE"): the fields come back from MESSAGE's location."""
-    found = re.search(r"\ndlstore\.errors\.\w+: (.+?): at byte (\d+): (.*?)\s*\Z", message, re.S)
-    if found is None or "DataLoader worker" not in message.split("\n", 1)[0]:
+    ... dlstore.errors.X: MESSAGE"): the fields come back from the location of the last such line (the
+    error raised; those before it are its causes). ``record at byte N`` is a pipeline error's location."""
+    if "DataLoader worker" not in message.split("\n", 1)[0]:
+        return None, None, None
+    raised = [line for line in message.splitlines() if line.startswith("dlstore.errors.")]
+    if not raised:
+        return None, None, None
+    found = re.match(r"dlstore\.errors\.\w+: (.+?): (?:record )?at byte (\d+)[:,]? ?(.*)$", raised[-1])
+    if found is None:
         return None, None, None
     return found.group(1), int(found.group(2)), found.group(3)
 

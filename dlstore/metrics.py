@@ -103,6 +103,16 @@ def track(loader: Any) -> None:
             warnings.warn(f"{ENV_PORT} is set, but no metrics are served: {e}", stacklevel=3)
 
 
+def _forked() -> None:
+    # A forked child (a DataLoader worker) holds copies of its parent's loaders, frozen: serving them would
+    # export the parent's counts a second time. It exports its own.
+    _live.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked)
+
+
 def series_name(loader: Any) -> Optional[str]:
     """The ``loader`` label ``loader``'s series carry, or None when it is not exported."""
     with _lock:
@@ -116,7 +126,9 @@ def untrack(loader: Any) -> None:
 
 
 def _label_values(loader: Any, name: str, stats: Dict[str, Any]) -> Tuple[str, ...]:
-    source = getattr(loader, "source", None) or getattr(loader, "dataset", None)
+    source = getattr(loader, "source", None)
+    if source is None:  # an adapter over its passes (an empty Dataset share is falsy: not `or`)
+        source = getattr(loader, "dataset", None)
     world = getattr(source, "world", None)
     rank = str(world.rank) if world is not None else str(detect_world().rank)
     mounts = getattr(source, "rank_mounts", None) or []

@@ -225,11 +225,14 @@ class _IterableRecords:
         shares = [len(c) for c in consumers]
         if self.pipeline is not None:
             consumers[0].use_batch_size(per)
-        if self.pipeline is not None and self.last_batch == LastBatch.PARTIAL and \
+        # Batches each worker yields in a pass, as the Loader makes them (Loader._agree): PARTIAL and FILL top a
+        # short share up to the agreed count, DROP stops every share at the smallest one's full batches.
+        smallest = getattr(consumers[0], "smallest_share", None)
+        if self.pipeline is not None and self.last_batch in (LastBatch.PARTIAL, LastBatch.FILL) and \
                 isinstance(consumers[0].num_batches, int):
-            items = [consumers[0].num_batches] * len(shares)  # agreed: empty batches after a short share
+            items = [consumers[0].num_batches] * len(shares)
         elif self.pipeline is not None and self.last_batch == LastBatch.DROP:
-            items = [n // per for n in shares]
+            items = [smallest // per if isinstance(smallest, int) else n // per for n in shares]
         else:
             items = [-(-n // per) for n in shares]
         taken, turn = items_per_worker(items, state["batches_seen"])

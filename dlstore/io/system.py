@@ -130,22 +130,32 @@ def cgroup_memory_room(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys
         _, controllers, path = line.split(":", 2)
         if controllers == "":  # v2: one unified hierarchy
             where = os.path.join(root, path.lstrip("/"))
-            files = (os.path.join(where, "memory.max"), os.path.join(where, "memory.current"))
+            files, cache = ("memory.max", "memory.current"), "inactive_file"
         elif "memory" in controllers.split(","):
             where = os.path.join(root, "memory", path.lstrip("/"))
-            files = (os.path.join(where, "memory.limit_in_bytes"), os.path.join(where, "memory.usage_in_bytes"))
+            files, cache = ("memory.limit_in_bytes", "memory.usage_in_bytes"), "total_inactive_file"
         else:
             continue
         try:
-            with open(files[0]) as f:
+            with open(os.path.join(where, files[0])) as f:
                 limit = f.read().strip()
-            with open(files[1]) as f:
+            with open(os.path.join(where, files[1])) as f:
                 usage = int(f.read().strip())
         except (OSError, ValueError):
             continue
         if limit == "max" or not limit.isdigit() or int(limit) >= 1 << 60:  # v1 writes ~2**63 for no limit
             continue
-        return max(0, int(limit) - usage)
+        # The usage counts the page cache the group's reads filled; its inactive part is reclaimed on demand.
+        reclaimable = 0
+        try:
+            with open(os.path.join(where, "memory.stat")) as f:
+                for line in f:
+                    name, _, value = line.partition(" ")
+                    if name == cache:
+                        reclaimable = int(value)
+        except (OSError, ValueError):
+            pass
+        return max(0, int(limit) - usage + reclaimable)
     return None
 
 

@@ -473,6 +473,12 @@ class Loader:
         cumulative; the last bound is infinity)."""
         return WAIT_BUCKETS_S, tuple(self._stalls.buckets)
 
+    def _full_batches(self) -> Optional[int]:
+        """Full batches of this loader's size in the smallest consumer's share, where the source says it (a
+        Dataset): DROP stops every rank there."""
+        smallest = getattr(self.source, "smallest_share", None)
+        return smallest // self.batch_size if isinstance(smallest, int) else None
+
     def _ring_slots(self) -> int:
         """Batches of output buffers: ``prefetch + 2``, or an epoch's batches + 2 where that is fewer (more
         would only let the producer run into the next epoch; a tiny set with a large prefetch took GBs)."""
@@ -489,9 +495,9 @@ class Loader:
         if self.on_error != "raise" or getattr(self.source, "on_error", "raise") != "raise":
             return None
         agreed = getattr(self.source, "num_batches", None)
-        full = getattr(self.source, "num_full_batches", None)
+        full = self._full_batches()
         if self.last_batch == "DROP":  # every rank stops at the full batches of the smallest share (_epoch)
-            return full if isinstance(full, int) else samples // self.batch_size
+            return full if full is not None else samples // self.batch_size
         if isinstance(agreed, int):  # PARTIAL and FILL top a short rank up to the agreed count (_agree)
             return max(agreed, -(-samples // self.batch_size))
         return -(-samples // self.batch_size)
@@ -571,8 +577,12 @@ class _Producer:
             if prefetcher.stopping:
                 return
             if published == 0 and position == 0:
-                share = len(self.source) if hasattr(self.source, "num_full_batches") else delivered
-                raise DlstoreError(_no_batch_note(self.loader, epoch, max(delivered, share)))
+                full = self.loader._full_batches()
+                share = len(self.source) if full is not None else delivered
+                if full == 0 and self.last_batch == "DROP":  # not read at all: no full batch to stop at
+                    delivered = share
+                failed = self.counts["skipped_pipeline"]  # records the pipeline could not process (on_error)
+                raise DlstoreError(_no_batch_note(self.loader, epoch, delivered, share, failed))
             prefetcher.publish(_EpochEnd(epoch))
             epoch += 1
 
@@ -598,8 +608,8 @@ class _Producer:
         keys = None
         # DROP over a source whose consumers' shares differ (a Dataset under remainder="uneven"): every rank
         # stops at the full batches of the smallest share, so that all yield as many.
-        full = getattr(self.source, "num_full_batches", None) if self.last_batch == "DROP" else None
-        limit = full - delivered // batch_size if isinstance(full, int) else None
+        full = self.loader._full_batches() if self.last_batch == "DROP" else None
+        limit = full - delivered // batch_size if full is not None else None
         chunks = self.source.batches()
         try:
             while limit is None or published < limit:
@@ -683,20 +693,23 @@ class _Producer:
                last: Optional[Dict[str, np.ndarray]] = None) -> int:
         # A source that splits an epoch unevenly between ranks (dlstore.Dataset, remainder "uneven")
         # agrees on a batch count so that no rank waits forever in a collective: a rank whose share ran
-        # out early yields batches up to that count, empty ones (0 rows) under PARTIAL, and under FILL
-        # full ones repeating the epoch's last sample (empty where it had none). DROP stops every rank at
-        # the smallest share's full batches instead (_epoch).
-        agreed = self.source.num_batches
-        if self.last_batch == "DROP" or not isinstance(agreed, int):
+        # out early (or lost records the source skipped) yields batches up to that count. PARTIAL and DROP:
+        # empty ones (0 rows); FILL: full ones repeating the epoch's last sample, or zeros where this pass
+        # has none (resumed after its last sample): padding either way. DROP's count is the full batches of
+        # the smallest share, where _epoch stops every rank.
+        if self.last_batch == "DROP":
+            agreed, yielded = self.loader._full_batches(), delivered // self.batch_size
+        else:
+            agreed, yielded = self.source.num_batches, -(-delivered // self.batch_size)
+        if not isinstance(agreed, int):
             return 0
-        yielded = -(-delivered // self.batch_size)  # batches covering the samples of this epoch
         for k in range(agreed - yielded):
             if prefetcher.stopping:
                 return k
             slot = prefetcher.acquire()
-            if self.last_batch == "FILL" and last is not None:
+            if self.last_batch == "FILL":
                 for name, a in self.ring.slots[slot].items():
-                    a[:] = last[name]
+                    a[:] = last[name] if last is not None else 0
                 self._publish(prefetcher, slot, self.batch_size, self.batch_size, epoch, position, delivered)
             else:
                 self._publish(prefetcher, slot, 0, 0, epoch, position, delivered)
@@ -790,14 +803,23 @@ def _share(loader: Loader) -> str:
     return f"consumer {world.consumer} of {world.num_consumers}" if world is not None else "this consumer"
 
 
-def _no_batch_note(loader: Loader, epoch: int, samples: int) -> str:
-    """Why an epoch yielded no batch, and what to change."""
+def _no_batch_note(loader: Loader, epoch: int, samples: int, share: Optional[int] = None, failed: int = 0) -> str:
+    """Why an epoch yielded no batch, and what to change: ``samples`` delivered of a share of ``share``,
+    ``failed`` of them left out by the pipeline (``on_error``)."""
+    share = samples if share is None else share
+    if samples and failed >= samples:
+        return (f"epoch {epoch} yields no batch for {_share(loader)}: the pipeline could process none of its "
+                f"{samples} records (on_error={loader.on_error!r} left them out): see the warnings, or "
+                f"on_error='raise' for the first one's error")
+    smallest = getattr(loader.source, "smallest_share", None)
+    if isinstance(smallest, int) and smallest < loader.batch_size <= share:  # another consumer's share is short
+        return (f"epoch {epoch} yields no batch for {_share(loader)}: it has {share} samples, but the smallest "
+                f"consumer's share has {smallest}, fewer than batch_size {loader.batch_size}, and last_batch='DROP' "
+                f"stops every consumer at the full batches all of them make (so that none waits for another): use "
+                f"a batch_size of at most {smallest}, or last_batch='PARTIAL' (or 'FILL')")
     what = f"epoch {epoch} yields no batch for {_share(loader)}: it has {samples} samples"
-    if samples >= loader.batch_size:  # another consumer's share is short of a batch: DROP stops all of them there
-        smallest = loader.source.plan().smallest_share()
-        return (f"{what}, but the smallest consumer's share has {smallest}, fewer than batch_size {loader.batch_size}, "
-                f"and last_batch='DROP' stops every consumer at the full batches all of them make (so that none "
-                f"waits for another): use a batch_size of at most {smallest}, or last_batch='PARTIAL' (or 'FILL')")
+    if share > samples:
+        what += f" (of its {share} records, the others skipped as corrupt)"
     if samples == 0:
         return (f"{what}; its share of the records is empty (fewer records than consumers?): check the data "
                 f"and the world ({getattr(loader.source, 'world', 'unknown')})")
@@ -808,9 +830,9 @@ def _no_batch_note(loader: Loader, epoch: int, samples: int) -> str:
 def _empty_batch_note(loader: Loader) -> str:
     # The same text every epoch: Python's default filter shows it once.
     return (f"dlstore loader: {_share(loader)} yields an empty batch (0 rows): its share ran out "
-            f"before the batch count all consumers agree on (remainder 'uneven'), so that none waits for another "
-            f"in a collective. A loss over 0 samples is NaN: skip empty batches in the training step, or read "
-            f"with remainder='pad' (equal shares)")
+            f"before the batch count all consumers agree on (remainder 'uneven', or records skipped as corrupt), "
+            f"so that none waits for another in a collective. A loss over 0 samples is NaN: skip empty batches in "
+            f"the training step, or read with remainder='pad' (equal shares)")
 
 
 def _add_note(error: BaseException, note: str) -> None:

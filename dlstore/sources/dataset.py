@@ -268,11 +268,11 @@ class Dataset(ReadsWithOptions):
         return self.plan().num_batches
 
     @property
-    def num_full_batches(self) -> int:
-        """Full batches every consumer's share makes per epoch: those of the smallest share (under
-        ``uneven`` shares differ by a record), which a loader dropping short batches stops at so that every
-        rank yields as many (agreed without communication)."""
-        return self.plan().smallest_share() // (self.batch_size or 1)
+    def smallest_share(self) -> int:
+        """Records of the smallest consumer's share this epoch (under ``uneven`` shares differ by a record):
+        a loader dropping short batches stops every rank at the full batches of this many, so that all yield
+        as many (agreed without communication)."""
+        return self.plan().smallest_share()
 
     def use_batch_size(self, batch_size: int) -> None:
         """Adopts the consumer's batch size when this dataset's was left unset (a loader calls it)."""

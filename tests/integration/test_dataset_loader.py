@@ -73,6 +73,16 @@ def test_uneven_ranks_agree_on_batches_under_fill_and_drop(bert_dir, last_batch,
         assert sum(seen.values()) == counts[0] * batch * ranks == 69 // ranks // batch * batch * ranks
 
 
+@pytest.mark.parametrize("remainder", ["pad", "uneven"])
+def test_drop_counts_full_batches_of_the_loaders_size_not_the_datasets(bert_dir, remainder):
+    # The smallest share's full batches were counted in the Dataset's own batch size (16), and a Loader of
+    # batch 4 under DROP stopped after 4 of its 17 batches (review of 90b9e38).
+    ds = Dataset(bert_dir, world=World(), remainder=remainder, batch_size=16)
+    loader = bert_loader(ds, batch_size=4, last_batch="DROP")
+    n = sum(1 for _ in loader)
+    assert n == loader.batches_per_epoch() == len(ds) // 4
+
+
 def test_resume_mid_epoch_through_the_loader(bert_dir):
     def make():
         ds = Dataset(bert_dir, world=World(rank=1, size=2), shuffle="global", remainder="pad", batch_size=4, seed=3)
@@ -82,6 +92,7 @@ def test_resume_mid_epoch_through_the_loader(bert_dir):
 
 
 @pytest.mark.parametrize("shuffle", ["none", "block", "global"])
+@pytest.mark.filterwarnings("ignore:dlstore loader.*empty batch:RuntimeWarning")  # the rank tops up what it skipped
 def test_resume_after_records_the_source_skipped(tmp_path, shuffle):
     """The source leaves corrupt records out (``on_error="skip"``): the loader's position still counts
     them, so a resume starts where the source stopped, not that many records earlier."""

@@ -145,23 +145,28 @@ def test_a_port_taken_warns_once_and_the_loaders_still_run(tmp_path):
     assert len(warned) == 1 and f":{port}" in warned[0], out.stderr
 
 
-def test_a_forked_worker_serves_its_own_port(tmp_path):
+def test_a_forked_worker_serves_its_own_port_and_loaders(tmp_path):
     # A forked child inherited the parent's server object (not its thread): serve() returned the parent's
     # port and the worker exported nothing, so the documented per-worker recipe did nothing under fork.
+    # It exported its parent's loaders too, frozen copies under the same labels (counted twice in a sum).
+    generate_bert(str(tmp_path), shards=1, records_per_shard=8, progress=False)
     script = ("import multiprocessing as mp, urllib.request, dlstore, dlstore.metrics\n"
+              "from dlstore.pipeline import bert_loader\n"
+              f"loader = bert_loader({str(tmp_path)!r}, batch_size=4)\n"
+              "sum(1 for _ in loader)\n"
               "dlstore.metrics.serve(0)\n"
               "def child(q):\n"
               "    port = dlstore.metrics.serve(0)\n"
-              "    urllib.request.urlopen(f'http://127.0.0.1:{port}/metrics', timeout=10).read()\n"
-              "    q.put(port)\n"
+              "    body = urllib.request.urlopen(f'http://127.0.0.1:{port}/metrics', timeout=10).read()\n"
+              "    q.put(port if b'dlstore_samples_total{' not in body else -1)\n"
               "q = mp.get_context('fork').Queue()\n"
               "p = mp.get_context('fork').Process(target=child, args=(q,))\n"
               "p.start(); got = q.get(timeout=60); p.join()\n"
-              "print(got != dlstore.metrics.serving(), p.exitcode)\n")
+              "print(got == -1, got == dlstore.metrics.serving(), p.exitcode)\n")
     env = dict(os.environ, PYTHONPATH=REPO)
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["True", "0"]
+    assert out.stdout.split() == ["False", "False", "0"]  # its own port, and none of the parent's loaders
 
 
 def test_the_environment_variable_does_not_make_dataloader_workers_serve(tmp_path):

@@ -102,6 +102,17 @@ def test_an_error_rebuilt_from_a_dataloader_workers_traceback_keeps_its_location
     e = CorruptRecordError(text)
     assert (e.path, e.offset, e.reason) == ("/data/p: 1.tfrecord", 29971, "bad data CRC in a record of 815 bytes")
     assert str(e) == text  # what torch shows is torch's
+    # A chained error: the one raised is the last line's, and a pipeline error's location reads "record at byte".
+    chained = "\n".join([
+        "Caught CorruptRecordError in DataLoader worker process 0.",
+        "Original Traceback (most recent call last):",
+        "dlstore.errors.CorruptRecordError: /m0/p: at byte 7: bad data CRC",
+        "",
+        "The above exception was the direct cause of the following exception:",
+        '  File "x.py", line 2, in g',
+        "dlstore.errors.CorruptRecordError: /m1/p: record at byte 105 (sample 0 of epoch 0), bert pipeline: bad", ""])
+    e = CorruptRecordError(chained)
+    assert (e.path, e.offset, e.reason) == ("/m1/p", 105, "(sample 0 of epoch 0), bert pipeline: bad")
     e = DlstoreError("Caught DlstoreError in DataLoader worker process 1.\n...\ndlstore.errors.DlstoreError: nowhere\n")
     assert (e.path, e.offset) == (None, None)
     assert DlstoreError("Caught a cold: at byte 3: x").path is None  # only a worker's traceback is read

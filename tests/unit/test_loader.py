@@ -565,6 +565,10 @@ def test_a_cgroup_limit_is_the_memory_available(tmp_path, version):
         (tmp_path / "fs" / "memory" / "job" / "memory.limit_in_bytes").write_text("1000000\n")
         (tmp_path / "fs" / "memory" / "job" / "memory.usage_in_bytes").write_text("400000\n")
     assert cgroup_memory_room(str(proc), str(tmp_path / "fs")) == 600000
+    # The page cache the group's reads filled counts in its usage; the inactive part is reclaimed on demand.
+    stat = tmp_path / "fs" / ("job" if version == 2 else "memory/job") / "memory.stat"
+    stat.write_text(f"cache 350000\n{'inactive_file' if version == 2 else 'total_inactive_file'} 300000\n")
+    assert cgroup_memory_room(str(proc), str(tmp_path / "fs")) == 900000
     unlimited = "max" if version == 2 else str(2**63 - 4096)
     limit_file = "memory.max" if version == 2 else "memory.limit_in_bytes"
     (tmp_path / "fs" / ("job" if version == 2 else "memory/job") / limit_file).write_text(unlimited + "\n")
