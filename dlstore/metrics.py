@@ -104,9 +104,11 @@ def track(loader: Any) -> None:
 
 
 def _forked() -> None:
-    # A forked child (a DataLoader worker) holds copies of its parent's loaders, frozen: serving them would
-    # export the parent's counts a second time. It exports its own.
+    # A forked child (a DataLoader worker) holds copies of its parent's loaders, frozen (serving them would
+    # export the parent's counts a second time), and of its server object without its thread: it serves
+    # nothing until it serves its own loaders on its own port.
     _live.clear()
+    _state.update(server=None, thread=None, port=None)
 
 
 if hasattr(os, "register_at_fork"):
@@ -231,10 +233,6 @@ def serve(port: Optional[int] = None, addr: str = "0.0.0.0") -> int:
     OSError
         When the port cannot be bound, naming it.
     """
-    if _state["server"] is not None and _state.get("pid") != os.getpid():
-        # A forked child (a DataLoader worker) inherits the parent's server object, not its thread: it
-        # serves nothing here, and this process serves its own.
-        _state.update(server=None, thread=None, port=None)
     if _state["server"] is not None:
         return _state["port"]
     port = settings.get("metrics_port", port)  # a bad value fails here, naming where it came from
@@ -247,7 +245,7 @@ def serve(port: Optional[int] = None, addr: str = "0.0.0.0") -> int:
         server, thread = prometheus().start_http_server(port, addr=addr, registry=reg)
     except OSError as e:
         raise OSError(e.errno, f"{e.strerror} (dlstore metrics on {addr}:{port})") from None
-    _state.update(server=server, thread=thread, port=server.server_port, pid=os.getpid(), refused=False)
+    _state.update(server=server, thread=thread, port=server.server_port, refused=False)
     return server.server_port
 
 

@@ -90,7 +90,7 @@ class _IterableRecords:
             self.dataset = dataset_for(source, dataset_kwargs, world=world, shuffle=shuffle, seed=seed,
                                        remainder=remainder, batch_size=batch_size)
         self.pipeline = pipeline
-        self.batch_size = None if batch_size is None else int(batch_size)
+        self.batch_size = batch_size
         self.seed = whole("seed", seed, 0)
         self.last_batch = check_last_batch(last_batch)
         self.prefetch = whole("prefetch", prefetch, 1)

@@ -152,13 +152,13 @@ class Loader:
 
         self.source = source
         self.pipeline = pipeline
-        self.batch_size = int(batch_size)
+        self.batch_size = batch_size
         source.use_batch_size(self.batch_size)  # a Dataset left without one reads batches of this size
-        self.prefetch = int(prefetch)
+        self.prefetch = prefetch
         self.last_batch = last_batch
-        self.threads = int(threads) if threads is not None else pipeline.default_threads()
-        self.seed = int(seed)
-        self.epochs = None if epochs is None else int(epochs)
+        self.threads = threads if threads is not None else pipeline.default_threads()
+        self.seed = seed
+        self.epochs = epochs
         self.copy = bool(copy)
         self.on_error = on_error
         self.format = source.format

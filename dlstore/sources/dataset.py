@@ -150,7 +150,7 @@ class Dataset(ReadsWithOptions):
         self.mounts = list(self._layout.mounts) if self._layout is not None else []
         self.seed, self.shuffle_shards, self.shuffle, self.remainder = seed, shuffle_shards, shuffle, remainder
         self.interleave = interleave
-        self.batch_size = None if batch_size is None else int(batch_size)
+        self.batch_size = batch_size
         self.block_size = settings.get("block_size", block_size)
         whole("buffer_size", buffer_size, 1, none_means="the default")
         self._sizes_asked = (buffer_size, shuffle_window)
