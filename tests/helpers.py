@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import shutil
 import struct
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -25,6 +27,13 @@ for _i in range(256):
     for _ in range(8):
         _c = (_c >> 1) ^ _POLY if _c & 1 else _c >> 1
     _TABLE.append(_c)
+
+
+def run_python(code: str, timeout: int = 120, **env: str) -> subprocess.CompletedProcess:
+    """``python -c code`` in a fresh process that imports this checkout, with ``env`` added to the
+    environment; its output captured as text."""
+    full = dict(os.environ, PYTHONPATH=REPO, **env)
+    return subprocess.run([sys.executable, "-c", code], env=full, capture_output=True, text=True, timeout=timeout)
 
 
 def oracle_crc32c(data: bytes) -> int:

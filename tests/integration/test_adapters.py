@@ -9,8 +9,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import subprocess
-import sys
 import warnings
 
 import numpy as np
@@ -22,7 +20,7 @@ from dlstore.sources.dataset import dataset_for
 from dlstore.formats.example import encode_example
 from dlstore.placement.world import World
 from dlstore.synthetic import generate_bert, generate_imagenet
-from tests.helpers import REPO, batch_records, corrupt_unnoticed
+from tests.helpers import batch_records, corrupt_unnoticed, run_python
 from tests.resume import assert_resumes_exactly, loader_rows
 
 pytestmark = pytest.mark.slow  # imports torch, TensorFlow and DALI
@@ -112,8 +110,7 @@ def test_lazy_imports():
             "assert not {'torch', 'tensorflow', 'nvidia.dali'} & set(sys.modules), sorted(sys.modules)\n"
             "t.DlstoreIterableDataset\n"
             "assert 'torch' in sys.modules and 'tensorflow' not in sys.modules\n")
-    env = dict(os.environ, PYTHONPATH=REPO)
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    out = run_python(code)
     assert out.returncode == 0, out.stderr
 
 

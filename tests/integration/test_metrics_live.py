@@ -3,8 +3,6 @@ records, bytes, the wait histogram, failovers and skipped records; DLSTORE_METRI
 import os
 import re
 import socket
-import subprocess
-import sys
 import time
 import urllib.request
 
@@ -15,7 +13,7 @@ from dlstore import metrics
 from dlstore.pipeline import Bert, Loader
 from dlstore.placement.world import World
 from dlstore.synthetic import generate_bert
-from tests.helpers import REPO, flip_data_byte, replicate
+from tests.helpers import flip_data_byte, replicate, run_python
 
 pytest.importorskip("prometheus_client", reason="dlstore.metrics serves through prometheus_client")
 
@@ -118,8 +116,7 @@ def test_the_environment_variable_alone_serves_every_loader(tmp_path):
               "port = dlstore.metrics.serving()\n"
               "body = urllib.request.urlopen(f'http://127.0.0.1:{port}/metrics', timeout=10).read().decode()\n"
               "print(n, [l for l in body.splitlines() if l.startswith('dlstore_batches_total')])\n")
-    env = dict(os.environ, DLSTORE_METRICS_PORT="0", PYTHONPATH=REPO)
-    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    out = run_python(script, DLSTORE_METRICS_PORT="0")
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("4 ['dlstore_batches_total{") and out.stdout.rstrip().endswith("4.0']")
 
@@ -136,8 +133,7 @@ def test_a_port_taken_warns_once_and_the_loaders_still_run(tmp_path):
                   "from dlstore.pipeline import bert_loader\n"
                   f"print([sum(1 for _ in bert_loader({str(tmp_path)!r}, batch_size=4)) for _ in range(2)], "
                   "dlstore.metrics.serving())\n")
-        env = dict(os.environ, DLSTORE_METRICS_PORT=str(port), PYTHONPATH=REPO)
-        out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+        out = run_python(script, DLSTORE_METRICS_PORT=str(port))
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["[4,", "4]", "None"]
     said = "DLSTORE_METRICS_PORT is set, but no metrics are served"
@@ -163,8 +159,7 @@ def test_a_forked_worker_serves_its_own_port_and_loaders(tmp_path):
               "p = mp.get_context('fork').Process(target=child, args=(q,))\n"
               "p.start(); got = q.get(timeout=60); p.join()\n"
               "print(got == -1, got == dlstore.metrics.serving(), p.exitcode)\n")
-    env = dict(os.environ, PYTHONPATH=REPO)
-    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    out = run_python(script)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["False", "False", "0"]  # its own port, and none of the parent's loaders
 
@@ -182,7 +177,6 @@ def test_the_environment_variable_does_not_make_dataloader_workers_serve(tmp_pat
     with socket.socket() as probe:  # a port free now: two workers serving would both bind it
         probe.bind(("0.0.0.0", 0))
         port = probe.getsockname()[1]
-    env = dict(os.environ, DLSTORE_METRICS_PORT=str(port), PYTHONPATH=REPO)
-    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    out = run_python(script, DLSTORE_METRICS_PORT=str(port))
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["32", "None"]
