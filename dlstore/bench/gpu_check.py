@@ -12,7 +12,9 @@ to carry there). In order, each step timed and reported even when an earlier one
 5. ``throughput``: gds, kvikio's own ``CuFile.pread`` and direct + pinned + copy, warm and cold, CRC on
    (:func:`dlstore.bench.storage.run_storage`); the frame kernel alone on 8 MiB reads of 110 KB records;
 6. ``pipelines``: ``bench resnet50`` and ``bench bert`` with ``--device``;
-7. ``suite``: the rest of the test suite (not ``slow``, not ``mpi``) on this machine's Python and compiler,
+7. ``training``: a torch training step fed by ``Loader(device=)`` and by ``TorchLoader``'s copies, given the
+   host's images and labels in the host's order (:mod:`dlstore.bench.train_check`);
+8. ``suite``: the rest of the test suite (not ``slow``, not ``mpi``) on this machine's Python and compiler,
    where the first GPU run found what no GPU test would: every error message crashed the process.
 
 It writes ``gpu_check.json`` and ``gpu_check.md`` and exits 0 when every step that ran passed, 1 when
@@ -42,7 +44,7 @@ __all__ = ["add_arguments", "run", "STEPS", "crc_bench_inputs", "crc_kernel_gb_p
 
 GPU_TESTS = ["tests/unit/test_gds.py", "tests/integration/test_gds_dataset.py", "tests/unit/test_memory.py",
              "tests/unit/test_adapters_device.py", "tests/unit/test_read_schedule.py"]
-STEPS = ("build", "tests", "identical", "sanitizer", "throughput", "pipelines", "suite")
+STEPS = ("build", "tests", "identical", "sanitizer", "throughput", "pipelines", "training", "suite")
 _HERE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # a source tree's root
 _LOG: List[str] = []  # every subprocess's output and every step's traceback, written out as gpu_check.log
 _DEADLINE = [float("inf")]  # time.monotonic() by which a subprocess must end (the budget, plus the last step's grace)
@@ -73,7 +75,8 @@ def run(args: argparse.Namespace) -> int:
     steps: Dict[str, Callable[[], Dict[str, Any]]] = {
         "build": _build, "tests": _tests, "identical": lambda: _identical(work, index),
         "sanitizer": lambda: _sanitizer(work, index, args.device), "throughput": lambda: _throughput(index),
-        "pipelines": lambda: _pipelines(args.device, work), "suite": _suite}
+        "pipelines": lambda: _pipelines(args.device, work), "training": lambda: _training(work, index),
+        "suite": _suite}
     started, results = time.monotonic(), []
     # A step started inside the budget may run 60 s past it, no more: the report is written after every step,
     # so a run cut short by its caller still leaves what it found.
@@ -169,7 +172,7 @@ def _pytest(args: List[str], timeout: float) -> Dict[str, Any]:
         spread = ["-n", str(min(12, os.cpu_count() or 1)), "-p", "no:benchmark"]  # pytest-benchmark refuses xdist
     except ImportError:
         spread = []
-    p = _run([sys.executable, "-m", "pytest", "-q", "-rfE", "--tb=short", "-p", "no:cacheprovider", *spread, *args],
+    p = _run([sys.executable, "-m", "pytest", "-q", "-rfEs", "--tb=short", "-p", "no:cacheprovider", *spread, *args],
              timeout, cwd=_HERE)
     last = (p.stdout.strip().splitlines() or ["no output"])[-1]
     return {"ok": p.returncode == 0, "detail": last}
@@ -339,6 +342,20 @@ def _pipelines(device: str, work: str) -> Dict[str, Any]:
         with open(out) as f:
             figures[name] = _headline(json.load(f))
     return {"ok": ok, "detail": "bench resnet50 and bert --device", "figures": figures}
+
+
+def _training(work: str, index: int) -> Dict[str, Any]:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return {"ok": None, "detail": "torch is not installed"}
+    from dlstore.bench.train_check import compare_feeds
+    from dlstore.synthetic.imagenet import generate_imagenet
+
+    # 768 small images: four epochs take seconds, and the first (left out of the rates) holds the set-up.
+    paths = generate_imagenet(os.path.join(work, "training"), shards=8, records_per_shard=96, image_size=(160, 200),
+                              progress=False)
+    return compare_feeds(paths, index)
 
 
 def _headline(doc: Dict[str, Any]) -> str:
