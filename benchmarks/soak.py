@@ -15,8 +15,9 @@ rewritten, rank 0 brings the manifest up to date, as ``dlstore index`` would, an
 again), and read their shares through ``dlstore.Dataset`` (``shuffle="block"``, ``remainder="uneven"``,
 ``io="direct"``, ``read_timeout=1``) and an allgather of the agreed batch count at the end, as a
 training step would. Rank 0 reads mount 0 and rank 1 mount 1;
-mount 2 is the spare. The driver injects the epoch's fault, before the epoch or once both ranks are a
-quarter through it, and checks the digests of every record delivered against the data on disk.
+mount 2 is the spare. The driver injects the epoch's fault before the epoch, or during it: once the rank
+whose mount it breaks has been handed a tenth of its share (both ranks a quarter, for the manifests
+deleted), and checks the digests of every record delivered against the data on disk.
 
 The faults, in turn (:data:`FAULTS`): EIO on a rank's mount (its filesystem shut down), a stalled mount
 (reads crawl at 4 KiB/s), an unmount, bit rot on all but one replica of several shards (payload bytes
@@ -55,6 +56,8 @@ RANKS = 2
 FAULTS = [("eio", "during"), ("stall", "during"), ("umount", "during"), ("bitrot", "before"),
           ("rewrite", "before"), ("manifest_deleted", "during"), ("comes_back", "during"),
           ("eio_rank1", "during"), ("stall_rank0", "during"), ("bitrot_good_on_0", "before")]
+#: The rank whose own mount (rank r reads mount r) a fault during the epoch breaks.
+_TARGET_RANK = {"eio": 0, "eio_rank1": 1, "stall": 1, "stall_rank0": 0, "umount": 0, "comes_back": 1}
 
 
 # ---- data ---------------------------------------------------------------------------------------
@@ -283,10 +286,10 @@ class Soak:
         return f"{gone} manifest and index files deleted while the ranks read"
 
 
-def _progress_all(ctl: str, epoch: int) -> float:
-    """The least fraction of its share any rank has read in ``epoch`` (0 before it starts)."""
+def _progress_all(ctl: str, epoch: int, ranks=range(RANKS)) -> float:
+    """The least fraction of its share any of ``ranks`` has been handed in ``epoch`` (0 before it starts)."""
     least = 1.0
-    for r in range(RANKS):
+    for r in ranks:
         p = _read_json(os.path.join(ctl, f"progress-{r}.json"))
         if p is None or p["epoch"] != epoch:
             return 0.0
@@ -336,28 +339,33 @@ def run_soak(base: str, epochs: int, shards: int, records: int, kb: float, throt
             t0 = time.monotonic()
             broken: Optional[int] = None
             if when == "during":
-                while _progress_all(soak.ctl, epoch) < 0.25 and _results(soak.ctl, epoch) is None:
+                # A fault on one rank's mount waits for that rank alone: waiting for the slowest rank let the
+                # other read its whole share first (a rank reads well ahead of what it has delivered), and
+                # then a stall of its mount found no read to time out.
+                target = _TARGET_RANK.get(fault)
+                ranks, fraction = ([target], 0.1) if target is not None else (range(RANKS), 0.25)
+                while _progress_all(soak.ctl, epoch, ranks) < fraction and _results(soak.ctl, epoch) is None:
                     if proc.poll() is not None or time.monotonic() - t0 > timeout_s:
                         break
                     time.sleep(0.01)
                 if fault in ("eio", "eio_rank1"):
-                    broken = 0 if fault == "eio" else 1
+                    broken = target
                     soak.tb.break_mount(broken, "eio")
                     what = f"EIO on mnt{broken} (filesystem shut down) mid-epoch"
                 elif fault in ("stall", "stall_rank0"):
-                    broken = 1 if fault == "stall" else 0
+                    broken = target
                     soak.tb.break_mount(broken, "stall")
                     what = f"mnt{broken} stalled (reads at 4 KiB/s) mid-epoch"
                 elif fault == "umount":
-                    broken = 0
-                    soak.tb.break_mount(0, "umount")
+                    broken = target
+                    soak.tb.break_mount(broken, "umount")
                     what = "mnt0 unmounted (lazily) mid-epoch"
                 elif fault == "manifest_deleted":
                     what = soak.delete_manifests()
                 elif fault == "comes_back":
-                    soak.tb.break_mount(1, "umount")
+                    soak.tb.break_mount(target, "umount")
                     time.sleep(0.3)
-                    soak.tb.restore(1)
+                    soak.tb.restore(target)
                     what = "mnt1 unmounted mid-epoch, mounted again 0.3 s later"
             while (results := _results(soak.ctl, epoch)) is None:
                 if proc.poll() is not None or time.monotonic() - t0 > timeout_s:
