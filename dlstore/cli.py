@@ -99,8 +99,16 @@ def cmd_index(args: argparse.Namespace) -> int:
     for all its shards). A read-only directory's go to the cache directory ($DLSTORE_CACHE)."""
 
     named = _once(expand_paths(args.paths))
+    if args.out_dir:  # one directory of indexes named for the files: two files of one name would share one
+        by_name: Dict[str, str] = {}
+        for f in named:
+            other = by_name.setdefault(os.path.basename(f), f)
+            if other != f:
+                raise ValueError(f"{other} and {f} would both have their index at "
+                                 f"{os.path.join(args.out_dir, os.path.basename(f))}.idx (--out-dir): "
+                                 f"index them apart, each with an --out-dir of its own")
     fresh: Dict[str, Dict[str, Any]] = {}  # per directory, per shard: the frame offsets just found
-    formats: Dict[str, str] = {}
+    formats: Dict[str, Dict[str, int]] = {}  # per directory, its files' formats and how many of each
     files, failed = [], 0
     for f in named:
         out = os.path.join(args.out_dir, os.path.basename(f) + ".idx") if args.out_dir else None
@@ -108,8 +116,8 @@ def cmd_index(args: argparse.Namespace) -> int:
             fmt, offsets, lengths = scan_offsets(f, args.format)
         except FormatMismatchError:  # --format names another format than the files': a usage error
             raise
-        except DlstoreError as e:  # a corrupt or unreadable shard: said, and the others indexed still
-            print(f"dlstore index: {_console.one_line(e)}", file=sys.stderr, flush=True)
+        except (DlstoreError, ValueError) as e:  # a corrupt, unreadable or compressed shard: said, the others
+            print(f"dlstore index: {_console.one_line(e)}", file=sys.stderr, flush=True)  # indexed still
             failed += 1
             continue
         files.append(f)
@@ -117,13 +125,23 @@ def cmd_index(args: argparse.Namespace) -> int:
         print(f"{f}: {len(offsets)} records -> {dest}")
         directory, name = os.path.split(os.path.abspath(f))
         fresh.setdefault(directory, {})[name] = offsets
-        formats[directory] = fmt
+        counts = formats.setdefault(directory, {})
+        counts[fmt] = counts.get(fmt, 0) + 1
+    # A manifest holds one format: a directory whose files mix them gets none (each file's index is written).
+    mixed = sorted(d for d, counts in formats.items() if len(counts) > 1)
+    for directory in mixed:
+        kinds = ", ".join(f"{n} {fmt}" for fmt, n in sorted(formats[directory].items()))
+        print(f"dlstore index: {directory}: its files mix formats ({kinds}): no manifest written there, since a "
+              f"Dataset reads one format per set; put each format's files in a directory of their own",
+              file=sys.stderr, flush=True)
     # The manifests take the offsets just found over what they held (a manifest damaged on disk, its
     # shards unchanged, is mended here), then cover the rest: nothing is read again.
     for directory, shards in fresh.items():
-        record_manifest(directory, formats[directory], shards)
-    index = index_dataset(files, args.format)
-    for manifest in index.manifests:
+        if directory not in mixed:
+            record_manifest(directory, next(iter(formats[directory])), shards)
+    files = [f for f in files if os.path.dirname(os.path.abspath(f)) not in mixed]
+    index = index_dataset(files, args.format) if files else None
+    for manifest in index.manifests if index is not None else ():
         where = os.path.dirname(manifest)
         described = sorted({os.path.dirname(os.path.abspath(f)) for f in files})
         if where not in described:
@@ -133,7 +151,7 @@ def cmd_index(args: argparse.Namespace) -> int:
     if failed and len(named) > 1:
         print(f"dlstore index: {_count(failed, 'file')} of {len(named)} not indexed (above); "
               f"`dlstore verify` lists every problem", file=sys.stderr)
-    return 2 if failed else 0
+    return 2 if failed or mixed else 0
 
 
 def _once(files: List[str]) -> List[str]:

@@ -110,6 +110,8 @@ def read_runs(plan: ReaderPlan, cuts: Sequence[int] = ()) -> Tuple[np.ndarray, n
     new[1:] = (plan.file[1:] != plan.file[:-1]) | (plan.offset[1:] != plan.offset[:-1] + plan.size[:-1])
     new[np.asarray(cuts, dtype=np.int64)] = True
     first = np.flatnonzero(new)
+    if n == 0:  # a rank with no records to read (a share of 0) has no runs
+        return first, first.copy()
     return first, np.append(first[1:], n) - 1
 
 

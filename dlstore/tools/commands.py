@@ -237,6 +237,9 @@ def plan_document(args: argparse.Namespace) -> Dict[str, Any]:
         for worker in range(args.workers):
             w = world(rank, worker)
             whole = ds.read_plan(args.epoch, world=w)
+            # As that rank's own Dataset would: a shard rewritten since the manifest is refused, not shown
+            # with the manifest's byte ranges (the Dataset above, rank 0's, checked only its own shards).
+            ds.index.check(whole.shards)
             reads = merged_reads(whole, ds.mounts, cuts=ds.window_starts(len(whole.file)))
             consumers.append({"rank": rank, "worker": worker, "consumer": w.consumer,
                               "mounts": [ds.mounts[m] for m in ds._assign(w)],

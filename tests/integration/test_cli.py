@@ -387,3 +387,40 @@ def test_help_speaks_to_users():
         for text in texts:
             for jargon in ("``", "seeds'", "the seeds", "SPEC", "the paper"):
                 assert jargon not in text, (jargon, text[:200])
+
+
+def test_index_of_a_directory_with_a_compressed_shard_indexes_the_others(tmp_path):
+    import gzip
+
+    for s in range(3):
+        write_tfrecord(tmp_path / f"d-{s}.tfrecord", [b"x" * 100] * 5)
+    (tmp_path / "d-0.tfrecord.gz").write_bytes(gzip.compress((tmp_path / "d-0.tfrecord").read_bytes()))
+    out = dlstore("index", tmp_path)
+    assert out.returncode == 2 and "d-0.tfrecord.gz: compressed files cannot be indexed" in out.stderr
+    assert "1 file of 4 not indexed" in out.stderr
+    assert all((tmp_path / f"d-{s}.tfrecord.idx").exists() for s in range(3))
+    assert (tmp_path / ".dlstore-manifest").exists()
+
+
+def test_index_of_a_directory_mixing_formats_writes_no_manifest(tmp_path):
+    import dlstore as ds
+
+    write_tfrecord(tmp_path / "b.tfrecord", [b"x" * 100] * 5)
+    with ds.RecordIOWriter(str(tmp_path / "a.rec")) as w:
+        w.write(b"y" * 50)
+    out = dlstore("index", tmp_path)
+    assert out.returncode == 2 and "mix formats (1 recordio, 1 tfrecord): no manifest written" in out.stderr
+    assert not (tmp_path / ".dlstore-manifest").exists()
+    assert (tmp_path / "b.tfrecord.idx").exists()
+    plan = dlstore("plan", "--mounts", tmp_path, "--world-size", "1")
+    assert "the files mix formats" in _one_line_error(plan)
+
+
+def test_index_out_dir_refuses_two_files_of_one_name(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    a = write_tfrecord(tmp_path / "a" / "x.tfrecord", [b"a"] * 3)
+    b = write_tfrecord(tmp_path / "b" / "x.tfrecord", [b"b"] * 5)
+    err = _one_line_error(dlstore("index", a, b, "--out-dir", tmp_path / "ix"))
+    assert "would both have their index at" in err and a in err and b in err
+    assert not (tmp_path / "ix" / "x.tfrecord.idx").exists()

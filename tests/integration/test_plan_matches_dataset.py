@@ -80,3 +80,29 @@ def test_plan_json_lists_the_reads_the_dataset_performs(tmp_path, monkeypatch, c
         assert doc["consumers"][rank]["mounts"] == ds.rank_mounts
         if layout == "replicated":  # every read through one of the rank's own mounts
             assert {r[3] for r in performed} <= set(ds.rank_mounts)
+
+
+@pytest.mark.parametrize("world, batch, remainder", [(3, 100, "drop"), (201, 1, "uneven"), (201, 1, "drop")])
+def test_plan_lists_a_rank_with_nothing_to_read(tmp_path, capsys, world, batch, remainder):
+    mounts = _mounts(tmp_path, "replicated", shards=2)[:1]
+    assert cli.main(["plan", "--mounts", *mounts, "--world-size", str(world), "--batch-size", str(batch),
+                     "--remainder", remainder, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    empty = [c for c in doc["consumers"] if not c["reads"]]
+    assert empty and all(not c["reads"] for c in empty)
+
+
+def test_plan_refuses_a_shard_rewritten_in_any_rank_shown(tmp_path, capsys):
+    from tests.helpers import write_tfrecord
+
+    for s in range(2):
+        write_tfrecord(tmp_path / f"d-{s}.tfrecord", [b"x" * 100] * 50)
+    assert cli.main(["index", str(tmp_path)]) == 0
+    write_tfrecord(tmp_path / "d-1.tfrecord", [b"y" * 90] * 7)  # rank 1's shard, in the plan below
+    capsys.readouterr()
+    args = ["plan", "--mounts", str(tmp_path), "--world-size", "2", "--shuffle", "none", "--no-shard-shuffle"]
+    for rank in ([], ["--rank", "1"]):
+        assert cli.main(args + rank) == 2
+        err = capsys.readouterr().err
+        assert "d-1.tfrecord: rewritten since" in err and len(err.splitlines()) == 1
+    assert cli.main(args + ["--rank", "0"]) == 0  # rank 0's shard is as indexed
