@@ -18,7 +18,7 @@ from dlstore.formats.registry import FORMATS
 from dlstore.io.system import existing_parent, format_bytes
 from dlstore.placement import ASSIGNMENTS, REMAINDERS, SHUFFLES
 from dlstore.sources.indexing import index_dataset, record_manifest, scan_offsets, write_index
-from dlstore.sources.reader import expand_paths, open_records
+from dlstore.sources.reader import distinct_files, expand_paths, open_records
 from dlstore.tools.commands import (add_expand_arguments, add_testbed_arguments, run_expand, run_plan, run_scrub,
                                      run_testbed)
 from dlstore.tools.convert import convert_tree
@@ -98,7 +98,7 @@ def cmd_index(args: argparse.Namespace) -> int:
     DALI and MXNet read) and one dataset manifest per directory (what dlstore.Dataset opens: one file
     for all its shards). A read-only directory's go to the cache directory ($DLSTORE_CACHE)."""
 
-    named = _once(expand_paths(args.paths))
+    named = distinct_files(expand_paths(args.paths))
     if args.out_dir:  # one directory of indexes named for the files: two files of one name would share one
         by_name: Dict[str, str] = {}
         for f in named:
@@ -152,13 +152,6 @@ def cmd_index(args: argparse.Namespace) -> int:
         print(f"dlstore index: {_count(failed, 'file')} of {len(named)} not indexed (above); "
               f"`dlstore verify` lists every problem", file=sys.stderr)
     return 2 if failed or mixed else 0
-
-
-def _once(files: List[str]) -> List[str]:
-    """Each file once, as first named: ``f f``, a glob and ``f``, ``f`` and ``./f``, or a path through a
-    symbolic link are one file."""
-    seen: set = set()
-    return [f for f in files if not (os.path.realpath(f) in seen or seen.add(os.path.realpath(f)))]
 
 
 class _FileCheck(NamedTuple):
@@ -236,7 +229,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if not args.paths:
         print("dlstore verify: name the files to check, or [SHARDS] --mounts M1 M2 ...", file=sys.stderr)
         return 2
-    files = _once(expand_paths(args.paths))
+    files = distinct_files(expand_paths(args.paths))
     total = sum(os.path.getsize(f) for f in files)
     records = corrupt = corrupt_files = broken = unreadable = 0
     with Progress(total, "verify", unit="B", enabled=False if args.quiet else None) as bar:

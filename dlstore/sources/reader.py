@@ -23,7 +23,7 @@ from dlstore.formats.index import INDEX_SUFFIX, MANIFEST_SUFFIX
 from dlstore.io.select import EngineChoice, resolve_engine
 from dlstore.sources.source import ReadOptions, ReadsWithOptions
 
-__all__ = ["open_records", "RecordReader", "expand_paths", "record_file_names", "list_record_files",
+__all__ = ["open_records", "RecordReader", "expand_paths", "distinct_files", "record_file_names", "list_record_files",
            "refuse_unreadable", "split_glob", "detect_files", "CorruptionWarnings"]
 
 PathSpec = Union[str, bytes, os.PathLike, Sequence[Union[str, bytes, os.PathLike]]]
@@ -180,6 +180,13 @@ def path_list(paths: PathSpec) -> List[str]:
     except TypeError:
         raise TypeError(f"paths must be a path (str, bytes or os.PathLike), a glob, a directory or a list of them, "
                         f"not {paths!r:.80}") from None
+
+
+def distinct_files(files: Sequence[str]) -> List[str]:
+    """Each file once, as first named: ``f f``, a glob and ``f``, ``f`` and ``./f``, or a path through a
+    symbolic link are one file."""
+    seen: set = set()
+    return [f for f in files if not (os.path.realpath(f) in seen or seen.add(os.path.realpath(f)))]
 
 
 def expand_paths(paths: PathSpec) -> List[str]:

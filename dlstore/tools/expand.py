@@ -31,7 +31,8 @@ from dlstore.formats.detect import detect
 from dlstore.io.system import format_bytes
 from dlstore.sources import indexing
 from dlstore.sources.indexing import index_dataset, index_path_for, record_manifest
-from dlstore.sources.reader import expand_paths
+from dlstore.sources.reader import distinct_files, expand_paths
+from dlstore.synthetic.shards import refuse_other_sets
 
 __all__ = ["EXPAND_MODES", "ExpandResult", "copy_name", "format_of", "valid_index", "copy_file", "expand_shards"]
 
@@ -205,21 +206,28 @@ def expand_shards(paths: Union[str, Sequence[str]], out_dir: str, copies: int, *
         raise ValueError(f"copies must be a whole number >= 1, not {copies!r}")
     if mode not in EXPAND_MODES:
         raise ValueError(f"mode must be one of {EXPAND_MODES}, not {mode!r}")
-    sources = expand_paths(paths)
+    sources = distinct_files(expand_paths(paths))  # a file named twice is copied once
     names = {}
     for s in sources:
         other = names.setdefault(os.path.basename(s), s)
         if other != s:
             raise ValueError(f"{other} and {s} have the same file name: their copies would collide in {out_dir}")
-    os.makedirs(out_dir, exist_ok=True)
+    out_real = os.path.realpath(out_dir)
     for s in sources:
-        if os.path.samefile(os.path.dirname(os.path.abspath(s)), out_dir):
+        home = os.path.realpath(os.path.dirname(os.path.abspath(s)))
+        if out_real == home:
             raise ValueError(f"{out_dir} holds the source {s}: write the copies to another directory")
+        if out_real.startswith(home + os.sep):  # a directory of shards is listed with its subdirectories
+            raise ValueError(f"{out_dir} is inside {home}, which holds the source {s}: the copies would read as "
+                             f"part of that set; write them outside it")
+    plan = [(s, os.path.join(out_dir, copy_name(os.path.basename(s), k, copies)))
+            for s in sources for k in range(copies)]
+    # Another set's shards already there would read as one dataset with the copies (resuming this run is fine).
+    refuse_other_sets(out_dir, [os.path.basename(d) for _, d in plan])
+    os.makedirs(out_dir, exist_ok=True)
 
     result = ExpandResult()
     start = time.monotonic()
-    plan = [(s, os.path.join(out_dir, copy_name(os.path.basename(s), k, copies)))
-            for s in sources for k in range(copies)]
     sizes = {s: os.path.getsize(s) for s in sources}
     todo = [(s, d) for s, d in plan if overwrite or not _already_there(s, d, mode, sizes[s])]
     if mode == "copy":

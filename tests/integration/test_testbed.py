@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from dlstore import cli
+from dlstore.errors import DlstoreError
 from dlstore.sources.indexing import build_index, load_index
 from dlstore.tools import testbed as tbm
 from dlstore.tools.testbed import loopdev, mkfs
@@ -506,3 +507,25 @@ def test_xfs_testbed_and_reflinked_copies(tmp_path, testbed_dir):
         assert Path(out).read_bytes() == Path(src[0]).read_bytes()
         assert os.stat(out).st_ino != os.stat(src[0]).st_ino
     assert tb.status()["mounts"][0]["mounted"]
+
+
+def test_expand_refuses_another_set_or_a_place_inside_a_source_directory(tmp_path):
+    src = _dataset(tmp_path / "src", shards=2, index=False)
+    other = _dataset(tmp_path / "other", shards=1, index=False)
+    before = sorted(os.listdir(tmp_path / "other"))
+    with pytest.raises(DlstoreError, match="already holds 1 record file"):
+        expand_shards(src, str(tmp_path / "other"), 2, progress=False)
+    assert sorted(os.listdir(tmp_path / "other")) == before and other
+    with pytest.raises(ValueError, match="is inside .*src, which holds the source"):
+        expand_shards(str(tmp_path / "src"), str(tmp_path / "src" / "more"), 2, progress=False)
+    assert not (tmp_path / "src" / "more").exists()
+    # An interrupted run of the same expansion resumes into its own copies.
+    first = expand_shards(src, str(tmp_path / "out"), 2, progress=False)
+    assert len(expand_shards(src, str(tmp_path / "out"), 2, progress=False).outputs) == len(first.outputs)
+
+
+def test_expand_copies_a_source_named_twice_once(tmp_path):
+    src = _dataset(tmp_path / "src", shards=1, index=False)
+    r = expand_shards([src[0], src[0], os.path.join(str(tmp_path), "src", ".", os.path.basename(src[0]))],
+                      str(tmp_path / "out"), 2, progress=False)
+    assert len(r.outputs) == 2 and len(os.listdir(tmp_path / "out")) >= 2
