@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import os
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -52,7 +52,9 @@ class Layout:
         set_ = functools.partial(object.__setattr__, self)
         set_("mounts", tuple(str(m) for m in self.mounts))
         set_("shards", tuple(str(s) for s in self.shards))
-        set_("holders", tuple(tuple(sorted({int(m) for m in h})) for h in self.holders))
+        norm: Dict[Any, Tuple[int, ...]] = {}  # shards held alike share one tuple: normalised once
+        set_("holders", tuple(norm.get(h) or norm.setdefault(h, tuple(sorted({int(m) for m in h})))
+                              for h in (tuple(h) for h in self.holders)))
         if self.sizes is not None:
             set_("sizes", tuple(int(s) for s in self.sizes))
             if len(self.sizes) != len(self.shards):

@@ -35,7 +35,7 @@ from dlstore._args import whole
 from dlstore.errors import CorruptRecordError, DlstoreError, DlstoreIOError, PlacementError
 from dlstore.formats.registry import format_named
 from dlstore.sources import replicas
-from dlstore.sources.indexing import index_dataset, open_shards
+from dlstore.sources.indexing import CHECK_SHARDS_PER_PLAN, index_dataset, open_shards
 from dlstore.io.cuda import parse_device
 from dlstore.io.failover import MountHealth
 from dlstore.io.select import EngineChoice, resolve_engine
@@ -174,6 +174,7 @@ class Dataset(ReadsWithOptions):
         self.device_index: Optional[int] = gpu if gpu is not None else (0 if self.engine == "gds" else None)
         self._mount_policy = (mount_policy, mounts_per_rank, throughput)
         self._rank_mounts = self._assign(self.world)
+        self._check_copies(self.plan(0).piece_arrays(self.world.consumer)[0])
         self._core_options = self.options.core(self.engine, in_order=False, mounts=len(self._rank_mounts),
                                                reorders=self.shuffle_kind.buffered)
         if self.options.chunk_size is None and self.shuffle_kind.chunk_bytes:  # how this shuffle reads
@@ -201,8 +202,33 @@ class Dataset(ReadsWithOptions):
             _refuse_twice_named(index.paths)
             return None, index.paths, index
         layout = scan_layout(path_list(mounts), None if shards is None else path_list(shards))
-        first = [layout.path(i, layout.holders[i][0]) for i in range(len(layout.shards))]
+        roots = [m.rstrip(os.sep) + os.sep for m in layout.mounts]
+        first = [roots[held[0]] + rel for rel, held in zip(layout.shards, layout.holders)]
         return layout, list(layout.shards), _index_good_copies(layout, first, fmt, progress)
+
+    def _check_copies(self, shards: np.ndarray) -> None:
+        """The copies this rank reads through its own mounts of its first shards (up to
+        :data:`~dlstore.sources.indexing.CHECK_SHARDS_PER_PLAN`) have the size of the copy indexed: a stat
+        each, as the index checks that copy (the layout scan lists the mounts and stats no file). A copy
+        of another size is another file, not a replica: refused, naming both."""
+        if self._layout is None or len(self._rank_mounts) == 0:
+            return
+        mine = set(self._rank_mounts)
+        indexed = self.index.paths
+        _, first = np.unique(np.asarray(shards, dtype=np.int64), return_index=True)
+        for shard in np.asarray(shards, dtype=np.int64)[np.sort(first)][:CHECK_SHARDS_PER_PLAN].tolist():
+            want = int(self.index.sizes[shard])
+            for m in self._layout.holders[shard]:
+                full = os.path.join(self.mounts[m], self._layout.shards[shard])
+                if m not in mine or full == indexed[shard]:
+                    continue
+                try:
+                    size = os.stat(full).st_size
+                except OSError:  # gone since the listing: read from another copy when this one fails
+                    continue
+                if size != want:
+                    raise PlacementError(f"shard {self._layout.shards[shard]} differs between mounts: "
+                                         f"{indexed[shard]} has {want} bytes, {full} has {size}", path=full)
 
     def _take_index(self) -> None:
         """The format, record counts, and blocks and the shuffle buffer sized in records, from the index."""

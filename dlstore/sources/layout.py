@@ -7,13 +7,17 @@ from __future__ import annotations
 
 import glob
 import os
+import stat
 import warnings
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from concurrent.futures import ThreadPoolExecutor
+from typing import Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
+import numpy as np
 
 from dlstore.errors import DlstoreIOError, PlacementError
 from dlstore.placement.mounts import Layout
-from dlstore.sources.reader import _glob_record_files, _is_record_file_name
+from dlstore.sources.reader import (_glob_record_files, list_record_files, record_file_names, refuse_unreadable,
+                                    split_glob)
 
 __all__ = ["scan_layout", "check_mounts"]
 
@@ -22,26 +26,98 @@ _GLOB_CHARS = "*?["
 
 def _record_files_under(mount: str) -> Iterator[str]:
     """Relative paths of the record files under ``mount``, recursively (indexes, metadata, hidden
-    and temporary files left out, as when a directory is read), as the walk finds them."""
+    and temporary files left out, as when a directory is read), as the walk finds them. Each
+    directory's entries say which are files: no ``stat`` per file."""
 
-    for root, dirs, names in os.walk(mount):
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        for name in names:
-            full = os.path.join(root, name)
-            if _is_record_file_name(name) and os.path.isfile(full):
-                yield os.path.relpath(full, mount)
-
-
-def _files_under(mount: str) -> List[str]:
-    return list(_record_files_under(mount))
+    stack = [""]
+    while stack:
+        rel = stack.pop()
+        odd: List[str] = []
+        names = list_record_files(os.path.join(mount, rel) if rel else mount, None, odd)
+        yield from (os.path.join(rel, n) if rel else n for n in names)
+        try:
+            with os.scandir(os.path.join(mount, rel) if rel else mount) as entries:
+                subdirs = sorted(e.name for e in entries if e.is_dir() and not e.name.startswith("."))
+        except OSError:
+            subdirs = []
+        stack.extend(os.path.join(rel, d) if rel else d for d in reversed(subdirs))
 
 
 def _matches(mount: str, pattern: str) -> List[str]:
-    """Record files matching ``pattern`` under ``mount`` (a glob such as ``train-*`` also matches the
-    shards' ``.idx`` files, which are left out as everywhere paths are expanded)."""
+    """Record files matching ``pattern`` under ``mount``, relative to it (a glob such as ``train-*``
+    also matches the shards' ``.idx`` files, which are left out as everywhere paths are expanded). A
+    glob whose wildcards are in its last part is one listing of one directory, no ``stat`` per file."""
 
+    one = split_glob(os.path.join(mount, pattern))
+    if one is not None and one[1] is not None:
+        head = os.path.dirname(pattern)
+        odd: List[str] = []
+        names = list_record_files(one[0], one[1], odd)
+        refuse_unreadable([os.path.join(one[0], n) for n in odd])
+        return [os.path.join(head, n) for n in names] if head else names
     found, _ = _glob_record_files(os.path.join(glob.escape(mount), pattern))
     return [os.path.relpath(f, mount) for f in found]
+
+
+def _listing(mount: str, patterns: Optional[Sequence[str]]) -> List[List[str]]:
+    """The shards (relative paths) ``mount`` holds, per pattern: every record file under it (one list),
+    or per one of ``patterns`` (paths relative to the mounts, or globs) the files it names there."""
+    if patterns is None:
+        return [list(_record_files_under(mount))]
+    out: List[List[str]] = []
+    for pattern in patterns:
+        if any(ch in pattern for ch in _GLOB_CHARS):
+            out.append(_matches(mount, pattern))
+            continue
+        full = os.path.join(mount, pattern)
+        try:
+            out.append([pattern] if stat.S_ISREG(os.stat(full).st_mode) else [])
+        except FileNotFoundError:
+            out.append([])
+        except OSError as e:
+            raise DlstoreIOError(f"{full}: cannot stat: {e.strerror} (errno {e.errno})", path=full) from e
+    return out
+
+
+class _Reference:
+    """The first mount's listing, per pattern, and what each pattern's directory held by name: what
+    another mount's names are held against (:func:`_lists_alike`)."""
+
+    def __init__(self, mount: str, patterns: Optional[Sequence[str]], found: List[List[str]]):
+        self.found = found
+        self.parts: Optional[List[Tuple[str, Set[str], Set[str]]]] = []  # (pattern, shard names, all names)
+        for pattern, rels in zip(patterns or (), found):
+            one = split_glob(os.path.join(mount, pattern))
+            head = os.path.dirname(pattern)
+            try:
+                if one is None or one[1] is None:
+                    raise OSError
+                every = set(os.listdir(one[0]))
+            except OSError:
+                self.parts = None
+                break
+            self.parts.append((pattern, {rel[len(head) + 1:] if head else rel for rel in rels}, every))
+        if patterns is None:
+            self.parts = None
+
+
+def _lists_alike(mount: str, reference: _Reference) -> bool:
+    """Whether ``mount`` holds the shards the first mount's listing names and no other record file those
+    globs match, told from its directories' names alone (no ``stat``, no entry types: the first mount's
+    listing said which are files). Only for globs in one directory; else False."""
+    if reference.parts is None:
+        return False
+    for pattern, want, every in reference.parts:
+        directory = os.path.dirname(os.path.join(mount, pattern))
+        try:
+            names = set(os.listdir(directory or "."))
+        except OSError:
+            return False
+        if names == every:  # the same names as the first mount's directory: a replica
+            continue
+        if not want <= names or record_file_names(list(names - want), os.path.basename(pattern)):
+            return False
+    return True
 
 
 def check_mounts(mounts: Sequence[str]) -> None:
@@ -74,72 +150,74 @@ def scan_layout(mounts: Sequence[str], shards: Optional[Sequence[str]] = None) -
     Returns
     -------
     Layout
-        Shards sorted by relative path, with their sizes; a shard is held by a mount that has a
-        file at the same relative path.
+        Shards sorted by relative path; a shard is held by a mount that has a file at the same
+        relative path (as the mount's listing says: no file is stat-ed, and sizes are not compared
+        here; :class:`~dlstore.Dataset` compares the copies a rank reads with the one indexed).
 
     Raises
     ------
     PlacementError
         When a mount is not a directory, a named shard is on no mount, a glob matches nothing on
-        any mount, there are no shards at all, or the same shard has different sizes on two mounts
-        (both files and sizes named).
+        any mount, or there are no shards at all.
     """
     mounts = [os.fspath(m) for m in mounts]
     if not mounts:
         raise PlacementError("no mount points given")
     check_mounts(mounts)
-    names: List[str] = []
-    if shards is None:
-        for m in mounts:
-            names.extend(_files_under(m))
-    else:
+    patterns: Optional[List[str]] = None
+    if shards is not None:
+        patterns = []
         for pattern in shards:
             pattern = os.fspath(pattern)
             if os.path.isabs(pattern):
                 raise PlacementError(f"shard {pattern} must be relative to the mount points", path=pattern)
+            patterns.append(pattern if any(ch in pattern for ch in _GLOB_CHARS) else os.path.normpath(pattern))
+    # One listing per mount, the mounts listed side by side (network mounts answer slowly, each alone).
+    # Which mounts hold a shard is which listings name it: no file is stat-ed here (a rank checks the
+    # copies it reads: Dataset.check_copies).
+    first = _listing(mounts[0], patterns)
+    reference = _Reference(mounts[0], patterns, first) if len(mounts) > 1 else None
+    with ThreadPoolExecutor(max_workers=min(2, len(mounts))) as pool:  # a few listings held at a time
+        rest = list(pool.map(lambda m: None if _lists_alike(m, reference) else _listing(m, patterns),
+                             mounts[1:]))
+    per_pattern = [first] + [first if found is None else found for found in rest]
+    for p, pattern in enumerate(patterns or ()):
+        if not any(found[p] for found in per_pattern):
             if any(ch in pattern for ch in _GLOB_CHARS):
-                hits = [rel for m in mounts for rel in _matches(m, pattern)]
-                if not hits:
-                    raise PlacementError(f"no record file matches {pattern!r} on any mount ({', '.join(mounts)})",
-                                         path=pattern)
-                names.extend(hits)
-            else:
-                names.append(os.path.normpath(pattern))
-    names = sorted(set(names))
-    if not names:
+                raise PlacementError(f"no record file matches {pattern!r} on any mount ({', '.join(mounts)})",
+                                     path=pattern)
+            raise PlacementError(f"shard {pattern} is on no mount (looked in {', '.join(mounts)})", path=pattern)
+    flat = [rel for found in first for rel in found]
+    listings = [flat if found is None else [rel for part in found for rel in part] for found in [None] + rest]
+    del per_pattern, rest
+    if not any(listings):
         raise PlacementError(f"no record files under {', '.join(mounts)}")
-    holders: List[Tuple[int, ...]] = []
-    sizes: List[int] = []
-    for rel in names:
-        held: List[int] = []
-        seen: Dict[int, str] = {}
-        for i, m in enumerate(mounts):
-            full = os.path.join(m, rel)
-            try:
-                size = os.stat(full).st_size
-            except FileNotFoundError:
-                continue
-            except OSError as e:
-                raise DlstoreIOError(f"{full}: cannot stat: {e.strerror} (errno {e.errno})", path=full) from e
-            if not os.path.isfile(full):
-                continue
-            if seen and size not in seen:
-                other_size, other = next(iter(seen.items()))
-                raise PlacementError(f"shard {rel} differs between mounts: {other} has {other_size} bytes, "
-                                     f"{full} has {size}", path=full)
-            seen.setdefault(size, full)
-            held.append(i)
-        if not held:
-            raise PlacementError(f"shard {rel} is on no mount (looked in {', '.join(mounts)})", path=rel)
-        holders.append(tuple(held))
-        sizes.append(next(iter(seen)))
+    if all(listing == listings[0] for listing in listings[1:]):  # every mount lists the same shards
+        names = sorted(set(listings[0]))
+        everywhere = tuple(range(len(mounts)))
+        holders = [everywhere] * len(names)
+        held = np.ones((1, len(mounts)), dtype=bool)
+    else:
+        names = sorted(set().union(*listings))
+        row = np.arange(len(names))
+        sorted_names = np.array(names)
+        held = np.zeros((len(names), len(mounts)), dtype=bool)
+        for m, listing in enumerate(listings):
+            if listing:
+                held[row[np.searchsorted(sorted_names, np.array(listing))], m] = True
+        del sorted_names
+        # Shards held by the same mounts share one tuple.
+        patterns_held, which = np.unique(held, axis=0, return_inverse=True)
+        kinds = [tuple(int(m) for m in np.flatnonzero(r)) for r in patterns_held]
+        holders = [kinds[k] for k in np.asarray(which).reshape(-1).tolist()]
+    del listings
     # A mount with no record file at all is most likely a mount point with nothing mounted on it: its ranks
     # read from the others, but say so. (One without the shards asked for, but with others, is a choice.)
     empty = [m for i, m in enumerate(mounts)
-             if not any(i in held for held in holders) and next(_record_files_under(m), None) is None]
+             if not held[:, i].any() and next(_record_files_under(m), None) is None]
     if empty:
         warnings.warn(f"{'mounts' if len(empty) > 1 else 'mount'} {', '.join(empty)} "
                       f"{'hold' if len(empty) > 1 else 'holds'} no record files (nothing mounted there?): the ranks "
                       f"given {'them' if len(empty) > 1 else 'it'} read the {len(names)} shards from the other "
                       f"mounts", RuntimeWarning, stacklevel=2)
-    return Layout(tuple(mounts), tuple(names), tuple(holders), tuple(sizes))
+    return Layout(tuple(mounts), tuple(names), tuple(holders))

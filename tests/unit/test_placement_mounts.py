@@ -225,10 +225,10 @@ def test_scan_replicated_striped_mixed(tmp_path):
     assert scan_layout(mounts, ["rep/*.tfrecord"]).kind == "replicated"
     assert len(scan_layout(mounts, ["rep/a0*"]).shards) == 1  # the glob also matches a0.tfrecord.idx
     lay = scan_layout(mounts, ["str/*"])
-    assert lay.kind == "striped" and lay.holders == ((0,), (1,), (2,)) and lay.sizes == (5, 5, 5)
+    assert lay.kind == "striped" and lay.holders == ((0,), (1,), (2,))
     lay = scan_layout(mounts)
     assert lay.kind == "mixed" and len(lay.shards) == 7
-    assert lay.shards[0] == os.path.join("rep", "a0.tfrecord") and lay.sizes[:4] == (10, 11, 12, 13)
+    assert lay.shards[0] == os.path.join("rep", "a0.tfrecord")
     assert scan_layout(mounts, [os.path.join("str", "b1.tfrecord")]).holders == ((1,),)
 
 
@@ -251,10 +251,7 @@ def test_scan_errors_name_the_files(tmp_path):
     a, b = str(tmp_path / "a"), str(tmp_path / "b")
     _write(os.path.join(a, "s.rec"), b"1234")
     _write(os.path.join(b, "s.rec"), b"123")
-    with pytest.raises(PlacementError) as info:
-        scan_layout([a, b])
-    text = str(info.value)
-    assert os.path.join(a, "s.rec") in text and os.path.join(b, "s.rec") in text and "4 bytes" in text
+    assert scan_layout([a, b]).holders == ((0, 1),)  # listed, not stat-ed: sizes are the Dataset's check
     with pytest.raises(PlacementError, match="on no mount"):
         scan_layout([a], ["missing.rec"])
     with pytest.raises(PlacementError, match="no record file matches"):
@@ -303,3 +300,23 @@ def test_cli_plan(tmp_path, capsys):
     assert [c["rank"] for c in json.loads(capsys.readouterr().out)["consumers"]] == [2]
     assert cli.main(["plan", "--mounts", *mounts, "--world-size", "2", "--policy", "weighted"]) == 2
     assert "throughput" in capsys.readouterr().err
+
+
+def test_a_copy_of_another_size_on_a_rank_mount_is_refused_naming_both(tmp_path):
+    """The layout scan lists the mounts without a stat per file; a rank compares the copies it reads through
+    its own mounts with the copy indexed (they were compared in the scan, a stat per shard per mount)."""
+    from dlstore.placement.world import World
+    from dlstore.sources.dataset import Dataset
+    from dlstore.writers import TFRecordWriter
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    for m, n in ((a, 3), (b, 2)):
+        m.mkdir()
+        with TFRecordWriter(str(m / "s.tfrecord")) as w:
+            for _ in range(n):
+                w.write(b"x" * 100)
+    with pytest.raises(PlacementError) as info:
+        Dataset(None, mounts=[str(a), str(b)], mounts_per_rank=2, world=World(rank=0, size=1))
+    text = str(info.value)
+    assert str(a / "s.tfrecord") in text and str(b / "s.tfrecord") in text and "differs between mounts" in text
+    Dataset(None, mounts=[str(a), str(b)], mounts_per_rank=1, world=World(rank=0, size=2))  # rank 0 reads a only
