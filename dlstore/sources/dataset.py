@@ -43,7 +43,7 @@ from dlstore.placement.mounts import assign_mounts, mount_for
 from dlstore.placement.rank import RankPlan, plan_rank
 from dlstore.placement.sharding import EpochPlan, SamplerState, shuffle_named, shuffle_sizes
 from dlstore.placement.world import World, detect_world
-from dlstore.sources.reader import CorruptionWarnings, PathSpec, close_reader, path_list
+from dlstore.sources.reader import CorruptionWarnings, PathSpec, close_reader, path_list, split_glob
 from dlstore.sources.layout import scan_layout
 from dlstore.sources.reads import ReaderPlan as _ReaderPlan
 from dlstore.sources.reads import reader_plan
@@ -201,9 +201,28 @@ class Dataset(ReadsWithOptions):
             index = open_shards(shards, fmt, progress)
             _refuse_twice_named(index.paths)
             return None, index.paths, index
-        layout = scan_layout(path_list(mounts), None if shards is None else path_list(shards))
+        mounts, patterns = path_list(mounts), None if shards is None else path_list(shards)
+        # One glob in one directory: the first mount answers it from its manifest (one stat of the directory
+        # while unchanged), as a Dataset without mounts does; its index is the first copies' when the first
+        # mount holds every shard, the other mounts being compared by their listings.
+        known = None
+        if patterns is not None and len(patterns) == 1 and mounts:
+            one = split_glob(os.path.join(mounts[0], patterns[0]))
+            if one is not None and one[1] is not None and not os.path.isabs(patterns[0]):
+                try:
+                    known = open_shards(os.path.join(mounts[0], patterns[0]), fmt, progress)
+                except (DlstoreError, ValueError):  # nothing there, bit rot...: the layout scan decides
+                    known = None
+        head = os.path.dirname(patterns[0]) if known is not None else ""
+        names = None if known is None else [os.path.join(head, p.rpartition(os.sep)[2]) if head
+                                            else p.rpartition(os.sep)[2] for p in known.paths]
+        layout = scan_layout(mounts, patterns, first=names)
         roots = [m.rstrip(os.sep) + os.sep for m in layout.mounts]
         first = [roots[held[0]] + rel for rel, held in zip(layout.shards, layout.holders)]
+        if known is not None:
+            root = os.path.abspath(layout.mounts[0]).rstrip(os.sep) + os.sep
+            if all(held[0] == 0 for held in layout.holders) and known.paths == [root + rel for rel in layout.shards]:
+                return layout, list(layout.shards), known
         return layout, list(layout.shards), _index_good_copies(layout, first, fmt, progress)
 
     def _check_copies(self, shards: np.ndarray) -> None:

@@ -135,7 +135,8 @@ def check_mounts(mounts: Sequence[str]) -> None:
         seen[st.st_dev, st.st_ino] = m
 
 
-def scan_layout(mounts: Sequence[str], shards: Optional[Sequence[str]] = None) -> Layout:
+def scan_layout(mounts: Sequence[str], shards: Optional[Sequence[str]] = None,
+                first: Optional[List[str]] = None) -> Layout:
     """Which of ``mounts`` hold which shards.
 
     Parameters
@@ -146,6 +147,9 @@ def scan_layout(mounts: Sequence[str], shards: Optional[Sequence[str]] = None) -
         Shard paths relative to a mount, or globs (``train/*.tfrecord``, ``**/*.rec``). By default,
         every record file found under any mount. Globs and directory walks leave out what is not
         a record file (indexes, metadata, hidden and temporary files); a path named exactly is kept.
+    first : list of str, optional
+        With one glob in ``shards``: what it matches on the first mount (relative paths, sorted), known
+        already (the first mount's manifest listing, :func:`~dlstore.sources.indexing.open_shards`).
 
     Returns
     -------
@@ -175,7 +179,8 @@ def scan_layout(mounts: Sequence[str], shards: Optional[Sequence[str]] = None) -
     # One listing per mount, the mounts listed side by side (network mounts answer slowly, each alone).
     # Which mounts hold a shard is which listings name it: no file is stat-ed here (a rank checks the
     # copies it reads: Dataset.check_copies).
-    first = _listing(mounts[0], patterns)
+    first = [list(first)] if first is not None and patterns is not None and len(patterns) == 1 \
+        else _listing(mounts[0], patterns)
     reference = _Reference(mounts[0], patterns, first) if len(mounts) > 1 else None
     with ThreadPoolExecutor(max_workers=min(2, len(mounts))) as pool:  # a few listings held at a time
         rest = list(pool.map(lambda m: None if _lists_alike(m, reference) else _listing(m, patterns),

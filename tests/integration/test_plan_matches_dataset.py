@@ -106,3 +106,38 @@ def test_plan_refuses_a_shard_rewritten_in_any_rank_shown(tmp_path, capsys):
         err = capsys.readouterr().err
         assert "d-1.tfrecord: rewritten since" in err and len(err.splitlines()) == 1
     assert cli.main(args + ["--rank", "0"]) == 0  # rank 0's shard is as indexed
+
+
+@pytest.mark.parametrize("layout", ["replicated", "striped", "mixed"])
+def test_a_glob_over_mounts_reads_what_every_file_under_them_gives(tmp_path, monkeypatch, layout):
+    """One glob over mounts is answered on the first mount from its manifest (the other mounts compared by
+    their listings); the records, their order and the reads are those of the plain layout scan."""
+    from dlstore.sources import layout as layout_module
+
+    mounts = _mounts(tmp_path, layout)
+    kw = dict(mounts=mounts, world=World(rank=1, size=2), mounts_per_rank=2, shuffle="block", seed=4,
+              batch_size=4, io="buffered")
+    plain = Dataset(None, **kw)
+    firsts = []
+    real = layout_module.scan_layout
+
+    def spy(mounts, shards=None, first=None):
+        firsts.append(first)
+        return real(mounts, shards, first=first)
+
+    import dlstore.sources.dataset as dataset_module
+
+    indexed = []
+    real_index = dataset_module._index_good_copies
+    monkeypatch.setattr(dataset_module, "_index_good_copies", lambda *a: indexed.append(1) or real_index(*a))
+    monkeypatch.setattr(dataset_module, "scan_layout", spy)
+    globbed = Dataset("d-*.tfrecord", **kw)
+    assert firsts[0] is not None  # the first mount's listing came from its manifest
+    assert bool(indexed) == (layout != "replicated")  # its index serves when it holds every shard
+    assert globbed.layout.holders == plain.layout.holders and globbed.shards == plain.shards
+
+    def records(ds):
+        return [bytes(memoryview(b).cast("B")) for b in ds.batches()]
+
+    assert records(globbed) == records(plain)
+    assert _given_reads(monkeypatch, globbed) == _given_reads(monkeypatch, plain)
