@@ -16,6 +16,7 @@ import numpy as np
 
 from dlstore.errors import DlstoreIOError, PlacementError
 from dlstore.placement.mounts import Layout
+from dlstore.sources.indexing import read_manifest
 from dlstore.sources.reader import (_glob_record_files, list_record_files, record_file_names, refuse_unreadable,
                                     split_glob)
 
@@ -79,24 +80,36 @@ def _listing(mount: str, patterns: Optional[Sequence[str]]) -> List[List[str]]:
     return out
 
 
+def _manifest_listing(directory: str) -> Optional[bytes]:
+    """The record files of ``directory`` as its manifest lists them, while the directory is unchanged
+    since (the manifest's stamp is its mtime); None without such a manifest."""
+    try:
+        _, manifest, _ = read_manifest(directory)
+        if manifest is None or manifest.stamp == 0 or os.stat(directory).st_mtime_ns != manifest.stamp:
+            return None
+    except OSError:
+        return None
+    return bytes(manifest.listing_blob if manifest.listing_blob is not None else manifest.names_blob)
+
+
 class _Reference:
     """The first mount's listing, per pattern, and what each pattern's directory held by name: what
     another mount's names are held against (:func:`_lists_alike`)."""
 
     def __init__(self, mount: str, patterns: Optional[Sequence[str]], found: List[List[str]]):
         self.found = found
-        self.parts: Optional[List[Tuple[str, Set[str], Set[str]]]] = []  # (pattern, shard names, all names)
+        # Per pattern: the pattern, the shard names, every name of its directory (listed when first needed),
+        # and the directory's listing as a current manifest holds it (None without one).
+        self.parts: Optional[List[Tuple[str, Set[str], Optional[Set[str]], Optional[bytes]]]] = []
         for pattern, rels in zip(patterns or (), found):
             one = split_glob(os.path.join(mount, pattern))
             head = os.path.dirname(pattern)
-            try:
-                if one is None or one[1] is None:
-                    raise OSError
-                every = set(os.listdir(one[0]))
-            except OSError:
+            if one is None or one[1] is None:
                 self.parts = None
                 break
-            self.parts.append((pattern, {rel[len(head) + 1:] if head else rel for rel in rels}, every))
+            self.parts.append((pattern, {rel[len(head) + 1:] if head else rel for rel in rels}, None,
+                               _manifest_listing(one[0])))
+        self.mount = mount
         if patterns is None:
             self.parts = None
 
@@ -107,10 +120,17 @@ def _lists_alike(mount: str, reference: _Reference) -> bool:
     listing said which are files). Only for globs in one directory; else False."""
     if reference.parts is None:
         return False
-    for pattern, want, every in reference.parts:
+    for k, (pattern, want, every, listed) in enumerate(reference.parts):
         directory = os.path.dirname(os.path.join(mount, pattern))
+        # Both directories unchanged since manifests that list the same files (mounts of one export, or
+        # replicas whose manifests were copied with them): no listing at all.
+        if listed is not None and _manifest_listing(directory or ".") == listed:
+            continue
         try:
             names = set(os.listdir(directory or "."))
+            if every is None:  # the first mount's directory by name, once
+                every = set(os.listdir(os.path.dirname(os.path.join(reference.mount, pattern)) or "."))
+                reference.parts[k] = (pattern, want, every, listed)
         except OSError:
             return False
         if names == every:  # the same names as the first mount's directory: a replica

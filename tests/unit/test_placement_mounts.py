@@ -320,3 +320,27 @@ def test_a_copy_of_another_size_on_a_rank_mount_is_refused_naming_both(tmp_path)
     text = str(info.value)
     assert str(a / "s.tfrecord") in text and str(b / "s.tfrecord") in text and "differs between mounts" in text
     Dataset(None, mounts=[str(a), str(b)], mounts_per_rank=1, world=World(rank=0, size=2))  # rank 0 reads a only
+
+
+def test_mounts_whose_current_manifests_list_the_same_files_are_not_listed(tmp_path, monkeypatch):
+    """Mounts of one export: each directory unchanged since a manifest listing the same files is a replica,
+    told from the manifests alone; a mount whose manifest is stale is listed, and its extra shard found."""
+    from dlstore.sources.indexing import open_shards
+    from dlstore.writers import TFRecordWriter
+
+    mounts = [tmp_path / f"m{i}" for i in range(3)]
+    for m in mounts:
+        m.mkdir()
+        for s in range(3):
+            with TFRecordWriter(str(m / f"d-{s}.tfrecord")) as w:
+                w.write(b"x" * (10 + s))
+        open_shards(str(m / "d-*"))  # a current manifest in each
+    listed = []
+    real = os.listdir
+    monkeypatch.setattr(os, "listdir", lambda d=".": listed.append(os.fspath(d)) or real(d))
+    lay = scan_layout([str(m) for m in mounts], ["d-*"])
+    assert lay.kind == "replicated" and len(lay.shards) == 3 and listed == []
+    with TFRecordWriter(str(mounts[2] / "d-9.tfrecord")) as w:  # mount 2 changes: its manifest is stale
+        w.write(b"y")
+    lay = scan_layout([str(m) for m in mounts], ["d-*"])
+    assert lay.kind == "mixed" and lay.holders[-1] == (2,) and str(mounts[2]) in listed
