@@ -85,7 +85,8 @@ class Dataset(ReadsWithOptions):
           of ``shuffle_window`` bytes, the records emitted through a shuffle buffer of
           ``buffer_size`` records. Reads stay large and near each other, so a cold epoch streams at
           about the engine's speed, and consecutive records rarely come from one place of one file.
-        - ``none``: records in order, shards in the epoch's order.
+        - ``none``: records in order, shards in the epoch's order (with several mounts per rank, a
+          shard's blocks come in the order the mounts take turns, each block's records in order).
         - ``buffer``: the share read in order, emitted through the shuffle buffer.
         - ``global``: a seeded permutation of all the epoch's records, each read where the index
           says: fast from the page cache; from cold storage, as fast as its random reads.
