@@ -61,7 +61,8 @@ bool InflateStream::next(Chunk& out) {
     if (!s.have_in && !pull_input()) {
       if (s.active && !s.ended)
         throw_error(ErrorKind::Corrupt, paths_[s.file_index], static_cast<int64_t>(s.out_offset),
-                    "truncated compressed stream: the file ends before the end of its deflate data");
+                    "truncated compressed stream: the file ends before the end of its deflate data (uncompressed byte " +
+                        std::to_string(s.out_offset) + ")");
       return false;
     }
     Chunk& in = s.in;
@@ -74,7 +75,8 @@ bool InflateStream::next(Chunk& out) {
       if (s.active) {
         if (!s.ended)
           throw_error(ErrorKind::Corrupt, paths_[s.file_index], static_cast<int64_t>(s.out_offset),
-                      "truncated compressed stream: the file ends before the end of its deflate data");
+                      "truncated compressed stream: the file ends before the end of its deflate data (uncompressed byte " +
+                        std::to_string(s.out_offset) + ")");
         inflateEnd(&s.zs);
         s.active = false;
       }
@@ -167,7 +169,9 @@ bool InflateStream::next(Chunk& out) {
     size_t produced = cap - s.zs.avail_out;
     if (file_done) {
       if (!s.ended) {
-        fail("truncated compressed stream: the file ends before the end of its deflate data");
+        fail("truncated compressed stream: the file ends at compressed byte " + std::to_string(s.in.offset + s.in.len) +
+             ", before the end of its deflate data (uncompressed byte " +
+             std::to_string(s.out_offset + (cap - s.zs.avail_out)) + ")");
         return true;
       }
       inflateEnd(&s.zs);

@@ -424,3 +424,15 @@ def test_index_out_dir_refuses_two_files_of_one_name(tmp_path):
     err = _one_line_error(dlstore("index", a, b, "--out-dir", tmp_path / "ix"))
     assert "would both have their index at" in err and a in err and b in err
     assert not (tmp_path / "ix" / "x.tfrecord.idx").exists()
+
+
+def test_verify_of_a_gzip_shard_cut_short_names_where_the_file_ends(tmp_path):
+    import gzip
+
+    data = gzip.compress(oracle_tfrecord_bytes([bytes([i % 251]) * 300 for i in range(200)]))
+    cut = tmp_path / "cut.tfrecord.gz"
+    cut.write_bytes(data[:len(data) // 2])
+    out = dlstore("verify", "--quiet", cut)
+    assert out.returncode == 1, out.stderr
+    assert f"the file ends at compressed byte {len(data) // 2}, before the end of its deflate data (uncompressed " \
+           f"byte " in out.stdout + out.stderr
