@@ -18,7 +18,7 @@ from dlstore.formats.registry import FORMATS
 from dlstore.io.system import existing_parent, format_bytes
 from dlstore.placement import ASSIGNMENTS, REMAINDERS, SHUFFLES
 from dlstore.sources.indexing import index_dataset, record_manifest, scan_offsets, write_index
-from dlstore.sources.reader import distinct_files, expand_paths, open_records
+from dlstore.sources.reader import distinct_files, expand_paths, open_records, refuse_unreadable
 from dlstore.tools.commands import (add_expand_arguments, add_testbed_arguments, run_expand, run_plan, run_scrub,
                                      run_testbed)
 from dlstore.tools.convert import convert_tree
@@ -229,9 +229,16 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if not args.paths:
         print("dlstore verify: name the files to check, or [SHARDS] --mounts M1 M2 ...", file=sys.stderr)
         return 2
-    files = distinct_files(expand_paths(args.paths))
+    odd: List[str] = []  # named by a directory or glob but no file (a dangling link): unreadable, said
+    files = distinct_files(expand_paths(args.paths, odd))
     total = sum(os.path.getsize(f) for f in files)
     records = corrupt = corrupt_files = broken = unreadable = 0
+    for path in odd:
+        try:
+            refuse_unreadable([path])
+        except DlstoreError as e:
+            print(_console.one_line(e), flush=True)
+            unreadable += 1
     with Progress(total, "verify", unit="B", enabled=False if args.quiet else None) as bar:
         for f in files:
             check = _verify_file(f, args.format, args.io)  # FormatMismatchError: a usage error (_console)
@@ -244,7 +251,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
             for line in check.lines:
                 print(line, file=sys.stdout, flush=True)
     bad = corrupt_files + broken + unreadable
-    summary = (f"{'OK' if not bad else 'CORRUPT'}: {_count(len(files), 'file')}, {records} good records, "
+    summary = (f"{'OK' if not bad else 'CORRUPT'}: {_count(len(files) + len(odd), 'file')}, {records} good records, "
                f"{_count(corrupt, 'corrupt record')} in {_count(corrupt_files, 'file')}")
     if broken:
         summary += f", {_count(broken, 'file')} unreadable past damage"

@@ -401,8 +401,11 @@ def _build(directory: str, dest: str, old: Optional[Manifest], names: Sequence[s
                    [entries[n][0] for n in order], [entries[n][1] for n in order],
                    [len(o) for o in offsets], np.concatenate(offsets) if offsets else np.zeros(0, np.uint64),
                    listing)
-    before, now = _listed(directory)  # writing the manifest beside the shards changed the directory's mtime
-    if now == listing:
+    odd: List[str] = []
+    before, now = _listed(directory, odd)  # writing the manifest beside the shards changed the directory's mtime
+    # Not stamped while the directory holds names that are no file (a dangling link): its listing does not
+    # stand for the directory then, so each reader lists it and says so (refuse_unreadable).
+    if now == listing and not odd:
         _stamp(dest, before)
     found, manifest, why = read_manifest(directory)
     if manifest is None or found != dest:
@@ -485,7 +488,7 @@ def _directory_group(directory: str, pattern: Optional[str], names: Optional[Lis
         entries = _entries(manifest, names, same)
         fresh = listing is None or (manifest.version == 2 and listing == _listing(manifest))
         if fresh and (entries >= 0).all() and not (check_all and _changed(manifest, directory, names, entries)):
-            if listing is not None:  # listed, and the listing is the manifest's: stamp it, for the next start
+            if listing is not None and not odd:  # listed, and the listing is the manifest's: stamp it
                 with _locked(found):
                     again = read_manifest(directory)[1]
                     if again is not None and again.version == 2 and _listing(again) == listing:

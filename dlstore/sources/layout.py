@@ -34,7 +34,9 @@ def _record_files_under(mount: str) -> Iterator[str]:
     while stack:
         rel = stack.pop()
         odd: List[str] = []
-        names = list_record_files(os.path.join(mount, rel) if rel else mount, None, odd)
+        here = os.path.join(mount, rel) if rel else mount
+        names = list_record_files(here, None, odd)
+        refuse_unreadable([os.path.join(here, n) for n in odd])  # as for a glob: not left out in silence
         yield from (os.path.join(rel, n) if rel else n for n in names)
         try:
             with os.scandir(os.path.join(mount, rel) if rel else mount) as entries:

@@ -132,14 +132,16 @@ def split_glob(path: str) -> Optional[Tuple[str, Optional[str]]]:
     return (path, None) if os.path.isdir(path) else None
 
 
-def _glob_record_files(pattern: str) -> Tuple[List[str], int]:
-    """The record files ``pattern`` matches, sorted, and how many other files it matched."""
+def _glob_record_files(pattern: str, unreadable: Optional[List[str]] = None) -> Tuple[List[str], int]:
+    """The record files ``pattern`` matches, sorted, and how many other files it matched. Names that are no
+    file (:func:`refuse_unreadable`) raise, or go to ``unreadable`` when it is given."""
+    refuse = refuse_unreadable if unreadable is None else unreadable.extend
     one = split_glob(pattern)
     if one is not None:
         directory, name = one
         odd: List[str] = []
         kept = [os.path.join(os.path.dirname(pattern), n) for n in list_record_files(directory, name, odd)]
-        refuse_unreadable([os.path.join(os.path.dirname(pattern), n) for n in odd])
+        refuse([os.path.join(os.path.dirname(pattern), n) for n in odd])
         others = 0
         if not kept:
             with contextlib.suppress(OSError):
@@ -152,15 +154,15 @@ def _glob_record_files(pattern: str) -> Tuple[List[str], int]:
         elif not os.path.isdir(m) and _is_record_file_name(m):
             odd.append(m)
     files.sort()
-    refuse_unreadable(sorted(odd))
+    refuse(sorted(odd))
     kept = [f for f in files if _is_record_file_name(f)]
     return kept, len(files) - len(kept)
 
 
-def _list_directory(path: str) -> List[str]:
+def _list_directory(path: str, unreadable: Optional[List[str]] = None) -> List[str]:
     odd: List[str] = []
     found = [os.path.join(path, n) for n in list_record_files(path, None, odd)]
-    refuse_unreadable([os.path.join(path, n) for n in odd])
+    (refuse_unreadable if unreadable is None else unreadable.extend)([os.path.join(path, n) for n in odd])
     return found
 
 
@@ -189,8 +191,11 @@ def distinct_files(files: Sequence[str]) -> List[str]:
     return [f for f in files if not (os.path.realpath(f) in seen or seen.add(os.path.realpath(f)))]
 
 
-def expand_paths(paths: PathSpec) -> List[str]:
+def expand_paths(paths: PathSpec, unreadable: Optional[List[str]] = None) -> List[str]:
     """Files named by a path, a glob, a directory or a list of them.
+
+    ``unreadable``: where a glob or directory names something that is no file (a symbolic link whose
+    target is gone, a FIFO; :func:`refuse_unreadable`), it goes there, else it raises.
 
     A glob gives the files it matches and a directory its files, sorted, both leaving out those
     that are not record files: dlstore's companion files (indexes, ``*.dlstore-manifest``,
@@ -212,19 +217,19 @@ def expand_paths(paths: PathSpec) -> List[str]:
     out: List[str] = []
     for p in paths:
         if any(ch in p for ch in _GLOB_CHARS):
-            matches, others = _glob_record_files(p)
-            if not matches:
+            matches, others = _glob_record_files(p, unreadable)
+            if not matches and not unreadable:
                 left_out = (f" (it matches {others} index, metadata or temporary "
                             f"file{'' if others == 1 else 's'}, which are not records)" if others else "")
                 raise DlstoreError(f"no record file matches {p!r}{left_out}", path=p)
             out.extend(matches)
         elif os.path.isdir(p):
-            out.extend(_list_directory(p))
+            out.extend(_list_directory(p, unreadable))
         elif os.path.isfile(p):
             out.append(p)
         else:
             raise DlstoreError(f"{p}: no such file or directory", path=p)
-    if not out:
+    if not out and not unreadable:
         folders = [p for p in paths if os.path.isdir(p)]
         subfolders = sum(1 for d in folders for e in os.scandir(d) if e.is_dir() and not e.name.startswith("."))
         why = (f": {', '.join(folders)} holds no record file but {subfolders} subfolder(s), which are not searched "

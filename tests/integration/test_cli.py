@@ -436,3 +436,12 @@ def test_verify_of_a_gzip_shard_cut_short_names_where_the_file_ends(tmp_path):
     assert out.returncode == 1, out.stderr
     assert f"the file ends at compressed byte {len(data) // 2}, before the end of its deflate data (uncompressed " \
            f"byte " in out.stdout + out.stderr
+
+
+def test_verify_lists_a_dangling_link_among_the_shards_and_checks_the_rest(tmp_path):
+    write_tfrecord(tmp_path / "a.tfrecord", [b"a"] * 3)
+    os.symlink(tmp_path / "gone" / "b.tfrecord", tmp_path / "b.tfrecord")
+    out = dlstore("verify", "--quiet", tmp_path)
+    assert out.returncode == 1, out.stderr
+    assert "b.tfrecord: named as a shard but a symbolic link" in out.stdout
+    assert "CORRUPT: 2 files, 3 good records" in out.stdout and "1 unreadable file" in out.stdout
