@@ -61,7 +61,7 @@ def cmd_gen(args: argparse.Namespace) -> int:
 
     size = sum(os.path.getsize(p) for p in paths)
     records = args.shards * args.records_per_shard
-    print(f"wrote {len(paths)} shards, {records} records, {format_bytes(size)} "
+    print(f"wrote {_count(len(paths), 'shard')}, {_count(records, 'record')}, {format_bytes(size)} "
           f"(mean record {format_bytes(size / max(records, 1))}) to {args.out}")
     return 0
 
@@ -228,6 +228,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
         return run_scrub(args)
     if not args.paths:
         print("dlstore verify: name the files to check, or [SHARDS] --mounts M1 M2 ...", file=sys.stderr)
+        return 2
+    if args.json:
+        print("dlstore verify: --json reports the scrub of replica mounts (with --mounts); a check of files "
+              "prints its findings as lines", file=sys.stderr)
         return 2
     odd: List[str] = []  # named by a directory or glob but no file (a dangling link): unreadable, said
     files = distinct_files(expand_paths(args.paths, odd))

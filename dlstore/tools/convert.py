@@ -26,6 +26,7 @@ file that does not decode as an image is reported and left out, never written.
 """
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import re
@@ -38,6 +39,7 @@ import numpy as np
 
 from dlstore._progress import Progress
 from dlstore.formats import recordio
+from dlstore.formats.index import INDEX_SUFFIX
 from dlstore.formats.example import encode_example
 from dlstore.errors import DlstoreError
 from dlstore.io.system import available_cores
@@ -277,6 +279,8 @@ def convert_tree(src, out, *, format: str = "tfrecord", shards: int = 1, seed: i
         for k, name in enumerate(names):
             base = os.path.join(out, name)
             if format == "tfrecord":
+                with contextlib.suppress(FileNotFoundError):  # an index of an earlier run's shard: stale now
+                    os.unlink(base + INDEX_SUFFIX)
                 writer = TFRecordWriter(base)
                 lst = None
             else:
@@ -339,6 +343,9 @@ def _drop_empty_shards(result: ConvertResult, written: List[int], out: str, pref
             for suffix in suffixes:
                 os.unlink(os.path.join(out, old[k] + suffix))
     for name, k in zip(new, kept):
+        if format == "tfrecord":
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(out, name + INDEX_SUFFIX))
         for suffix in suffixes:
             os.replace(os.path.join(out, old[k] + suffix), os.path.join(out, name + suffix))
     result.outputs = [os.path.join(out, name + suffixes[0]) for name in new]

@@ -445,3 +445,8 @@ def test_verify_lists_a_dangling_link_among_the_shards_and_checks_the_rest(tmp_p
     assert out.returncode == 1, out.stderr
     assert "b.tfrecord: named as a shard but a symbolic link" in out.stdout
     assert "CORRUPT: 2 files, 3 good records" in out.stdout and "1 unreadable file" in out.stdout
+
+
+def test_verify_json_without_mounts_is_a_usage_error_not_ignored(tmp_path):
+    path = write_tfrecord(tmp_path / "a.tfrecord", [b"a"])
+    assert "--json reports the scrub of replica mounts" in _one_line_error(dlstore("verify", "--json", path))

@@ -402,3 +402,14 @@ def test_a_tree_of_no_images_writes_nothing(tmp_path):
     with pytest.raises(DlstoreError, match="none of its 2 image files is a decodable image"):
         convert_tree(tmp_path / "train", tmp_path / "out", shards=1, progress=False)
     assert os.listdir(tmp_path / "out") == []
+
+
+def test_a_rerun_into_its_own_output_removes_the_stale_indexes_of_its_shards(tree, tmp_path):
+    src, _ = tree
+    out = tmp_path / "again"
+    convert(src, out, "--shards", 2, "--seed", 3, "--quiet")
+    assert run_cli("index", out).returncode == 0
+    shards = sorted(p for p in os.listdir(out) if p.startswith("train-") and not p.endswith(".idx"))
+    assert all((out / (s + ".idx")).exists() for s in shards)
+    convert(src, out, "--shards", 2, "--seed", 4, "--quiet")  # the same names, other contents
+    assert not any(p.endswith(".idx") for p in os.listdir(out))  # DALI would take an old one for the new shard
