@@ -24,6 +24,7 @@ import functools
 import inspect
 import operator
 import os
+import stat
 import time
 import warnings
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
@@ -43,8 +44,9 @@ from dlstore.placement.mounts import assign_mounts, mount_for
 from dlstore.placement.rank import RankPlan, plan_rank
 from dlstore.placement.sharding import EpochPlan, SamplerState, shuffle_named, shuffle_sizes
 from dlstore.placement.world import World, detect_world
-from dlstore.sources.reader import CorruptionWarnings, PathSpec, close_reader, path_list, split_glob
-from dlstore.sources.layout import scan_layout
+from dlstore.sources.reader import (CorruptionWarnings, PathSpec, close_reader, path_list, refuse_unreadable,
+                                    split_glob)
+from dlstore.sources.layout import normal_pattern, scan_layout
 from dlstore.sources.reads import ReaderPlan as _ReaderPlan
 from dlstore.sources.reads import reader_plan
 from dlstore.sources.source import ReadOptions, ReadsWithOptions, Source
@@ -202,7 +204,9 @@ class Dataset(ReadsWithOptions):
             index = open_shards(shards, fmt, progress)
             _refuse_twice_named(index.paths)
             return None, index.paths, index
-        mounts, patterns = path_list(mounts), None if shards is None else path_list(shards)
+        mounts = path_list(mounts)
+        patterns = None if shards is None else [normal_pattern(p) if any(c in p for c in "*?[") else p
+                                                for p in path_list(shards)]
         # One glob in one directory: the first mount answers it from its manifest (one stat of the directory
         # while unchanged), as a Dataset without mounts does; its index is the first copies' when the first
         # mount holds every shard, the other mounts being compared by their listings.
@@ -212,7 +216,7 @@ class Dataset(ReadsWithOptions):
             if one is not None and one[1] is not None and not os.path.isabs(patterns[0]):
                 try:
                     known = open_shards(os.path.join(mounts[0], patterns[0]), fmt, progress)
-                except (DlstoreError, ValueError):  # nothing there, bit rot...: the layout scan decides
+                except (DlstoreError, ValueError, OSError):  # nothing there, bit rot...: the scan decides
                     known = None
         head = os.path.dirname(patterns[0]) if known is not None else ""
         names = None if known is None else [os.path.join(head, p.rpartition(os.sep)[2]) if head
@@ -226,26 +230,37 @@ class Dataset(ReadsWithOptions):
                 return layout, list(layout.shards), known
         return layout, list(layout.shards), _index_good_copies(layout, first, fmt, progress)
 
-    def _check_copies(self, shards: np.ndarray) -> None:
-        """The copies this rank reads through its own mounts of its first shards (up to
-        :data:`~dlstore.sources.indexing.CHECK_SHARDS_PER_PLAN`) have the size of the copy indexed: a stat
-        each, as the index checks that copy (the layout scan lists the mounts and stats no file). A copy
-        of another size is another file, not a replica: refused, naming both."""
-        if self._layout is None or len(self._rank_mounts) == 0:
+    def _check_copies(self, shards: np.ndarray, rank_mounts: Optional[Sequence[int]] = None) -> None:
+        """The copies a rank reads through its own mounts (``rank_mounts``; default this rank's) of
+        ``shards`` not checked yet (the first :data:`~dlstore.sources.indexing.CHECK_SHARDS_PER_PLAN`
+        of them, each plan) have the size of the copy indexed: a stat each, as the index checks that
+        copy (the layout scan lists the mounts and stats no file). A copy of another size is another
+        file, not a replica: refused, naming both."""
+        rank_mounts = self._rank_mounts if rank_mounts is None else rank_mounts
+        if self._layout is None or len(rank_mounts) == 0:
             return
-        mine = set(self._rank_mounts)
+        mine = set(rank_mounts)
+        checked = self.__dict__.setdefault("_copies_checked", set())  # (shard, mount) pairs
         indexed = self.index.paths
         _, first = np.unique(np.asarray(shards, dtype=np.int64), return_index=True)
         for shard in np.asarray(shards, dtype=np.int64)[np.sort(first)][:CHECK_SHARDS_PER_PLAN].tolist():
             want = int(self.index.sizes[shard])
             for m in self._layout.holders[shard]:
                 full = os.path.join(self.mounts[m], self._layout.shards[shard])
-                if m not in mine or full == indexed[shard]:
+                if m not in mine or full == indexed[shard] or (shard, m) in checked:
                     continue
+                checked.add((shard, m))
                 try:
-                    size = os.stat(full).st_size
-                except OSError:  # gone since the listing: read from another copy when this one fails
+                    st = os.stat(full)
+                except FileNotFoundError:
+                    if os.path.islink(full):  # a dangling link listed among the copies: said, as a glob does
+                        refuse_unreadable([full])
+                    continue  # gone since the listing: read from another copy when this one fails
+                except OSError:
                     continue
+                if not stat.S_ISREG(st.st_mode):  # a directory or a FIFO of a shard's name is no copy
+                    refuse_unreadable([full])
+                size = st.st_size
                 if size != want:
                     raise PlacementError(f"shard {self._layout.shards[shard]} differs between mounts: "
                                          f"{indexed[shard]} has {want} bytes, {full} has {size}", path=full)
@@ -346,6 +361,7 @@ class Dataset(ReadsWithOptions):
             rank = RankPlan(*(a[:limit] for a in rank[:4]), None)
         if world is None:
             self.index.check(rank.shards)  # the shards this rank opens first, not checked yet
+            self._check_copies(rank.shards)  # and their copies through its mounts
         return reader_plan(rank, self.index.frames, self._paths_of, mounts=self._layout is not None,
                            num_shards=len(self.shards))
 

@@ -20,15 +20,17 @@ from dlstore.sources.indexing import read_manifest
 from dlstore.sources.reader import (_glob_record_files, list_record_files, record_file_names, refuse_unreadable,
                                     split_glob)
 
-__all__ = ["scan_layout", "check_mounts"]
+__all__ = ["scan_layout", "check_mounts", "normal_pattern"]
 
 _GLOB_CHARS = "*?["
 
 
-def _record_files_under(mount: str) -> Iterator[str]:
+def _record_files_under(mount: str, refuse: bool = True) -> Iterator[str]:
     """Relative paths of the record files under ``mount``, recursively (indexes, metadata, hidden
-    and temporary files left out, as when a directory is read), as the walk finds them. Each
-    directory's entries say which are files: no ``stat`` per file."""
+    and temporary files left out, as when a directory is read; links to directories not followed, as
+    ``os.walk`` does), as the walk finds them. Each directory's entries say which are files: no ``stat``
+    per file. A name that is no file (a dangling link) raises (:func:`refuse_unreadable`) with
+    ``refuse``, else is passed over."""
 
     stack = [""]
     while stack:
@@ -36,11 +38,13 @@ def _record_files_under(mount: str) -> Iterator[str]:
         odd: List[str] = []
         here = os.path.join(mount, rel) if rel else mount
         names = list_record_files(here, None, odd)
-        refuse_unreadable([os.path.join(here, n) for n in odd])  # as for a glob: not left out in silence
+        if refuse:
+            refuse_unreadable([os.path.join(here, n) for n in odd])  # as for a glob: not left out in silence
         yield from (os.path.join(rel, n) if rel else n for n in names)
         try:
-            with os.scandir(os.path.join(mount, rel) if rel else mount) as entries:
-                subdirs = sorted(e.name for e in entries if e.is_dir() and not e.name.startswith("."))
+            with os.scandir(here) as entries:
+                subdirs = sorted(e.name for e in entries
+                                 if e.is_dir(follow_symlinks=False) and not e.name.startswith("."))
         except OSError:
             subdirs = []
         stack.extend(os.path.join(rel, d) if rel else d for d in reversed(subdirs))
@@ -53,13 +57,21 @@ def _matches(mount: str, pattern: str) -> List[str]:
 
     one = split_glob(os.path.join(mount, pattern))
     if one is not None and one[1] is not None:
-        head = os.path.dirname(pattern)
+        head = os.path.dirname(pattern)  # normalised by scan_layout (normal_pattern): "" or "sub/dir"
         odd: List[str] = []
         names = list_record_files(one[0], one[1], odd)
         refuse_unreadable([os.path.join(one[0], n) for n in odd])
         return [os.path.join(head, n) for n in names] if head else names
     found, _ = _glob_record_files(os.path.join(glob.escape(mount), pattern))
     return [os.path.relpath(f, mount) for f in found]
+
+
+def normal_pattern(pattern: str) -> str:
+    """A shard path or glob relative to the mounts, spelt one way (``./sub/*``, ``sub/./*`` and
+    ``sub/../sub/*`` are ``sub/*``), so that the shards it names are named as a path named exactly is."""
+    head, name = os.path.split(pattern)
+    head = os.path.normpath(head) if head else ""
+    return name if head in ("", ".") else os.path.join(head, name)
 
 
 def _listing(mount: str, patterns: Optional[Sequence[str]]) -> List[List[str]]:
@@ -118,14 +130,17 @@ class _Reference:
 
 def _lists_alike(mount: str, reference: _Reference) -> bool:
     """Whether ``mount`` holds the shards the first mount's listing names and no other record file those
-    globs match, told from its directories' names alone (no ``stat``, no entry types: the first mount's
-    listing said which are files). Only for globs in one directory; else False."""
+    globs match: from a current manifest listing the first mount's files, else from its directories'
+    names (one ``listdir``, no ``stat`` or entry type per file: a name there that is no file, a dangling
+    link or a directory, is found by the rank that reads the copy, :meth:`Dataset._check_copies`, or
+    fails its read over to another copy). Only for globs in one directory; else False."""
     if reference.parts is None:
         return False
     for k, (pattern, want, every, listed) in enumerate(reference.parts):
         directory = os.path.dirname(os.path.join(mount, pattern))
         # Both directories unchanged since manifests that list the same files (mounts of one export, or
-        # replicas whose manifests were copied with them): no listing at all.
+        # replicas whose manifests were copied with them): no listing at all. (A manifest is not stamped
+        # while its directory holds a name that is no file.)
         if listed is not None and _manifest_listing(directory or ".") == listed:
             continue
         try:
@@ -197,7 +212,8 @@ def scan_layout(mounts: Sequence[str], shards: Optional[Sequence[str]] = None,
             pattern = os.fspath(pattern)
             if os.path.isabs(pattern):
                 raise PlacementError(f"shard {pattern} must be relative to the mount points", path=pattern)
-            patterns.append(pattern if any(ch in pattern for ch in _GLOB_CHARS) else os.path.normpath(pattern))
+            patterns.append(normal_pattern(pattern) if any(ch in pattern for ch in _GLOB_CHARS)
+                            else os.path.normpath(pattern))
     # One listing per mount, the mounts listed side by side (network mounts answer slowly, each alone).
     # Which mounts hold a shard is which listings name it: no file is stat-ed here (a rank checks the
     # copies it reads: Dataset.check_copies).
@@ -241,7 +257,7 @@ def scan_layout(mounts: Sequence[str], shards: Optional[Sequence[str]] = None,
     # A mount with no record file at all is most likely a mount point with nothing mounted on it: its ranks
     # read from the others, but say so. (One without the shards asked for, but with others, is a choice.)
     empty = [m for i, m in enumerate(mounts)
-             if not held[:, i].any() and next(_record_files_under(m), None) is None]
+             if not held[:, i].any() and next(_record_files_under(m, refuse=False), None) is None]
     if empty:
         warnings.warn(f"{'mounts' if len(empty) > 1 else 'mount'} {', '.join(empty)} "
                       f"{'hold' if len(empty) > 1 else 'holds'} no record files (nothing mounted there?): the ranks "

@@ -12,6 +12,7 @@ import fnmatch
 import glob
 import os
 import re
+import stat
 import warnings
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -113,8 +114,8 @@ def refuse_unreadable(paths: Sequence[str]) -> None:
         return
     first = paths[0]
     try:
-        os.stat(first)
-        what = "not a regular file (a FIFO, a socket or a device)"
+        what = ("a directory" if stat.S_ISDIR(os.stat(first).st_mode)
+                else "not a regular file (a FIFO, a socket or a device)")
     except OSError as e:
         what = f"a symbolic link to {os.readlink(first)}, which cannot be reached ({e.strerror})"
     more = f" (and {len(paths) - 1} more such)" if len(paths) > 1 else ""
@@ -217,8 +218,9 @@ def expand_paths(paths: PathSpec, unreadable: Optional[List[str]] = None) -> Lis
     out: List[str] = []
     for p in paths:
         if any(ch in p for ch in _GLOB_CHARS):
+            before = len(unreadable) if unreadable is not None else 0
             matches, others = _glob_record_files(p, unreadable)
-            if not matches and not unreadable:
+            if not matches and (unreadable is None or len(unreadable) == before):
                 left_out = (f" (it matches {others} index, metadata or temporary "
                             f"file{'' if others == 1 else 's'}, which are not records)" if others else "")
                 raise DlstoreError(f"no record file matches {p!r}{left_out}", path=p)

@@ -240,6 +240,7 @@ def plan_document(args: argparse.Namespace) -> Dict[str, Any]:
             # As that rank's own Dataset would: a shard rewritten since the manifest is refused, not shown
             # with the manifest's byte ranges (the Dataset above, rank 0's, checked only its own shards).
             ds.index.check(whole.shards)
+            ds._check_copies(whole.shards, ds._assign(w))
             reads = merged_reads(whole, ds.mounts, cuts=ds.window_starts(len(whole.file)))
             consumers.append({"rank": rank, "worker": worker, "consumer": w.consumer,
                               "mounts": [ds.mounts[m] for m in ds._assign(w)],

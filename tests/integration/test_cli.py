@@ -450,3 +450,11 @@ def test_verify_lists_a_dangling_link_among_the_shards_and_checks_the_rest(tmp_p
 def test_verify_json_without_mounts_is_a_usage_error_not_ignored(tmp_path):
     path = write_tfrecord(tmp_path / "a.tfrecord", [b"a"])
     assert "--json reports the scrub of replica mounts" in _one_line_error(dlstore("verify", "--json", path))
+
+
+def test_verify_says_a_glob_matches_nothing_beside_a_dangling_link_elsewhere(tmp_path):
+    write_tfrecord(tmp_path / "a.tfrecord", [b"a"])
+    os.symlink(tmp_path / "gone", tmp_path / "b.tfrecord")
+    (tmp_path / "sub").mkdir()
+    out = dlstore("verify", "--quiet", tmp_path, tmp_path / "sub" / "nomatch*.tfrecord")
+    assert out.returncode == 2 and "no record file matches" in out.stderr

@@ -344,3 +344,90 @@ def test_mounts_whose_current_manifests_list_the_same_files_are_not_listed(tmp_p
         w.write(b"y")
     lay = scan_layout([str(m) for m in mounts], ["d-*"])
     assert lay.kind == "mixed" and lay.holders[-1] == (2,) and str(mounts[2]) in listed
+
+
+def _shards(mount, names, records=5):
+    from dlstore.writers import TFRecordWriter
+
+    for name in names:
+        path = os.path.join(mount, name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with TFRecordWriter(path) as w:
+            for i in range(records):
+                w.write(f"{name}:{i}".encode())
+
+
+def _mount_dirs(tmp_path, n=3):
+    out = [str(tmp_path / f"m{i}") for i in range(n)]
+    for m in out:
+        os.makedirs(m)
+    return out
+
+
+def test_a_copy_of_another_size_is_refused_in_a_later_epoch_too(tmp_path):
+    from dlstore.placement.world import World
+    from dlstore.sources.dataset import Dataset
+
+    m = _mount_dirs(tmp_path, 2)
+    for d in m:
+        _shards(d, [f"s{i}.tfrecord" for i in range(4)])
+    _shards(m[1], ["s1.tfrecord"], records=9)
+    # Rank 1 reads through m1 alone; whichever epoch first gives it s1, that copy is refused.
+    ds = Dataset("*.tfrecord", mounts=m, world=World(rank=1, size=2), shuffle="none")
+    with pytest.raises(PlacementError, match="s1.tfrecord differs between mounts"):
+        for epoch in range(4):
+            ds.set_epoch(epoch)
+            for _ in ds.batches():
+                pass
+
+
+def test_the_scan_keeps_the_old_answers_for_links_spellings_and_a_first_mount_without_the_glob(tmp_path):
+    from dlstore.errors import DlstoreIOError
+
+    # A first mount without the glob's directory: the others' shards (it crashed in the manifest fast path).
+    m = _mount_dirs(tmp_path / "a")
+    for i in range(4):
+        _shards(m[1 + i % 2], [f"sub/s{i}.tfrecord"])
+    from dlstore.sources.dataset import Dataset
+    from dlstore.placement.world import World
+
+    with pytest.warns(RuntimeWarning, match="holds no record files"):  # m0: nothing there at all
+        ds = Dataset("sub/*.tfrecord", mounts=m, world=World(rank=0, size=2))
+    assert ds.layout.holders == ((1,), (2,), (1,), (2,))
+    with pytest.raises(PlacementError, match="no record file matches"):
+        Dataset("nowhere/*.tfrecord", mounts=m, world=World(rank=0, size=2))
+    # Links to directories are not followed by the walk (a loop, or another tree joining the set).
+    m = _mount_dirs(tmp_path / "b", 2)
+    for d in m:
+        _shards(d, ["s0.tfrecord"])
+    os.symlink(".", os.path.join(m[1], "self"))
+    os.makedirs(tmp_path / "b" / "outside")
+    _shards(str(tmp_path / "b" / "outside"), ["e.tfrecord"])
+    os.symlink(str(tmp_path / "b" / "outside"), os.path.join(m[0], "extra"))
+    assert scan_layout(m).shards == ("s0.tfrecord",)
+    # One spelling of a glob: a shard it names and the same shard named exactly are one shard.
+    m = _mount_dirs(tmp_path / "c")
+    for d in m:
+        _shards(d, [f"sub/s{i}.tfrecord" for i in range(3)])
+    for spec in ("./sub/*.tfrecord", "sub/./*.tfrecord", "sub/../sub/*.tfrecord"):
+        assert scan_layout(m, [spec]).shards == tuple(os.path.join("sub", f"s{i}.tfrecord") for i in range(3))
+    assert len(scan_layout(m, ["./sub/*.tfrecord", "sub/s0.tfrecord"]).shards) == 3
+    # A dangling link on a mount that holds none of the shards asked for does not stop the set...
+    m = _mount_dirs(tmp_path / "d", 2)
+    _shards(m[0], ["a.tfrecord"])
+    _shards(m[1], ["b.tfrecord"])
+    os.symlink("/nonexistent", os.path.join(m[1], "junk.tfrecord"))
+    assert scan_layout(m, ["a*.tfrecord"]).holders == ((0,),)
+    # ...but one among a mount's shards is refused, named, by the rank that reads that copy; so is a
+    # directory of a shard's name. (The scan takes another mount's names alone.)
+    m = _mount_dirs(tmp_path / "e")
+    for d in m:
+        _shards(d, ["s0.tfrecord", "s1.tfrecord"])
+    os.unlink(os.path.join(m[1], "s1.tfrecord"))
+    os.symlink("/nonexistent", os.path.join(m[1], "s1.tfrecord"))
+    with pytest.raises(DlstoreIOError, match="s1.tfrecord: named as a shard but a symbolic link"):
+        Dataset("*.tfrecord", mounts=m, world=World(rank=1, size=3))
+    os.unlink(os.path.join(m[1], "s1.tfrecord"))
+    os.makedirs(os.path.join(m[1], "s1.tfrecord"))
+    with pytest.raises(DlstoreIOError, match="s1.tfrecord: named as a shard but a directory"):
+        Dataset("*.tfrecord", mounts=m, world=World(rank=1, size=3))
