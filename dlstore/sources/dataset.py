@@ -240,16 +240,20 @@ class Dataset(ReadsWithOptions):
         if self._layout is None or len(rank_mounts) == 0:
             return
         mine = set(rank_mounts)
-        checked = self.__dict__.setdefault("_copies_checked", set())  # (shard, mount) pairs
+        # Per set of rank mounts, the shards whose copies were checked (as the index keeps the shards it checked).
+        done = self.__dict__.setdefault("_copies_checked", {}).setdefault(
+            tuple(sorted(mine)), np.zeros(len(self.shards), dtype=bool))
         indexed = self.index.paths
-        _, first = np.unique(np.asarray(shards, dtype=np.int64), return_index=True)
-        for shard in np.asarray(shards, dtype=np.int64)[np.sort(first)][:CHECK_SHARDS_PER_PLAN].tolist():
+        shards = np.asarray(shards, dtype=np.int64)
+        shards = shards[~done[shards]]  # after an epoch or two, none
+        _, first = np.unique(shards, return_index=True)
+        todo = shards[np.sort(first)][:CHECK_SHARDS_PER_PLAN]
+        for shard in todo.tolist():
             want = int(self.index.sizes[shard])
             for m in self._layout.holders[shard]:
                 full = os.path.join(self.mounts[m], self._layout.shards[shard])
-                if m not in mine or full == indexed[shard] or (shard, m) in checked:
+                if m not in mine or full == indexed[shard]:
                     continue
-                checked.add((shard, m))
                 try:
                     st = os.stat(full)
                 except FileNotFoundError:
@@ -264,6 +268,7 @@ class Dataset(ReadsWithOptions):
                 if size != want:
                     raise PlacementError(f"shard {self._layout.shards[shard]} differs between mounts: "
                                          f"{indexed[shard]} has {want} bytes, {full} has {size}", path=full)
+        done[todo] = True  # checked and sound (one that was refused is checked again by the next plan)
 
     def _take_index(self) -> None:
         """The format, record counts, and blocks and the shuffle buffer sized in records, from the index."""

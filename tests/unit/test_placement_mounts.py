@@ -431,3 +431,28 @@ def test_the_scan_keeps_the_old_answers_for_links_spellings_and_a_first_mount_wi
     os.makedirs(os.path.join(m[1], "s1.tfrecord"))
     with pytest.raises(DlstoreIOError, match="s1.tfrecord: named as a shard but a directory"):
         Dataset("*.tfrecord", mounts=m, world=World(rank=1, size=3))
+
+
+def test_each_plan_checks_copies_not_checked_yet(tmp_path, monkeypatch):
+    """As the index checks a rank's shards: each plan the first CHECK_SHARDS_PER_PLAN not checked yet, so
+    a later plan reaches shards past the first plan's first ones."""
+    from dlstore.placement.world import World
+    from dlstore.sources import dataset as dataset_module
+    from dlstore.sources.dataset import Dataset
+
+    monkeypatch.setattr(dataset_module, "CHECK_SHARDS_PER_PLAN", 2)
+    m = _mount_dirs(tmp_path, 2)
+    for d in m:
+        _shards(d, [f"s{i}.tfrecord" for i in range(6)], records=1)
+    stats = []
+    real = os.stat
+    monkeypatch.setattr(os, "stat", lambda p, *a, **k: stats.append(os.fspath(p)) or real(p, *a, **k))
+    ds = Dataset("*.tfrecord", mounts=m, mounts_per_rank=2, world=World(rank=0, size=1), shuffle="none")
+    checked = lambda: sorted({os.path.basename(p) for p in stats if p.startswith(m[1] + os.sep)})  # noqa: E731
+    first = checked()
+    assert len(first) == 2
+    for epoch in range(1, 3):
+        ds.set_epoch(epoch)
+        for _ in ds.batches():
+            pass
+    assert len(checked()) == 6 and set(first) < set(checked())
