@@ -46,7 +46,7 @@ from dlstore.placement.sharding import EpochPlan, SamplerState, shuffle_named, s
 from dlstore.placement.world import World, detect_world
 from dlstore.sources.reader import (CorruptionWarnings, PathSpec, close_reader, path_list, refuse_unreadable,
                                     split_glob)
-from dlstore.sources.layout import normal_pattern, scan_layout
+from dlstore.sources.layout import scan_layout
 from dlstore.sources.reads import ReaderPlan as _ReaderPlan
 from dlstore.sources.reads import reader_plan
 from dlstore.sources.source import ReadOptions, ReadsWithOptions, Source
@@ -177,6 +177,8 @@ class Dataset(ReadsWithOptions):
         self.device_index: Optional[int] = gpu if gpu is not None else (0 if self.engine == "gds" else None)
         self._mount_policy = (mount_policy, mounts_per_rank, throughput)
         self._rank_mounts = self._assign(self.world)
+        # Per set of rank mounts, which shards' copies through them were checked (Dataset._check_copies).
+        self._copies_checked: Dict[Tuple[int, ...], np.ndarray] = {}
         self._check_copies(self.plan(0).piece_arrays(self.world.consumer)[0])
         self._core_options = self.options.core(self.engine, in_order=False, mounts=len(self._rank_mounts),
                                                reorders=self.shuffle_kind.buffered)
@@ -205,8 +207,7 @@ class Dataset(ReadsWithOptions):
             _refuse_twice_named(index.paths)
             return None, index.paths, index
         mounts = path_list(mounts)
-        patterns = None if shards is None else [normal_pattern(p) if any(c in p for c in "*?[") else p
-                                                for p in path_list(shards)]
+        patterns = None if shards is None else [os.path.normpath(p) for p in path_list(shards)]
         # One glob in one directory: the first mount answers it from its manifest (one stat of the directory
         # while unchanged), as a Dataset without mounts does; its index is the first copies' when the first
         # mount holds every shard, the other mounts being compared by their listings.
@@ -240,9 +241,7 @@ class Dataset(ReadsWithOptions):
         if self._layout is None or len(rank_mounts) == 0:
             return
         mine = set(rank_mounts)
-        # Per set of rank mounts, the shards whose copies were checked (as the index keeps the shards it checked).
-        done = self.__dict__.setdefault("_copies_checked", {}).setdefault(
-            tuple(sorted(mine)), np.zeros(len(self.shards), dtype=bool))
+        done = self._copies_checked.setdefault(tuple(sorted(mine)), np.zeros(len(self.shards), dtype=bool))
         indexed = self.index.paths
         shards = np.asarray(shards, dtype=np.int64)
         shards = shards[~done[shards]]  # after an epoch or two, none

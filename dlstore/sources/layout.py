@@ -20,7 +20,7 @@ from dlstore.sources.indexing import read_manifest
 from dlstore.sources.reader import (_glob_record_files, list_record_files, record_file_names, refuse_unreadable,
                                     split_glob)
 
-__all__ = ["scan_layout", "check_mounts", "normal_pattern"]
+__all__ = ["scan_layout", "check_mounts"]
 
 _GLOB_CHARS = "*?["
 
@@ -57,21 +57,13 @@ def _matches(mount: str, pattern: str) -> List[str]:
 
     one = split_glob(os.path.join(mount, pattern))
     if one is not None and one[1] is not None:
-        head = os.path.dirname(pattern)  # normalised by scan_layout (normal_pattern): "" or "sub/dir"
+        head = os.path.dirname(pattern)  # normalised by scan_layout: "" or "sub/dir"
         odd: List[str] = []
         names = list_record_files(one[0], one[1], odd)
         refuse_unreadable([os.path.join(one[0], n) for n in odd])
         return [os.path.join(head, n) for n in names] if head else names
     found, _ = _glob_record_files(os.path.join(glob.escape(mount), pattern))
     return [os.path.relpath(f, mount) for f in found]
-
-
-def normal_pattern(pattern: str) -> str:
-    """A shard path or glob relative to the mounts, spelt one way (``./sub/*``, ``sub/./*`` and
-    ``sub/../sub/*`` are ``sub/*``), so that the shards it names are named as a path named exactly is."""
-    head, name = os.path.split(pattern)
-    head = os.path.normpath(head) if head else ""
-    return name if head in ("", ".") else os.path.join(head, name)
 
 
 def _listing(mount: str, patterns: Optional[Sequence[str]]) -> List[List[str]]:
@@ -111,7 +103,6 @@ class _Reference:
     another mount's names are held against (:func:`_lists_alike`)."""
 
     def __init__(self, mount: str, patterns: Optional[Sequence[str]], found: List[List[str]]):
-        self.found = found
         # Per pattern: the pattern, the shard names, every name of its directory (listed when first needed),
         # and the directory's listing as a current manifest holds it (None without one).
         self.parts: Optional[List[Tuple[str, Set[str], Optional[Set[str]], Optional[bytes]]]] = []
@@ -212,8 +203,9 @@ def scan_layout(mounts: Sequence[str], shards: Optional[Sequence[str]] = None,
             pattern = os.fspath(pattern)
             if os.path.isabs(pattern):
                 raise PlacementError(f"shard {pattern} must be relative to the mount points", path=pattern)
-            patterns.append(normal_pattern(pattern) if any(ch in pattern for ch in _GLOB_CHARS)
-                            else os.path.normpath(pattern))
+            # One spelling (./sub/*, sub/./* and sub//* are sub/*), so that a glob and a path named exactly
+            # name one shard alike.
+            patterns.append(os.path.normpath(pattern))
     # One listing per mount, the mounts listed side by side (network mounts answer slowly, each alone).
     # Which mounts hold a shard is which listings name it: no file is stat-ed here (a rank checks the
     # copies it reads: Dataset.check_copies).
