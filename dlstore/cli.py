@@ -18,7 +18,7 @@ from dlstore.formats.registry import FORMATS
 from dlstore.io.system import existing_parent, format_bytes
 from dlstore.placement import ASSIGNMENTS, REMAINDERS, SHUFFLES
 from dlstore.sources.indexing import index_dataset, record_manifest, scan_offsets, write_index
-from dlstore.sources.reader import distinct_files, expand_paths, open_records, refuse_unreadable
+from dlstore.sources.reader import distinct_files, expand_paths, open_records, same_name, unreadable_reason
 from dlstore.tools.commands import (add_expand_arguments, add_testbed_arguments, run_expand, run_plan, run_scrub,
                                      run_testbed)
 from dlstore.tools.convert import convert_tree
@@ -99,14 +99,11 @@ def cmd_index(args: argparse.Namespace) -> int:
     for all its shards). A read-only directory's go to the cache directory ($DLSTORE_CACHE)."""
 
     named = distinct_files(expand_paths(args.paths))
-    if args.out_dir:  # one directory of indexes named for the files: two files of one name would share one
-        by_name: Dict[str, str] = {}
-        for f in named:
-            other = by_name.setdefault(os.path.basename(f), f)
-            if other != f:
-                raise ValueError(f"{other} and {f} would both have their index at "
-                                 f"{os.path.join(args.out_dir, os.path.basename(f))}.idx (--out-dir): "
-                                 f"index them apart, each with an --out-dir of its own")
+    clash = same_name(named) if args.out_dir else None  # one directory of indexes named for the files
+    if clash:
+        raise ValueError(f"{clash[0]} and {clash[1]} would both have their index at "
+                         f"{os.path.join(args.out_dir, os.path.basename(clash[1]))}.idx (--out-dir): "
+                         f"index them apart, each with an --out-dir of its own")
     fresh: Dict[str, Dict[str, Any]] = {}  # per directory, per shard: the frame offsets just found
     formats: Dict[str, Dict[str, int]] = {}  # per directory, its files' formats and how many of each
     files, failed = [], 0
@@ -238,11 +235,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
     total = sum(os.path.getsize(f) for f in files)
     records = corrupt = corrupt_files = broken = unreadable = 0
     for path in odd:
-        try:
-            refuse_unreadable([path])
-        except DlstoreError as e:
-            print(_console.one_line(e), flush=True)
-            unreadable += 1
+        print(f"{unreadable_reason(path)}: restore it or remove it", flush=True)
+        unreadable += 1
     with Progress(total, "verify", unit="B", enabled=False if args.quiet else None) as bar:
         for f in files:
             check = _verify_file(f, args.format, args.io)  # FormatMismatchError: a usage error (_console)

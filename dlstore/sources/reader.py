@@ -24,8 +24,9 @@ from dlstore.formats.index import INDEX_SUFFIX, MANIFEST_SUFFIX
 from dlstore.io.select import EngineChoice, resolve_engine
 from dlstore.sources.source import ReadOptions, ReadsWithOptions
 
-__all__ = ["open_records", "RecordReader", "expand_paths", "distinct_files", "record_file_names", "list_record_files",
-           "refuse_unreadable", "split_glob", "detect_files", "CorruptionWarnings"]
+__all__ = ["open_records", "RecordReader", "expand_paths", "distinct_files", "same_name", "record_file_names",
+           "list_record_files", "refuse_unreadable", "unreadable_reason", "split_glob", "detect_files",
+           "CorruptionWarnings"]
 
 PathSpec = Union[str, bytes, os.PathLike, Sequence[Union[str, bytes, os.PathLike]]]
 # Files that sit beside record files and are not records, besides dlstore's own companions
@@ -101,6 +102,16 @@ def list_record_files(directory: str, pattern: Optional[str] = None, odd: Option
     return record_file_names(files, pattern)
 
 
+def unreadable_reason(path: str) -> str:
+    """The one-line error for ``path``, named as a shard but no file (:func:`refuse_unreadable`)."""
+    try:
+        what = ("a directory" if stat.S_ISDIR(os.stat(path).st_mode)
+                else "not a regular file (a FIFO, a socket or a device)")
+    except OSError as e:
+        what = f"a symbolic link to {os.readlink(path)}, which cannot be reached ({e.strerror})"
+    return f"{path}: named as a shard but {what}"
+
+
 def refuse_unreadable(paths: Sequence[str]) -> None:
     """Raises for shards a directory or glob named that are no file (a symbolic link whose target is
     gone, a FIFO, a device): left out without a word, the epoch was a shard short.
@@ -112,14 +123,8 @@ def refuse_unreadable(paths: Sequence[str]) -> None:
     """
     if not paths:
         return
-    first = paths[0]
-    try:
-        what = ("a directory" if stat.S_ISDIR(os.stat(first).st_mode)
-                else "not a regular file (a FIFO, a socket or a device)")
-    except OSError as e:
-        what = f"a symbolic link to {os.readlink(first)}, which cannot be reached ({e.strerror})"
     more = f" (and {len(paths) - 1} more such)" if len(paths) > 1 else ""
-    raise DlstoreIOError(f"{first}: named as a shard but {what}{more}: restore it or remove it", path=first)
+    raise DlstoreIOError(f"{unreadable_reason(paths[0])}{more}: restore it or remove it", path=paths[0])
 
 
 def split_glob(path: str) -> Optional[Tuple[str, Optional[str]]]:
@@ -190,6 +195,17 @@ def distinct_files(files: Sequence[str]) -> List[str]:
     symbolic link are one file."""
     seen: set = set()
     return [f for f in files if not (os.path.realpath(f) in seen or seen.add(os.path.realpath(f)))]
+
+
+def same_name(files: Sequence[str]) -> Optional[Tuple[str, str]]:
+    """The first two of ``files`` with one file name (in different directories), or None: their copies
+    or indexes would be one file in a directory written for them."""
+    seen: Dict[str, str] = {}
+    for f in files:
+        other = seen.setdefault(os.path.basename(f), f)
+        if other != f:
+            return other, f
+    return None
 
 
 def expand_paths(paths: PathSpec, unreadable: Optional[List[str]] = None) -> List[str]:

@@ -31,7 +31,7 @@ from dlstore.formats.detect import detect
 from dlstore.io.system import format_bytes
 from dlstore.sources import indexing
 from dlstore.sources.indexing import index_dataset, index_path_for, record_manifest
-from dlstore.sources.reader import distinct_files, expand_paths
+from dlstore.sources.reader import distinct_files, expand_paths, same_name
 from dlstore.synthetic.shards import refuse_other_sets
 
 __all__ = ["EXPAND_MODES", "ExpandResult", "copy_name", "format_of", "valid_index", "copy_file", "expand_shards"]
@@ -207,11 +207,9 @@ def expand_shards(paths: Union[str, Sequence[str]], out_dir: str, copies: int, *
     if mode not in EXPAND_MODES:
         raise ValueError(f"mode must be one of {EXPAND_MODES}, not {mode!r}")
     sources = distinct_files(expand_paths(paths))  # a file named twice is copied once
-    names = {}
-    for s in sources:
-        other = names.setdefault(os.path.basename(s), s)
-        if other != s:
-            raise ValueError(f"{other} and {s} have the same file name: their copies would collide in {out_dir}")
+    clash = same_name(sources)
+    if clash:
+        raise ValueError(f"{clash[0]} and {clash[1]} have the same file name: their copies would collide in {out_dir}")
     out_real = os.path.realpath(out_dir)
     for s in sources:
         home = os.path.realpath(os.path.dirname(os.path.abspath(s)))
