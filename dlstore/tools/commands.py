@@ -239,11 +239,12 @@ def plan_document(args: argparse.Namespace) -> Dict[str, Any]:
             whole = ds.read_plan(args.epoch, world=w)
             # As that rank's own Dataset would: a shard rewritten since the manifest is refused, not shown
             # with the manifest's byte ranges (the Dataset above, rank 0's, checked only its own shards).
+            mounts = ds._assign(w)
             ds.index.check(whole.shards)
-            ds._check_copies(whole.shards, ds._assign(w))
+            ds._check_copies(whole.shards, mounts)
             reads = merged_reads(whole, ds.mounts, cuts=ds.window_starts(len(whole.file)))
             consumers.append({"rank": rank, "worker": worker, "consumer": w.consumer,
-                              "mounts": [ds.mounts[m] for m in ds._assign(w)],
+                              "mounts": [ds.mounts[m] for m in mounts],
                               "records": sum(r["records"] for r in reads), "reads": reads})
     layout = ds.layout
     return {"layout": {"kind": layout.kind, "mounts": list(layout.mounts), "shards": list(layout.shards),
