@@ -73,8 +73,8 @@ class Dataset(ReadsWithOptions):
     mounts : sequence of str, optional
         Mount points (directories) the shards are read from.
     world : World, optional
-        Who this process is; detected from the launcher's environment when omitted
-        (:func:`dlstore.world`).
+        Who this process is; detected from the launcher's environment when omitted, with the
+        PyTorch DataLoader worker it is made in (:func:`dlstore.world`).
     seed : int
         Seeds every shuffle, with the epoch.
     shuffle_shards : bool
@@ -147,7 +147,7 @@ class Dataset(ReadsWithOptions):
         if world is not None and lacks:  # a World, or anything with its members
             raise TypeError(f"world must be a dlstore.placement.World (dlstore.world(rank=..., size=...)), not "
                             f"{world!r:.80} (it has no {', '.join(lacks)})")
-        self.world = world if world is not None else detect_world()
+        self.world = world if world is not None else detect_world().with_torch_worker()
         gpu = parse_device(device, self.world.local_rank)  # a bad device string fails here, before any indexing
         self._layout, self.shards, self.index = self._find_shards(shards, mounts, format, progress)
         self.mounts = list(self._layout.mounts) if self._layout is not None else []
@@ -915,7 +915,7 @@ def dataset_for(source: Any, kwargs: Optional[Dict[str, Any]] = None, *, shared:
     for key, value in defaults.items():
         if key != "world" or value is not None:
             args.setdefault(key, value)
-    world = args["world"] = args.get("world") or detect_world()
+    world = args["world"] = args.get("world") or detect_world().with_torch_worker()
     args.setdefault("remainder", "uneven" if world.num_consumers == 1 else "pad")
     return Dataset(source, **args)
 

@@ -145,6 +145,29 @@ def test_torch_dataset_ranks_x_workers_exactly_once(tmp_path, counts, shuffle):
     assert orders[0] != orders[1]
 
 
+class _DatasetPerWorker:
+    """A user's own torch IterableDataset that makes its dlstore.Dataset inside each DataLoader worker,
+    leaving the world to detection (made a torch class in the test: torch is imported lazily)."""
+
+    def __init__(self, pattern):
+        self.pattern = pattern
+
+    def __iter__(self):
+        ds = dlstore.Dataset(self.pattern, remainder="uneven", batch_size=8, chunk_size=64 << 10)
+        for batch in ds.batches():
+            yield _ids(batch_records(batch))
+
+
+def test_a_dataset_made_in_a_dataloader_worker_reads_that_workers_share(tmp_path):
+    """A Dataset made inside a DataLoader worker without a world takes the worker's part of the rank's
+    share, as dlstore.world() says: each worker read the whole share before, every record twice."""
+    torch = pytest.importorskip("torch")
+    _, total = _numbered_files(tmp_path, [30, 50, 41])
+    mine = type("Mine", (_DatasetPerWorker, torch.utils.data.IterableDataset), {})(str(tmp_path / "part-*"))
+    got = [i for ids in torch.utils.data.DataLoader(mine, batch_size=None, num_workers=2) for i in ids]
+    assert sorted(got) == list(range(total))
+
+
 def test_items_per_worker_follows_the_dataloaders_turns():
     from dlstore.adapters.torch import items_per_worker
 
