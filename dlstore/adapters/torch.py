@@ -70,7 +70,7 @@ class _IterableRecords:
     base) the first time it is named."""
 
     def __init__(self, source, pipeline=None, batch_size: Optional[int] = None, *, world: Any = None,
-                 shuffle: str = "block", seed: int = 0, remainder: str = "uneven",
+                 shuffle: str = "block", seed: int = 0, remainder: Optional[str] = None,
                  last_batch: str = LastBatch.PARTIAL, prefetch: int = 2, threads: Optional[int] = None,
                  record_key: Optional[str] = None, report_stalls: Any = False, **dataset_kwargs: Any):
         if pipeline is not None:
@@ -87,8 +87,19 @@ class _IterableRecords:
                 raise ValueError("a dlstore.Dataset brings its world and options: set them on it")
             self.dataset = source
         else:
+            # With a pipeline the Loader tops a short share up with agreed empty batches, so `uneven` keeps
+            # every record once and the ranks' batch counts equal. Without one the DataLoader batches the
+            # records, and only equal shares give equal batch counts: the Dataset's default (`pad` over
+            # several ranks).
             self.dataset = dataset_for(source, dataset_kwargs, world=world, shuffle=shuffle, seed=seed,
-                                       remainder=remainder, batch_size=batch_size)
+                                       remainder=remainder or ("uneven" if pipeline is not None else None),
+                                       batch_size=batch_size)
+        if pipeline is None and self.dataset.remainder == "uneven" and self.dataset.world.size > 1:
+            warnings.warn(f"DlstoreIterableDataset without a pipeline over {self.dataset.world.size} ranks with "
+                          f"remainder='uneven': the DataLoader batches the records, and shares that differ by a "
+                          f"record can give the ranks different batch counts, so a collective per step would "
+                          f"wait for a rank that has finished; remainder='pad' (every record at least once) or "
+                          f"'drop' gives every rank as many", RuntimeWarning, stacklevel=2)
         self.pipeline = pipeline
         self.batch_size = batch_size
         self.seed = whole("seed", seed, 0)
@@ -408,8 +419,11 @@ def _dataset_class():
             The Dataset's record shuffle (files given), drawn from ``(seed, epoch)``.
         seed : int
             Seeds the shuffle and, with ``(epoch, consumer)``, the pipeline's augmentations.
-        remainder : {"uneven", "pad", "drop"}
+        remainder : {"uneven", "pad", "drop"}, optional
             The Dataset's remainder policy (files given): ``uneven`` reads every record exactly once.
+            Default: ``uneven`` with a pipeline (a short share ends in agreed empty batches); without
+            one the DataLoader batches the records, so only equal shares give every rank as many
+            batches: ``pad`` over several ranks (every record at least once), ``uneven`` on one.
         last_batch : {"PARTIAL", "DROP", "FILL"}
             Each consumer's last batch, as in DALI. ``PARTIAL`` (default) keeps every sample
             exactly once.

@@ -329,7 +329,10 @@ class Dataset(ReadsWithOptions):
 
     @property
     def num_batches(self) -> int:
-        """Batches every consumer yields per epoch (agreed without communication)."""
+        """Batches per epoch of the largest consumer's share (agreed without communication). Every consumer
+        yields this many under ``pad`` and ``drop``; under ``uneven`` a consumer whose share is a record
+        short may yield one fewer, and a :class:`~dlstore.pipeline.Loader` tops it up with an agreed empty
+        batch."""
         return self.plan().num_batches
 
     @property
@@ -891,7 +894,7 @@ def dataset_for(source: Any, kwargs: Optional[Dict[str, Any]] = None, *, shared:
         otherwise they are refused.
     **defaults
         The caller's defaults (``shuffle``, ``seed``, ``batch_size``...). ``world``: detected from the
-        launcher when None or absent; ``remainder``: ``uneven`` for a single consumer (every record once),
+        launcher when None or absent; ``remainder`` (when None or absent): ``uneven`` for a single consumer (every record once),
         ``pad`` for several (equal full batches on every rank, so none waits for another in a collective).
 
     Raises
@@ -913,7 +916,7 @@ def dataset_for(source: Any, kwargs: Optional[Dict[str, Any]] = None, *, shared:
     if kwargs and not rest:
         raise TypeError(f"Dataset() got unexpected keyword arguments {', '.join(sorted(kwargs))}")
     for key, value in defaults.items():
-        if key != "world" or value is not None:
+        if value is not None or key not in ("world", "remainder"):  # None: this function's choice
             args.setdefault(key, value)
     world = args["world"] = args.get("world") or detect_world().with_torch_worker()
     args.setdefault("remainder", "uneven" if world.num_consumers == 1 else "pad")

@@ -135,14 +135,35 @@ def test_torch_dataset_ranks_x_workers_exactly_once(tmp_path, counts, shuffle):
     for epoch in range(2):
         per_rank = []
         for rank in range(2):
-            ds = DlstoreIterableDataset(paths, world=World(rank=rank, size=2), shuffle=shuffle, seed=5,
-                                        chunk_size=64 << 10)
+            with pytest.warns(RuntimeWarning, match="different batch counts"):
+                ds = DlstoreIterableDataset(paths, world=World(rank=rank, size=2), shuffle=shuffle, seed=5,
+                                            remainder="uneven", chunk_size=64 << 10)
             ds.set_epoch(epoch)
             per_rank.append(_ids(_collect(ds, num_workers=2)))
         assert sorted(per_rank[0] + per_rank[1]) == list(range(total))
         assert per_rank[0] and per_rank[1]
         orders.append(per_rank)
     assert orders[0] != orders[1]
+
+
+def test_torch_dataset_without_a_pipeline_gives_every_rank_as_many_batches(tmp_path):
+    """Without a pipeline the DataLoader batches the records: by default every rank gets an equal share
+    (``pad``), so a collective per step never waits for a rank that has finished. It defaulted to
+    ``uneven``, where 33 records over 2 ranks gave one rank 1 batch of 16 and the other 2."""
+    torch = pytest.importorskip("torch")
+    from dlstore.adapters.torch import DlstoreIterableDataset
+
+    paths, total = _numbered_files(tmp_path, [33])
+    counts, seen = [], []
+    for rank in range(2):
+        ds = DlstoreIterableDataset(paths, world=World(rank=rank, size=2), chunk_size=64 << 10)
+        batches = list(torch.utils.data.DataLoader(ds, batch_size=16, collate_fn=list))
+        counts.append(len(batches))
+        seen += _ids([r for b in batches for r in b])
+    assert counts[0] == counts[1] == 2
+    assert set(seen) == set(range(total))
+    one = DlstoreIterableDataset(paths, world=World(rank=0, size=1), chunk_size=64 << 10)
+    assert one.dataset.remainder == "uneven"  # one rank: no collective to keep in step, every record once
 
 
 class _DatasetPerWorker:
