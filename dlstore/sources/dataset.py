@@ -894,8 +894,9 @@ def dataset_for(source: Any, kwargs: Optional[Dict[str, Any]] = None, *, shared:
         otherwise they are refused.
     **defaults
         The caller's defaults (``shuffle``, ``seed``, ``batch_size``...). ``world``: detected from the
-        launcher when None or absent; ``remainder`` (when None or absent): ``uneven`` for a single consumer (every record once),
-        ``pad`` for several (equal full batches on every rank, so none waits for another in a collective).
+        launcher when None or absent; ``remainder`` (when None or absent): ``uneven`` for a single consumer
+        (every record once), ``pad`` for several (equal full batches on every rank, so none waits for
+        another in a collective).
 
     Raises
     ------
