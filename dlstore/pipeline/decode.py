@@ -370,6 +370,18 @@ def _report(failures, offsets: np.ndarray, lengths: np.ndarray, on_error: str) -
         warnings.warn(f"{where}: {what}, zero-filled: {message}{more}", RuntimeWarning, stacklevel=3)
 
 
+def _eight_bit(image):
+    """``image`` with 8-bit samples: 16-bit grayscale (Pillow's ``I;16`` modes, and ``I``, which a 16-bit PNG
+    opens as in older Pillow) keeps its high byte, as ``tf.io.decode_image(..., dtype=tf.uint8)`` does;
+    ``convert("RGB")`` clips those samples at 255, so a 16-bit PNG came out white. Other modes as they are."""
+    if image.mode.startswith("I;16") or (image.mode == "I" and image.format == "PNG"):
+        from PIL import Image
+
+        high = np.right_shift(np.asarray(image).astype(np.uint32), 8)
+        return Image.fromarray(np.minimum(high, 255).astype(np.uint8), "L")
+    return image
+
+
 def _decode_pil(buffer, offsets, lengths, seeds, out, train, mean, std, size, params, indices):
     """The Pillow path for images ``indices``: the same windows and flips, Pillow's DCT draft scaling
     (JPEG only) and antialiased bilinear. Returns ``[(index, what Pillow said)]`` of the failures,
@@ -400,6 +412,7 @@ def _decode_pil(buffer, offsets, lengths, seeds, out, train, mean, std, size, pa
             # loader: palette and grayscale expanded, alpha dropped.
             drafted = image.draft("RGB", (int(np.ceil(width * out_w / w)), int(np.ceil(height * out_h / h))))
             factor = width / drafted[1][2] if drafted else 1.0  # the reduction; pixel edges scale with it
+            image = _eight_bit(image)
             rgb = image.convert("RGB").resize(
                 (out_w, out_h), Image.BILINEAR,
                 box=(x / factor, y / factor, (x + w) / factor, (y + h) / factor))

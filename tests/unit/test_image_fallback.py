@@ -120,6 +120,23 @@ def test_float_output_of_a_png_is_its_normalised_uint8():
     assert np.abs(f32[0] - want).max() <= 1e-5
 
 
+@pytest.mark.parametrize("train", [True, False])
+def test_a_16_bit_grayscale_png_keeps_its_high_byte(train):
+    """A 16-bit grayscale PNG decodes as the 8-bit PNG of its samples' high bytes (what
+    tf.io.decode_image(..., dtype=tf.uint8) gives): Pillow opens it as mode I;16, and convert("RGB")
+    clipped every sample at 255, a white image."""
+    yy, xx = np.mgrid[0:240, 0:300]
+    deep = ((xx * 211 + yy * 97) % 65536).astype(np.uint16)
+    out = io.BytesIO()
+    Image.fromarray(deep).save(out, "PNG")
+    assert Image.open(io.BytesIO(out.getvalue())).mode.startswith("I")
+    shallow = encode((deep >> 8).astype(np.uint8), "PNG", mode="L")
+    got, status, _ = run([out.getvalue()], train=train)
+    want, _, _ = run([shallow], train=train)
+    assert status.tolist() == [FALLBACK]
+    assert got.std() > 10 and np.array_equal(got, want)
+
+
 def test_data_no_decoder_reads_keeps_the_error_policy():
     good = encode(pixels(100, 120, 1), "JPEG")
     png = encode(pixels(100, 120, 2), "PNG")
