@@ -20,7 +20,7 @@ import numpy as np
 from dlstore.adapters.base import BatchAdapter, import_framework
 from dlstore.errors import DlstoreError
 
-__all__ = ["as_tf_dataset", "TensorFlowAdapter"]
+__all__ = ["as_tf_dataset", "TensorFlowAdapter", "trained_state"]
 
 _INSTALL = "pip install tensorflow (or tensorflow-cpu)"
 
@@ -87,6 +87,7 @@ class TensorFlowAdapter(BatchAdapter):
         off. A ``prefetch``, a ``shuffle`` or a ``map(num_parallel_calls=...)`` added downstream holds
         elements the loop has not consumed yet, and a state saved then is ahead of the loop by them: leave
         them out of a pipeline that resumes mid-epoch (the loader reads ahead on its own threads already).
+        Keras ``fit`` draws ahead too: save :func:`trained_state`'s state there.
         """
         def generate() -> Iterator[Dict[str, Any]]:
             yield from self
@@ -101,6 +102,72 @@ class TensorFlowAdapter(BatchAdapter):
         ds = ds.with_options(options)
         known = self.cardinality()
         return ds if known is None else ds.apply(self._tf.data.experimental.assert_cardinality(known))
+
+
+_TRAINED_STATE = None  # the callback class, made on first use (it subclasses Keras's Callback)
+
+
+def trained_state(loader):
+    """A Keras callback that knows the loader state of the batches ``fit`` has trained on.
+
+    Keras ``fit`` draws batches ahead of its training step (its iterator prefetches one or two), so
+    ``loader.state_dict()`` read in a callback is ahead of the steps run, and a run resumed from it
+    never trains the batches in between. This callback counts the steps ``fit`` ran
+    (``on_train_batch_end``, ``steps_per_execution`` included) and its :meth:`state_dict` is
+    ``loader.state_after(batches handed out before fit + steps run)``: exact as long as each step takes
+    the dataset's next batch (no ``shuffle``/``prefetch`` reordering or holding batches added
+    downstream, no ``steps_per_epoch`` that leaves a pass's prefetched batches behind).
+
+    Parameters
+    ----------
+    loader : dlstore.pipeline.Loader or TensorFlowAdapter
+        What the dataset passed to ``fit`` was made from (:func:`as_tf_dataset`).
+
+    Example
+    -------
+    ::
+
+        progress = trained_state(loader)
+        model.fit(as_tf_dataset(loader), epochs=2, callbacks=[progress, MyCheckpoint(progress)])
+        # in MyCheckpoint.on_train_batch_end (after progress in the list): save progress.state_dict()
+    """
+    global _TRAINED_STATE
+    if _TRAINED_STATE is None:
+        class TrainedState(_tf().keras.callbacks.Callback):
+            def __init__(self, loader):
+                super().__init__()
+                self.loader = getattr(loader, "loader", loader)  # an adapter's loader
+                self.handed_before = self.loader.batches_handed
+                self.steps_before_epoch = self.steps_in_epoch = 0
+
+            def on_train_begin(self, logs=None):
+                self.handed_before = self.loader.batches_handed  # fit has drawn nothing for this run yet
+                self.steps_before_epoch = self.steps_in_epoch = 0
+
+            def on_epoch_begin(self, epoch, logs=None):
+                self.steps_in_epoch = 0
+
+            def on_train_batch_end(self, batch, logs=None):
+                # `batch` is the execution's last step (steps_per_execution counted), also for a pass's last
+                # execution, which may have had fewer batches: never more than the loader handed out.
+                handed = self.loader.batches_handed - self.handed_before - self.steps_before_epoch
+                self.steps_in_epoch = min(int(batch) + 1, handed)
+
+            def on_epoch_end(self, epoch, logs=None):
+                self.steps_before_epoch += self.steps_in_epoch
+                self.steps_in_epoch = 0
+
+            @property
+            def steps(self) -> int:
+                """Training steps run since ``fit`` began."""
+                return self.steps_before_epoch + self.steps_in_epoch
+
+            def state_dict(self) -> Dict[str, Any]:
+                """The loader's state after the batches the steps run so far trained on."""
+                return self.loader.state_after(self.handed_before + self.steps)
+
+        _TRAINED_STATE = TrainedState
+    return _TRAINED_STATE(loader)
 
 
 def as_tf_dataset(loader, *, copy: Optional[bool] = None):

@@ -10,6 +10,7 @@ a ring of ``prefetch + 2`` buffers (fewer when an epoch holds fewer batches) all
 """
 from __future__ import annotations
 
+import collections
 import sys
 import time
 import warnings
@@ -28,6 +29,10 @@ from dlstore.pipeline.stalls import WAIT_BUCKETS_S, StallMeter
 from dlstore.pipeline.stages import Pipeline, check_last_batch
 from dlstore.placement.world import detect_world
 from dlstore.sources.source import Source, start_at, state_at
+
+# The positions a loader keeps after its last batches handed out (Loader.state_after): well beyond what a
+# consumer draws ahead of its step (Keras fit's iterator, a few batches).
+_RECENT_POSITIONS = 256
 
 __all__ = ["Loader"]
 
@@ -189,6 +194,10 @@ class Loader:
         self._epoch = 0
         self._position = 0
         self._delivered = 0  # samples of the epoch handed out: the position less the records the source skipped
+        # Batches handed out since the loader was made, and the position after each of the last ones
+        # (state_after): what a consumer that draws ahead of its training step resumes from.
+        self._handed = 0
+        self._recent = collections.deque([(0, 0, 0, 0)], maxlen=_RECENT_POSITIONS)
         self._active: Optional[Prefetcher] = None
         self._iterator: Optional[weakref.ref] = None
         self._producer: Optional[_Producer] = None
@@ -285,6 +294,8 @@ class Loader:
                     return
                 if isinstance(item, _EpochEnd):
                     self._epoch, self._position, self._delivered = item.epoch + 1, 0, 0
+                    if self._recent[-1][0] == self._handed:  # as state_dict() says from now on
+                        self._recent[-1] = (self._handed, self._epoch, 0, 0)
                     if self._report_stalls is not None:
                         self._report_stalls(f"dlstore loader, epoch {item.epoch}: "
                                             f"{stalls.report(since=epoch_start)['line']}")
@@ -298,6 +309,8 @@ class Loader:
                 stalls.step(wait, time.perf_counter() - handed if handed is not None else wait, source_0, pipeline_0)
                 held = item.slot
                 self._epoch, self._position, self._delivered = item.epoch, item.position, item.delivered
+                self._handed += 1
+                self._recent.append((self._handed, item.epoch, item.position, item.delivered))
                 self.padding = item.padding
                 self._counts["batches"] += 1
                 self._counts["samples"] += item.rows - item.padding
@@ -371,8 +384,37 @@ class Loader:
         counts the samples yielded without the skipped records: a resumed rank of an uneven split
         yields as many empty batches as the ranks agreed on.
         """
-        return {"epoch": self._epoch, "sample_in_epoch": self._position, "delivered": self._delivered,
-                "seed": self.seed, "source": state_at(self.source, self._epoch, self._position)}
+        return self._state(self._epoch, self._position, self._delivered)
+
+    def _state(self, epoch: int, position: int, delivered: int) -> Dict[str, Any]:
+        return {"epoch": epoch, "sample_in_epoch": position, "delivered": delivered, "seed": self.seed,
+                "source": state_at(self.source, epoch, position)}
+
+    @property
+    def batches_handed(self) -> int:
+        """Batches this loader has handed out since it was made, over all its iterations and epochs."""
+        return self._handed
+
+    def state_after(self, batches_handed: int) -> Dict[str, Any]:
+        """The :meth:`state_dict` as it was once the loader had handed out ``batches_handed`` batches.
+
+        For a consumer that draws batches ahead of the step that uses them (Keras ``fit``'s iterator
+        prefetches one or two): the state of what the steps really used is
+        ``state_after(batches_handed_before + steps)``; :func:`dlstore.adapters.tensorflow.trained_state`
+        keeps that count for Keras.
+
+        Raises
+        ------
+        ValueError
+            For a count not among the last 256 batches handed out, or before the last
+            :meth:`load_state_dict` (whose state is the first one kept).
+        """
+        for count, epoch, position, delivered in reversed(self._recent):
+            if count == batches_handed:
+                return self._state(epoch, position, delivered)
+        raise ValueError(f"no state after {batches_handed} batches handed out: this loader keeps the states after "
+                         f"{self._recent[0][0]} to {self._handed} batches (at most the last {_RECENT_POSITIONS}, "
+                         f"since it was made or last given a state)")
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Resumes at a :meth:`state_dict`: the next iteration starts at its epoch and sample.
@@ -402,6 +444,8 @@ class Loader:
         delivered = int(state.get("delivered", position))  # a state saved before it was kept: as before
         self.source.load_state_dict(state.get("source") or state_at(self.source, epoch, position))
         self._epoch, self._position, self._delivered = epoch, position, delivered
+        self._recent.clear()
+        self._recent.append((self._handed, epoch, position, delivered))
 
     # ---- what happened ----
 

@@ -573,3 +573,38 @@ def test_a_cgroup_limit_is_the_memory_available(tmp_path, version):
     limit_file = "memory.max" if version == 2 else "memory.limit_in_bytes"
     (tmp_path / "fs" / ("job" if version == 2 else "memory/job") / limit_file).write_text(unlimited + "\n")
     assert cgroup_memory_room(str(proc), str(tmp_path / "fs")) is None
+
+
+def test_state_after_a_count_of_batches_resumes_there(tmp_path):
+    """state_after(n) is the state_dict() the loader had once it had handed out n batches: a consumer that
+    draws ahead of its step resumes from the batches it really used, also across an epoch's end."""
+    path = tmp_path / "part-0"
+    with dlstore.TFRecordWriter(str(path)) as w:
+        for i in range(200):
+            w.write(record(i))
+
+    def make(epochs=2):
+        return Loader(dlstore.open_records(str(path), chunk_size=1 << 16), Bert(SEQ, PRED), 48, epochs=epochs,
+                      last_batch="PARTIAL", copy=True)
+
+    loader = make()
+    states, rows = [loader.state_dict()], []
+    for batch in loader:  # 5 batches an epoch, the last one of 8 rows
+        states.append(loader.state_dict())
+        rows.append(batch["input_ids"][:, 0] // 1000)
+    assert loader.batches_handed == len(rows) == 10
+    for n in range(len(rows) + 1):
+        state = loader.state_after(n)
+        assert state == states[n] or n in (5, 10)  # after an epoch's last batch, either spelling
+        rest = []
+        if state["epoch"] < 2:
+            again = make(epochs=2 - state["epoch"])  # an iteration's epochs count from the one it starts in
+            again.load_state_dict(state)
+            rest = [b["input_ids"][:, 0] // 1000 for b in again]
+        assert np.concatenate(rows[:n] + rest).tolist() == np.concatenate(rows).tolist()
+    with pytest.raises(ValueError, match="keeps the states after 0 to 10 batches"):
+        loader.state_after(11)
+    loader.load_state_dict(states[7])
+    assert loader.state_after(10) == states[7]
+    with pytest.raises(ValueError, match="after 10 to 10"):
+        loader.state_after(9)  # a state before the one loaded belongs to another run
