@@ -89,7 +89,17 @@ class TensorFlowAdapter(BatchAdapter):
         them out of a pipeline that resumes mid-epoch (the loader reads ahead on its own threads already).
         Keras ``fit`` draws ahead too: save :func:`trained_state`'s state there.
         """
+        known = self.cardinality()
+
         def generate() -> Iterator[Dict[str, Any]]:
+            at = self.loader.state_dict()
+            if known is not None and at["sample_in_epoch"]:
+                # tf.data would fail the pass at its end, in a message about its own assertion.
+                raise DlstoreError(
+                    f"this tf.data.Dataset counts {known} batches from the start of an epoch, but its loader is at "
+                    f"sample {at['sample_in_epoch']} of epoch {at['epoch']} (an earlier pass stopped early, e.g. a "
+                    f"take() or a peek at a batch, which the loader counts as used): make the dataset again with "
+                    f"as_tf_dataset(loader) for the rest of the epoch, or load the state saved before the peek")
             yield from self
 
         ds = self._tf.data.Dataset.from_generator(generate, output_signature=self.element_spec)
@@ -100,7 +110,6 @@ class TensorFlowAdapter(BatchAdapter):
         if hasattr(options.experimental_optimization, "inject_prefetch"):
             options.experimental_optimization.inject_prefetch = False
         ds = ds.with_options(options)
-        known = self.cardinality()
         return ds if known is None else ds.apply(self._tf.data.experimental.assert_cardinality(known))
 
 

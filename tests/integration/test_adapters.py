@@ -628,6 +628,26 @@ def test_tf_dataset_resumes_exactly_under_a_slow_training_step(bert):
     assert_resumes_exactly(make, stops=[2, 5], run=lambda adapter: adapter.dataset(), values=slow_rows, epochs=1)
 
 
+def test_tf_dataset_after_a_peek_says_to_make_it_again(bert):
+    """A pass after one that stopped early (a take(), a peek) starts mid-epoch, under a cardinality counted
+    from the epoch's start: tf.data failed it at its end, after its batches were used, in a message about its
+    own assertion. Now the pass fails at once saying what to do, and the dataset made again reads the rest."""
+    tf = pytest.importorskip("tensorflow")
+    pipeline = _pipeline()
+    from dlstore.adapters.tensorflow import as_tf_dataset
+
+    loader = pipeline.bert_loader(bert, batch_size=4, seed=2, shuffle="global", record_key="index")
+    ds = as_tf_dataset(loader)
+    whole = int(ds.cardinality())
+    peeked = [b["record"].numpy().tolist() for b in ds.take(2)]
+    with pytest.raises(tf.errors.OpError, match="make the dataset again"):
+        next(iter(ds))
+    rest = as_tf_dataset(loader)
+    assert int(rest.cardinality()) == int(tf.data.UNKNOWN_CARDINALITY)
+    after = [b["record"].numpy().tolist() for b in rest]
+    assert len(peeked) + len(after) == whole
+
+
 @pytest.mark.parametrize("epochs,stop_epoch,stop_step,per_execution", [(1, 0, 5, 1), (2, 1, 4, 2)])
 def test_keras_fit_resumes_exactly_from_trained_state(bert, epochs, stop_epoch, stop_step, per_execution):
     """Keras fit's iterator draws batches ahead of its step, so the loader's own state, saved in a fit
