@@ -867,8 +867,14 @@ def _no_batch_note(loader: Loader, epoch: int, samples: int, share: Optional[int
     if samples == 0:
         return (f"{what}; its share of the records is empty (fewer records than consumers?): check the data "
                 f"and the world ({getattr(loader.source, 'world', 'unknown')})")
+    usable = samples - min(failed, samples)
+    if usable < samples:  # records the pipeline could not process (on_error) are not samples of a batch
+        what = (f"{what}, {samples - usable} of which the pipeline could not process (on_error="
+                f"{loader.on_error!r} left them out), so {usable}")
+    if usable == 0:
+        return (f"{what}: see the warnings, or on_error='raise' for the first one's error")
     return (f"{what}, fewer than batch_size {loader.batch_size}, and last_batch='{loader.last_batch}' drops the "
-            f"short batch: use a batch_size of at most {samples}, or last_batch='PARTIAL' (or 'FILL')")
+            f"short batch: use a batch_size of at most {usable}, or last_batch='PARTIAL' (or 'FILL')")
 
 
 def _empty_batch_note(loader: Loader) -> str:

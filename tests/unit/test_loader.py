@@ -395,6 +395,16 @@ def test_bad_records_can_be_skipped(policy):
     assert loader.stats()["skipped"] == 4
 
 
+def test_no_batch_under_drop_counts_the_records_the_pipeline_left_out():
+    """10 records, one the pipeline cannot process and skips, batch 10, DROP: the message said "it has 10
+    samples, fewer than batch_size 10 ... use a batch_size of at most 10", the size that failed."""
+    loader = Loader(ListSource(10, (10,), payload=bad_payload({3})), Bert(SEQ, PRED), 10, on_error="skip",
+                    last_batch="DROP")
+    with pytest.raises(DlstoreError, match=r"1 of which the pipeline could not process .* so 9, fewer than "
+                                           r"batch_size 10.* a batch_size of at most 9,"):
+        collect(loader)
+
+
 def test_a_bug_in_the_pipeline_reaches_the_consumer_with_where():
     class Broken(Bert):
         def bind(self, **kw):
