@@ -1,9 +1,10 @@
 """DALI adapter: dlstore reads the records, DALI decodes (nvJPEG on a GPU, libjpeg-turbo on the CPU).
 
-dlstore's C++ reader reads and checks the TFRecord shards (any engine, any mount, the rank's
-share); :class:`EncodedSamples` has each record's ``image/encoded`` bytes located inside the
-``tf.train.Example`` in C++ (:func:`dlstore.formats.example.bytes_feature_spans`), without copying
-them, and hands them with the labels (also parsed in C++) to ``fn.external_source`` in batch mode.
+dlstore's C++ reader reads and checks the TFRecord or RecordIO shards (any engine, any mount, the
+rank's share); :class:`EncodedSamples` has each record's ``image/encoded`` bytes located inside the
+``tf.train.Example`` in C++ (:func:`dlstore.formats.example.bytes_feature_spans`), or the image after a
+RecordIO record's ``IRHeader``, without copying them, and hands them with the labels (parsed in C++, or
+the header's) to ``fn.external_source`` in batch mode.
 :func:`dali_pipeline` builds the usual ResNet-50 graph behind it: ``decoders.image_random_crop``
 (``mixed`` device when a GPU exists, else ``cpu``), ``resize``, ``crop_mirror_normalize``.
 
@@ -34,6 +35,7 @@ from dlstore.errors import DlstoreError
 from dlstore.formats.example import bytes_feature_spans, parse_batch
 from dlstore.io.system import available_cores
 from dlstore.pipeline.decode import IMAGENET_MEAN, IMAGENET_STD
+from dlstore.pipeline.resnet50 import recordio_labels
 from dlstore.sources.source import start_at, state_at
 
 __all__ = ["dali_pipeline", "EncodedSamples"]
@@ -78,7 +80,8 @@ class EncodedSamples:
     last_batch : {"PARTIAL", "DROP", "FILL"}
         ``FILL`` completes the last batch by repeating the epoch's last sample.
     image_key, label_key : str
-        The bytes feature with the encoded image and the int64 feature with the label.
+        The bytes feature with the encoded image and the int64 feature with the label (TFRecord
+        Examples; a RecordIO record is an ``IRHeader`` with the label, then the image).
     label_offset : int
         Added to each label (``-1`` turns ImageNet's 1..1000 into 0..999).
     keep : int
@@ -112,11 +115,15 @@ class EncodedSamples:
 
     def _samples(self, source) -> Iterator[Tuple[List[np.ndarray], np.ndarray]]:
         """Per chunk of records: image views and labels."""
-
+        recordio = getattr(source, "format", "tfrecord") == "recordio"
         for batch in source.batches():
-            try:  # both in C++: the labels parsed, the image bytes located (not copied)
-                labels = parse_batch(batch, self.label_spec)[self.label_key][:, 0] + self.label_offset
-                offsets, lengths = bytes_feature_spans(batch, self.image_key)
+            try:  # the labels parsed, the image bytes located (not copied): TFRecord's in C++
+                if recordio:  # IRHeader, then the image (image_key and label_key name Example features)
+                    labels, offsets, lengths = recordio_labels(batch, batch.offsets, batch.lengths)
+                    labels = labels + self.label_offset
+                else:
+                    labels = parse_batch(batch, self.label_spec)[self.label_key][:, 0] + self.label_offset
+                    offsets, lengths = bytes_feature_spans(batch, self.image_key)
             except DlstoreError as e:
                 located = _record_error(e, batch)
                 if located is e:  # not about one record: it names what it can already

@@ -704,6 +704,22 @@ def _dali_values(batch):
     return [bytes(i) + b"|%d" % label for i, label in zip(images, labels.tolist())]
 
 
+def test_dali_feed_reads_recordio_images(tmp_path):
+    """EncodedSamples over RecordIO shards hands DALI each record's image (the bytes after its IRHeader) and
+    the header's label: it parsed every record as a tf.train.Example and called the valid files corrupt."""
+    from dlstore.adapters.dali import EncodedSamples
+
+    paths = generate_imagenet(tmp_path, shards=2, records_per_shard=5, image_size=(40, 56), format="recordio",
+                              progress=False)
+    want = sorted((int(h.label) + 1, bytes(image)) for h, image in map(dlstore.recordio.unpack,
+                                                                        dlstore.open_records(paths)))
+    got = []
+    for images, labels in EncodedSamples(dlstore.Dataset(paths, shuffle="global", batch_size=3, remainder="uneven"), 3,
+                                     label_offset=1):
+        got += [(int(label), bytes(image)) for image, label in zip(images, labels.tolist())]
+    assert sorted(got) == want
+
+
 def test_dali_feed_resumes_exactly(imagenet):
     from dlstore.adapters.dali import EncodedSamples
 
