@@ -329,8 +329,10 @@ def _scan_shards(paths: List[str], fmt: str, verify: bool, bar=None) -> Tuple[st
     fmt, comps = detect_files(paths, fmt)
     squeezed = [p for p, c in zip(paths, comps) if c != "none"]
     if squeezed:
-        raise DlstoreError(f"{squeezed[0]}: compressed shards cannot be split by record between ranks; read them "
-                           f"with dlstore.open_records, or store them uncompressed", path=squeezed[0])
+        raise DlstoreError(f"{squeezed[0]}: a Dataset cannot read compressed shards (its plans read records by "
+                           f"their byte offsets, which a compressed stream has not, even on one rank): read them in "
+                           f"order with dlstore.open_records, or write them again uncompressed (a TFRecordWriter "
+                           f"without compression)", path=squeezed[0])
     found = [find_index(p, fmt)[1] for p in paths]
     todo = [i for i, offs in enumerate(found) if offs is None]
     if todo:
