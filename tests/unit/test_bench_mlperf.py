@@ -78,6 +78,27 @@ def test_aggregate_means_au_over_ranks_and_sums_throughput():
     assert aggregate([fast], 90.0)["passed"]
 
 
+def test_a_run_whose_first_step_holds_the_reading_is_decided_on_the_whole_epoch():
+    # A user trial: each rank's share fit in the shuffle buffer, so every read fell in step 1, which MLPerf's
+    # rule leaves out: AU 97% (MLPerf) beside 5% (whole epoch) passed, at under 5% of the samples/s needed.
+    def rank(seconds, first_read):
+        steps = [{"step": i + 1, "seconds": s, "samples": 10, "bytes": 1 << 20, "compute_seconds": 0.1}
+                 for i, s in enumerate(seconds)]
+        return [dict(rank_epoch({"steps": steps, "bytes": len(seconds) << 20}, 0.1), first_step_read_pct=first_read)]
+
+    filled = [20.0] + [0.1] * 11  # step 1 read everything; the rest is the accelerator's sleep
+    got = aggregate([rank(filled, 100.0), rank(filled, 96.0)], 90.0)
+    assert got["au_pct"] == pytest.approx(100.0) and got["au_whole_pct"] < 10
+    assert got["first_step_read_pct"] == 100.0 and got["decided_on"] == "au_whole_pct" and not got["passed"]
+    warm_up = aggregate([rank([0.3] + [0.1] * 11, 5.0)], 90.0)  # step 1 is the pipeline's start: MLPerf's rule
+    assert warm_up["decided_on"] == "au_pct" and warm_up["passed"]
+    median = mlperf._median_run([dict(got, others_cores=None)], 90.0)
+    assert median["decided_on"] == "au_whole_pct" and not median["passed"]
+    verdict = mlperf._verdict("cold", {"best": 0, "tried": [1], "runs": {1: median}},
+                              {"accelerator": "h100", "workload": "resnet50", "au_threshold_pct": 90.0})
+    assert "decided on the whole-epoch AU" in verdict and "read 100% of a rank's epoch" in verdict
+
+
 # ---- the search -------------------------------------------------------------------------------------
 
 
@@ -316,6 +337,17 @@ def test_dlios_rule_is_what_tensorflows_pipeline_does(tmp_path, files):
                         if step + 1 == steps:
                             break
                     assert seen == expected[r], (ranks, threads, r)
+
+
+def test_a_rank_whose_share_fits_in_the_shuffle_buffer_reads_it_all_in_step_1(tmp_path):
+    spec = _tiny(tmp_path)  # 24 records per rank, far below the 64 MiB shuffle buffer, which spreads them all
+    got = mlperf.measure_threads(spec, 2, "warm")
+    # Each rank's first batch of 4 takes a record from as far as the 19th of the 24 it reads (seed 0).
+    assert [e["first_step_read_pct"] for [e] in got["ranks"]] == pytest.approx([100 * 19 / 24] * 2)
+    assert aggregate(got["ranks"], 90.0)["decided_on"] == "au_whole_pct"
+    unshuffled = mlperf.measure_threads(dataclasses.replace(spec, shuffle="none"), 2, "warm")
+    assert [e["first_step_read_pct"] for [e] in unshuffled["ranks"]] == pytest.approx([100 * 4 / 24] * 2)  # a batch
+    assert aggregate(unshuffled["ranks"], 90.0)["decided_on"] == "au_pct"
 
 
 def test_reported_au_matches_a_hand_computation_from_the_step_log(tmp_path):
