@@ -84,7 +84,12 @@ def add_common_arguments(p: argparse.ArgumentParser, workload: Workload) -> None
                    help="the storage under test (a glob, directory or file): adds the 'target' tier. With "
                         "--mounts, shard paths relative to each mount point")
     p.add_argument("--mounts", nargs="+", metavar="DIR",
-                   help="mount points holding the --data shards (placement across mounts)")
+                   help="mount points holding the --data shards (placement across mounts); every one is read: one "
+                        "process reads through all of them at once, ranks share them out (--mounts-per-rank)")
+    p.add_argument("--mounts-per-rank", type=int, default=None, metavar="K",
+                   help="with --mounts: mounts each rank (each process) reads through at once, given out round "
+                        "robin (default: the mounts over the ranks, rounded up, so that every mount is read: all of "
+                        "them in one process, one each with as many ranks as mounts)")
     p.add_argument("--local", metavar="GLOB",
                    help="data for the page-cache and local-cold baselines (default: a generated "
                         f"{workload.dataset_kind} set of --size, cached under the dlstore cache directory)")
@@ -202,6 +207,11 @@ def run_workload(workload: Workload, args: argparse.Namespace) -> int:
         raise ValueError("--jobs must be at least 0")
     if args.mounts and not args.data:
         raise ValueError("--mounts needs --data (the shard paths relative to each mount point)")
+    if args.mounts_per_rank is not None and not args.mounts:
+        raise ValueError("--mounts-per-rank needs --mounts")
+    if args.mounts_per_rank is not None and not 1 <= args.mounts_per_rank <= len(args.mounts):
+        raise ValueError(f"--mounts-per-rank must be 1..{len(args.mounts)} (the number of --mounts), not "
+                         f"{args.mounts_per_rank}")
     args.io = settings.get("io", args.io)
     if args.io not in ("auto",) + ENGINES:
         raise ValueError(f"io={args.io!r} (from {settings.SETTINGS['io'].env}) is for bench storage; "
@@ -213,6 +223,8 @@ def run_workload(workload: Workload, args: argparse.Namespace) -> int:
         raise ValueError("--jobs-tier target needs --data")
     comm = mpi_comm()
     rank, world = (comm.Get_rank(), comm.Get_size()) if comm is not None else (0, 1)
+    # Every mount given is read: one process reads through all of them, ranks share them out.
+    mounts_per_rank = args.mounts_per_rank or (-(-len(args.mounts) // world) if args.mounts else 1)
     quiet = args.quiet or rank != 0
     log = (lambda s: print(s, file=sys.stderr, flush=True)) if rank == 0 else (lambda s: None)
     notes: List[str] = []
@@ -239,12 +251,14 @@ def run_workload(workload: Workload, args: argparse.Namespace) -> int:
                                          **spec_common),
                 "local-cold": LoaderSpec(paths=tuple(baseline), io=args.io, batch_size=batch, **spec_common),
                 "target": LoaderSpec(paths=tuple(target), io=args.io, mounts=tuple(args.mounts or ()),
-                                     shards=(args.data,) if args.mounts else (), batch_size=batch, **spec_common)}
+                                     shards=(args.data,) if args.mounts else (), mounts_per_rank=mounts_per_rank,
+                                     batch_size=batch, **spec_common)}
 
     # The step plan comes from the baseline set (this rank's records), and every tier follows it, so
     # the tiers' steps hold the same samples.
     first = specs_for(args.batch_size)
     probe = first["target" if target else "local-cold"].dataset()  # what the header says is read, and how
+    read_mounts = probe.rank_mounts if target and args.mounts else []
     # This rank's records: of the baseline set where there is one, else of the target's.
     records = len(first["local-cold"].dataset() if baseline and target else probe)
     if comm is not None:  # one plan for every rank: the smallest share decides
@@ -270,9 +284,12 @@ def run_workload(workload: Workload, args: argparse.Namespace) -> int:
         copies = len(target_data.files)
         held = (f"{copies} copies in all, {report.fmt_bytes(sum(map(os.path.getsize, target)))}"
                 if copies > target_data.shards else "one copy each")
+        mine = "all of them" if len(read_mounts) == len(args.mounts) else ", ".join(read_mounts)
+        who = (f"each rank through {mounts_per_rank} at once, round robin (rank 0: {', '.join(read_mounts)})"
+               if comm is not None else f"this process through {mine} at once")
         data_lines.append(("target", f"{target_data.shards} shards, {report.fmt_bytes(target_data.shard_bytes)} "
                                       f"({held}) on {len(args.mounts)} mounts ({', '.join(args.mounts)}), read "
-                                      f"through dlstore.Dataset"))
+                                      f"through dlstore.Dataset, {who}"))
     elif target_data:
         data_lines.append(("target", f"{len(target)} files, {report.fmt_bytes(target_data.shard_bytes)} in "
                                       f"{os.path.dirname(target[0])}"))
@@ -344,7 +361,8 @@ def run_workload(workload: Workload, args: argparse.Namespace) -> int:
               "epochs": args.epochs,
               "step_batches_text": step_text, "prefetch": args.prefetch, "threads": args.threads,
               "size": None if args.local else args.size, "baseline": baseline, "target": target,
-              "mounts": args.mounts, "pipeline": workload.pipeline, "pipeline_kwargs": workload.pipeline_kwargs(args),
+              "mounts": args.mounts, "mounts_per_rank": mounts_per_rank if args.mounts else None,
+              "pipeline": workload.pipeline, "pipeline_kwargs": workload.pipeline_kwargs(args),
               **gpu}
     doc = build_document(workload, results, info=info, config=config, compute=compute, batch_size=batch_size,
                          jobs=jobs, ranks=ranks, notes=notes, warnings=warnings)

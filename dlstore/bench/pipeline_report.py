@@ -205,7 +205,9 @@ def format_report(doc: Dict[str, Any]) -> str:
     for title, (rows, columns) in _sections(doc):
         lines += [report.text_table(rows, columns, title=title), ""]
     for t in doc["tiers"]:
-        lines.append(f"{t['tier']:<10} io={t['io']} ({t['io_reason']}); cache: {t['cache_method']}")
+        mounts = ((t.get("loader_stats") or {}).get("source") or {}).get("mounts")
+        lines.append(f"{t['tier']:<10} io={t['io']} ({t['io_reason']}); cache: {t['cache_method']}"
+                     + (f"; read through {', '.join(mounts)}" if mounts else ""))
     decoders = {(t.get("loader_stats") or {}).get("decoder") for t in doc["tiers"]} - {None}
     for d in sorted(decoders):
         lines.append(f"decoder: {d}")

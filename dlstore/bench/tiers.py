@@ -65,6 +65,7 @@ class LoaderSpec:
     epochs: int = 1
     mounts: Tuple[str, ...] = ()  # with mounts: the Dataset reads `shards`, relative to them
     shards: Tuple[str, ...] = ()
+    mounts_per_rank: int = 1  # with mounts: how many of them each rank reads through at once
     shuffle: str = "block"
     seed: int = 0
     device: Optional[str] = None  # "cuda:N": batches delivered to that GPU (Loader(device=...))
@@ -73,7 +74,8 @@ class LoaderSpec:
     def dataset(self):
         """This rank's :class:`dlstore.Dataset` of the spec's data."""
         if self.mounts:
-            where: Dict[str, Any] = dict(shards=list(self.shards), mounts=list(self.mounts))
+            where: Dict[str, Any] = dict(shards=list(self.shards), mounts=list(self.mounts),
+                                         mounts_per_rank=self.mounts_per_rank)
         else:
             where = dict(shards=list(self.paths))
         return Dataset(**where, io=self.io, verify=self.verify, shuffle=self.shuffle, seed=self.seed,

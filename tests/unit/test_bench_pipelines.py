@@ -585,3 +585,30 @@ def test_bench_pipeline_argument_errors_exit_2(tmp_path):
     assert r.returncode == 2 and "unknown nvme" in r.stderr
     r = _bench("resnet50", "--mounts", "/a", "/b", tmp_path=tmp_path)
     assert r.returncode == 2 and "--mounts needs --data" in r.stderr
+
+
+@pytest.mark.slow
+def test_bench_reads_every_mount_given_and_says_which_it_read(tmp_path):
+    # A user trial: with --mounts A B one process read A alone, the report said "on 2 mounts", and swapping the
+    # order swapped the verdict; only the JSON's loader_stats named the mount read.
+    pytest.importorskip("PIL", reason="the synthetic ImageNet-like set needs pillow")
+    import shutil
+
+    from dlstore.synthetic import generate_imagenet
+
+    generate_imagenet(os.fspath(tmp_path / "m0"), shards=2, records_per_shard=6, progress=False)
+    shutil.copytree(tmp_path / "m0", tmp_path / "m1")
+    mounts = [os.fspath(tmp_path / "m0"), os.fspath(tmp_path / "m1")]
+    for per_rank, read in ((None, mounts), ("1", mounts[:1])):
+        out = tmp_path / "t.json"
+        r = _bench("resnet50", "--data", "train-*", "--mounts", *mounts, "--tiers", "target", "--json",
+                   os.fspath(out), *(("--mounts-per-rank", per_rank) if per_rank else ()), tmp_path=tmp_path)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        tier = _load(out)["tiers"][0]
+        assert tier["loader_stats"]["source"]["mounts"] == read
+        assert f"; read through {', '.join(read)}" in r.stdout
+        header = next(line for line in r.stdout.splitlines() if line.startswith("target  "))
+        assert header.endswith("this process through all of them at once" if per_rank is None else
+                               f"this process through {read[0]} at once")
+    r = _bench("resnet50", "--data", "train-*", "--mounts", *mounts, "--mounts-per-rank", "3", tmp_path=tmp_path)
+    assert r.returncode == 2 and "--mounts-per-rank must be 1..2" in r.stderr
