@@ -267,6 +267,16 @@ def run_workload(workload: Workload, args: argparse.Namespace) -> int:
     batch_size, lowered = fit_batch_size(records, args.batch_size, args.steps, args.step_batches, args.epochs)
     if lowered:
         notes.append(lowered)
+    if baseline and target:  # the plan is the baseline's: a target short of one batch would yield none
+        share = len(probe)
+        if comm is not None:
+            share = min(comm.allgather(share))
+        if share < batch_size:
+            held = f"{share:,} records" + (" in the smallest rank's share" if comm is not None else "")
+            fix = (f"--batch-size {share} or less, or --tiers target (its steps are then sized from its own "
+                   "records)" if share else "fewer ranks")
+            raise ValueError(f"--data: the target holds {held}, fewer than one batch of {batch_size}: its tier would "
+                             f"read nothing. Use more data or {fix}")
     plan = plan_steps(args.epochs * (records // batch_size), args.steps, args.step_batches)
     compute = resolve_compute(args.compute, workload.name, batch_size, workload.variant(args))
     step_text = (f"{plan[0]} batch{'es' if plan[0] != 1 else ''} of {batch_size} {workload.unit}"

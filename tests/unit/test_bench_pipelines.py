@@ -612,3 +612,20 @@ def test_bench_reads_every_mount_given_and_says_which_it_read(tmp_path):
                                f"this process through {read[0]} at once")
     r = _bench("resnet50", "--data", "train-*", "--mounts", *mounts, "--mounts-per-rank", "3", tmp_path=tmp_path)
     assert r.returncode == 2 and "--mounts-per-rank must be 1..2" in r.stderr
+
+
+@pytest.mark.slow
+def test_a_target_smaller_than_one_batch_is_refused_in_one_line(tmp_path):
+    # A user trial: a 3-record target beside the baseline's batch of 256 ended in "TypeError: object of type
+    # 'CountingSource' has no len()" from the loader, exit 1, after the baseline tiers had run.
+    pytest.importorskip("PIL", reason="the synthetic ImageNet-like set needs pillow")
+    from dlstore.synthetic import generate_imagenet
+
+    generate_imagenet(os.fspath(tmp_path / "three"), shards=1, records_per_shard=3, progress=False)
+    out = tmp_path / "r.json"
+    r = _bench("resnet50", "--size", "tiny", "--batch-size", "8", "--steps", "2", "--data",
+               os.fspath(tmp_path / "three"), "--json", os.fspath(out), tmp_path=tmp_path)
+    assert r.returncode == 2, r.stdout[-3000:] + r.stderr[-3000:]
+    assert r.stderr.strip().count("\n") == 0 and "Traceback" not in r.stderr
+    assert "the target holds 3 records, fewer than one batch of 8" in r.stderr
+    assert "Use more data or --batch-size 3 or less" in r.stderr
