@@ -26,10 +26,12 @@ def _job_main(spec: LoaderSpec, plan: List[int], compute_s: float, index: int, r
         start.wait()
         t0 = time.monotonic()  # CLOCK_MONOTONIC: comparable across the processes of one host
         try:
-            measured = run_steps(loader, plan, compute_s=compute_s, counter=source)
+            measured = run_steps(loader, plan, compute_s=compute_s, counter=source, clock=time.monotonic)
         finally:
             close_loader(loader)
-        measured.update(job=index, start=t0, end=time.monotonic())
+        # The job ends at its last batch, as its own time and the tiers' do: not after its loader's shutdown
+        # (which waits for a read under way, seconds on slow storage).
+        measured.update(job=index, start=t0, end=t0 + measured["seconds"])
         results.put((index, measured, None))
     except BaseException:  # noqa: BLE001 - reported to the parent, which raises it with the job's number
         ready.put(index)
