@@ -76,7 +76,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-verify", dest="verify", action="store_false",
                    help="do not check TFRecord CRCs (checked by default)")
     p.add_argument("--readers", type=int, default=1, metavar="N",
-                   help="readers running at once, the files dealt among them (default: %(default)s)")
+                   help="readers running at once, the files dealt among them, at most one reader per file (the "
+                        "header and the JSON's readers say how many ran) (default: %(default)s)")
     p.add_argument("--sync", action="store_true",
                    help="readers wait for each other after every batch (with --readers > 1)")
     p.add_argument("--no-fio", dest="fio", action="store_false", help="do not run fio beside dlstore")
@@ -581,16 +582,23 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--repeat must be at least 1")
     if args.readers < 1:
         raise ValueError("--readers must be at least 1")
+    world = detect_world()
+    if world.size > 1:  # each rank would read every file and write the same outputs
+        raise ValueError(f"bench storage runs in one process, not as rank {world.rank} of {world.size} "
+                         f"({world.source}): run it without the launcher; --readers N reads the files with N "
+                         "readers at once")
     args.io = settings.get("io", args.io)
     device = check_gpu_request(args.io, args.device)  # says what is missing before generating any data
     paths = dataset_paths(args.data, args.size)
     probe = open_readers(paths, io=args.io, verify=args.verify)[0]
     info = sysinfo.collect(paths, probe.engine, probe.engine_reason)
     file_bytes = sum(os.path.getsize(p) for p in paths)
-    sync_note = " (--sync has no effect with one reader)" if args.sync and args.readers == 1 else ""
+    readers = min(args.readers, len(paths))  # open_readers deals whole files: at most one reader each
+    sync_note = " (--sync has no effect with one reader)" if args.sync and readers == 1 else ""
     dataset_line = (f"{len(paths)} {probe.format} files, {report.fmt_bytes(file_bytes)}; "
-                    f"readers {args.readers}"
-                    f"{', synchronised per batch' if args.sync else ''}{sync_note}; CRC "
+                    f"readers {readers}"
+                    + (f" (--readers {args.readers}: one per file at most)" if readers < args.readers else "")
+                    + f"{', synchronised per batch' if args.sync else ''}{sync_note}; CRC "
                     f"{'checked' if args.verify else 'not checked'}")
     extra = [("dataset", dataset_line)]
     if device is not None:
@@ -598,14 +606,14 @@ def run(args: argparse.Namespace) -> int:
     print(sysinfo.format_header(info, extra=extra) + "\n", flush=True)
 
     results = run_storage(paths, io=args.io, cache=args.cache, repeat=args.repeat, verify=args.verify,
-                          readers=args.readers, sync=args.sync, fio=args.fio, fio_ioengine=args.fio_ioengine,
+                          readers=readers, sync=args.sync, fio=args.fio, fio_ioengine=args.fio_ioengine,
                           fio_iodepth=args.fio_iodepth, quiet=args.quiet,
                           log=lambda s: print(s, file=sys.stderr, flush=True), device=device,
                           metrics=getattr(args, "metrics", None))
     print(format_results(results))
     if args.json:
         doc = dict(results[0])
-        doc.update(runs=list(results), sysinfo=info,
+        doc.update(runs=list(results), sysinfo=info, readers_requested=args.readers,
                    data={"paths": list(paths), "files": len(paths), "file_bytes": file_bytes,
                          "format": probe.format},
                    command=["python", "-m", "dlstore.bench"] + sys.argv[1:])

@@ -468,6 +468,29 @@ def test_bench_storage_cold_with_synchronised_readers(tiny_set):
     assert doc["fio_skipped"] == "--no-fio"
 
 
+@pytest.mark.slow
+def test_bench_storage_reports_the_readers_that_ran(tiny_set):
+    # A user trial: --readers 5 over 2 files ran 2 readers (one per file at most) while the header and the
+    # JSON said 5.
+    out = tiny_set / "s.json"
+    r = _bench("storage", "--data", os.fspath(tiny_set), "--io", "buffered", "--cache", "warm", "--repeat", "1",
+               "--readers", "5", "--no-fio", "--json", os.fspath(out))
+    assert r.returncode == 0, r.stderr
+    assert "readers 3 (--readers 5: one per file at most)" in r.stdout
+    doc = _load(out)
+    assert doc["readers"] == 3 and doc["readers_requested"] == 5 and doc["records"] == 60
+
+
+def test_bench_storage_under_a_launcher_is_refused_in_one_line(tiny_set):
+    # A user trial: under mpirun -np 2 each rank read every file, printed a whole report and wrote the same JSON.
+    out = tiny_set / "s.json"
+    env = dict(os.environ, OMPI_COMM_WORLD_SIZE="2", OMPI_COMM_WORLD_RANK="1", OMPI_COMM_WORLD_LOCAL_RANK="1",
+               OMPI_COMM_WORLD_LOCAL_SIZE="2")
+    r = _bench("storage", "--data", os.fspath(tiny_set), "--no-fio", "--json", os.fspath(out), env=env)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and not out.exists()
+    assert "bench storage runs in one process, not as rank 1 of 2" in r.stderr and "--readers N" in r.stderr
+
+
 def test_bench_storage_bad_data_exits_2(tmp_path):
     r = _bench("storage", "--data", os.fspath(tmp_path / "nothing-*.tfrecord"))
     assert r.returncode == 2 and "no record file matches" in r.stderr
