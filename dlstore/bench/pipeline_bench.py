@@ -267,8 +267,9 @@ def run_workload(workload: Workload, args: argparse.Namespace) -> int:
     batch_size, lowered = fit_batch_size(records, args.batch_size, args.steps, args.step_batches, args.epochs)
     if lowered:
         notes.append(lowered)
+    target_share = None
     if baseline and target:  # the plan is the baseline's: a target short of one batch would yield none
-        share = len(probe)
+        share = target_share = len(probe)
         if comm is not None:
             share = min(comm.allgather(share))
         if share < batch_size:
@@ -278,6 +279,12 @@ def run_workload(workload: Workload, args: argparse.Namespace) -> int:
             raise ValueError(f"--data: the target holds {held}, fewer than one batch of {batch_size}: its tier would "
                              f"read nothing. Use more data or {fix}")
     plan = plan_steps(args.epochs * (records // batch_size), args.steps, args.step_batches)
+    if target_share is not None and sum(plan) * batch_size < args.epochs * target_share:
+        planned, held = sum(plan) * batch_size, args.epochs * target_share
+        whole = f"{args.epochs} epochs" if args.epochs > 1 else "a whole epoch"
+        notes.append(f"target: the steps are planned on the baseline, so the target tier reads {planned:,} of its "
+                     f"{held:,} records{' per rank' if comm is not None else ''} ({100 * planned / held:.0f}%), not "
+                     f"{whole} of it; --tiers target alone, or --local with a copy of it, reads it whole")
     compute = resolve_compute(args.compute, workload.name, batch_size, workload.variant(args))
     step_text = (f"{plan[0]} batch{'es' if plan[0] != 1 else ''} of {batch_size} {workload.unit}"
                  if len(set(plan)) == 1 else
@@ -308,7 +315,7 @@ def run_workload(workload: Workload, args: argparse.Namespace) -> int:
     extra += data_lines
     extra.append(("shuffle", f"{probe.describe_shuffle()}; seed {args.seed}"))
     del probe
-    epochs = f"{args.epochs} epochs" if args.epochs > 1 else "1 epoch"
+    epochs = (f"{args.epochs} epochs" if args.epochs > 1 else "1 epoch") + (" of the baseline" if baseline else "")
     extra.append(("step", f"{step_text}; {len(plan)} steps per tier over {epochs}; the rate of a step is its "
                           f"{workload.unit} "
                           "over its wall time, step 1 including the pipeline's start"))

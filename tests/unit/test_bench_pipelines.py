@@ -652,3 +652,22 @@ def test_a_target_smaller_than_one_batch_is_refused_in_one_line(tmp_path):
     assert r.stderr.strip().count("\n") == 0 and "Traceback" not in r.stderr
     assert "the target holds 3 records, fewer than one batch of 8" in r.stderr
     assert "Use more data or --batch-size 3 or less" in r.stderr
+
+
+@pytest.mark.slow
+def test_a_target_larger_than_the_baseline_is_said_to_be_read_in_part(tmp_path):
+    # A user trial: beside --size small, a 1 GB target read 2,816 of its 8,800 records under a header saying
+    # "9 steps per tier over 1 epoch", with no note: the steps are planned on the baseline.
+    pytest.importorskip("PIL", reason="the synthetic ImageNet-like set needs pillow")
+    from dlstore.synthetic import generate_imagenet
+
+    generate_imagenet(os.fspath(tmp_path / "big"), shards=2, records_per_shard=40, progress=False)
+    out = tmp_path / "r.json"
+    r = _bench("resnet50", "--size", "tiny", "--batch-size", "8", "--steps", "2", "--tiers", "local-cold,target",
+               "--data", os.fspath(tmp_path / "big"), "--json", os.fspath(out), tmp_path=tmp_path)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "2 steps per tier over 1 epoch of the baseline" in r.stdout
+    assert ("note: target: the steps are planned on the baseline, so the target tier reads 32 of its 80 records "
+            "(40%), not a whole epoch of it") in r.stdout
+    target = next(t for t in _load(out)["tiers"] if t["tier"] == "target")
+    assert target["samples"] == 32
