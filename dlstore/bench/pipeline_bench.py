@@ -260,11 +260,13 @@ def run_workload(workload: Workload, args: argparse.Namespace) -> int:
     probe = first["target" if target else "local-cold"].dataset()  # what the header says is read, and how
     read_mounts = probe.rank_mounts if target and args.mounts else []
     # This rank's records: of the baseline set where there is one, else of the target's.
-    records = len(first["local-cold"].dataset() if baseline and target else probe)
+    planned_on = first["local-cold"].dataset() if baseline and target else probe
+    records, all_records = len(planned_on), int(planned_on.counts.sum())
     if comm is not None:  # one plan for every rank: the smallest share decides
         records = min(comm.allgather(records))
     # --step-batches fixes the batches: the batch size fits them all in the data, as it fits --steps.
-    batch_size, lowered = fit_batch_size(records, args.batch_size, args.steps, args.step_batches, args.epochs)
+    batch_size, lowered = fit_batch_size(records, args.batch_size, args.steps, args.step_batches, args.epochs,
+                                         holder="the smallest rank's share" if comm is not None else "the data")
     if lowered:
         notes.append(lowered)
     target_share = None
@@ -294,9 +296,10 @@ def run_workload(workload: Workload, args: argparse.Namespace) -> int:
     info = sysinfo.collect(probe_paths, probe.engine, probe.engine_reason)
     data_lines = []
     if baseline:
+        # With a baseline the plan is made on it: the set's records, and under MPI the share that decided.
+        held = f"{all_records:,} records" + (f" ({records:,} in the smallest rank's share)" if comm is not None else "")
         data_lines.append(("baseline", f"{len(baseline)} files, {report.fmt_bytes(sum(map(os.path.getsize, baseline)))}"
-                                        f"{f', {records:,} records' if records is not None else ''} in "
-                                        f"{os.path.dirname(baseline[0])}"))
+                                        f", {held} in {os.path.dirname(baseline[0])}"))
     if target_data and args.mounts:
         copies = len(target_data.files)
         held = (f"{copies} copies in all, {report.fmt_bytes(sum(map(os.path.getsize, target)))}"

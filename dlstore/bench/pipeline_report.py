@@ -208,7 +208,8 @@ def format_report(doc: Dict[str, Any]) -> str:
         mounts = ((t.get("loader_stats") or {}).get("source") or {}).get("mounts")
         lines.append(f"{t['tier']:<10} io={t['io']} ({t['io_reason']}); cache: {t['cache_method']}"
                      + (f"; read through {', '.join(mounts)}" if mounts else ""))
-    decoders = {(t.get("loader_stats") or {}).get("decoder") for t in doc["tiers"]} - {None}
+    every = list(doc["tiers"]) + [t for r in doc.get("ranks") or [] for t in r]  # under MPI the ranks' tiers say
+    decoders = {(t.get("loader_stats") or {}).get("decoder") for t in every} - {None}
     for d in sorted(decoders):
         lines.append(f"decoder: {d}")
     if any(t.get("read_share_pct") is not None for t in doc["tiers"]):

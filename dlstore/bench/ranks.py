@@ -22,7 +22,9 @@ def aggregate_ranks(per_rank: Sequence[Sequence[Dict[str, Any]]]) -> List[Dict[s
     """The aggregate of each tier over ranks: samples and bytes summed, over the slowest rank's time.
 
     A step's aggregate rate is the sum of the ranks' rates for that step (the ranks run the same
-    plan at the same time); the busiest core is the busiest over all ranks' hosts.
+    plan at the same time); the busiest core is the busiest over all ranks' hosts; a step's AU is the
+    mean of the ranks'. Per-rank details (``cores_pct``, ``loader_stats``) are None in the aggregate:
+    each rank's are in its own tiers.
     """
     out = []
     for tiers in zip(*per_rank):
@@ -37,7 +39,8 @@ def aggregate_ranks(per_rank: Sequence[Sequence[Dict[str, Any]]]) -> List[Dict[s
                           "rate": sum(s["rate"] or 0.0 for s in mine),
                           "mb_per_s": sum(s["mb_per_s"] or 0.0 for s in mine),
                           "busiest_core_pct": max((s["busiest_core_pct"] for s in mine
-                                                   if s["busiest_core_pct"] is not None), default=None)})
+                                                   if s["busiest_core_pct"] is not None), default=None),
+                          "accelerator_util_pct": mean_known(s.get("accelerator_util_pct") for s in mine)})
         out.append(dict(
             tier=tiers[0]["tier"], io=tiers[0]["io"], io_reason=tiers[0]["io_reason"], cache=tiers[0]["cache"],
             cache_method=tiers[0]["cache_method"], ranks=len(tiers), samples=samples, bytes=nbytes, seconds=seconds,
@@ -45,10 +48,16 @@ def aggregate_ranks(per_rank: Sequence[Sequence[Dict[str, Any]]]) -> List[Dict[s
             steps=steps, busiest_core_pct=max((t["busiest_core_pct"] for t in tiers
                                                if t["busiest_core_pct"] is not None), default=None),
             accelerator_util_pct=mean_known(t.get("accelerator_util_pct") for t in tiers),
+            compute_seconds=sum_known(t.get("compute_seconds") for t in tiers),
+            cores_pct=None,
+            other_processes_cores=max((t["other_processes_cores"] for t in tiers
+                                       if t.get("other_processes_cores") is not None), default=None),
+            ended_early=any(t.get("ended_early") for t in tiers),
             batches=sum(t["batches"] for t in tiers),
             read_records=sum_known(t.get("read_records") for t in tiers),
             read_bytes=sum_known(t.get("read_bytes") for t in tiers),
             process_cpu_pct=sum_known(t.get("process_cpu_pct") for t in tiers),
             cached_before=mean_known(t.get("cached_before") for t in tiers),
-            read_share_pct=mean_known(t.get("read_share_pct") for t in tiers)))
+            read_share_pct=mean_known(t.get("read_share_pct") for t in tiers),
+            loader_stats=None))
     return out

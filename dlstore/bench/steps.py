@@ -38,9 +38,11 @@ def plan_steps(total_batches: Optional[int], steps: int = DEFAULT_STEPS,
 
 
 def fit_batch_size(records: Optional[int], batch_size: int, steps: int,
-                   step_batches: Optional[int] = None, epochs: int = 1) -> Tuple[int, Optional[str]]:
+                   step_batches: Optional[int] = None, epochs: int = 1,
+                   holder: str = "the data") -> Tuple[int, Optional[str]]:
     """The batch size to use, lowered so that ``epochs`` passes over ``records`` make at least ``steps``
-    batches (``steps`` x ``step_batches`` when that is given); and a note when lowered."""
+    batches (``steps`` x ``step_batches`` when that is given); and a note when lowered, saying ``holder``
+    holds the records (under MPI, e.g. "the smallest rank's share")."""
     batches = steps * (step_batches or 1)
     samples = None if records is None else records * epochs
     if samples is None or samples >= batch_size * batches:
@@ -49,7 +51,7 @@ def fit_batch_size(records: Optional[int], batch_size: int, steps: int,
     asked = (f"{steps} steps of batch {batch_size}" if step_batches is None else
              f"{steps} steps of {step_batches} batches of {batch_size}")
     held = f"{records} records" + (f" x {epochs} epochs" if epochs > 1 else "")
-    note = f"batch size lowered from {batch_size} to {fitted}: the data holds {held}, too few for {asked}"
+    note = f"batch size lowered from {batch_size} to {fitted}: {holder} holds {held}, too few for {asked}"
     if samples < batches:
         if step_batches is None:  # plan_steps deals the batches into fewer steps
             note += f"; {samples} steps of batch 1, not {steps}: more data makes more steps"

@@ -334,6 +334,34 @@ def test_per_rank_tables_under_mpi():
     assert "rank 0: samples/s per step" in text and "rank 1: samples/s per step" in text
 
 
+def test_the_mpi_aggregate_has_every_tier_key_the_au_per_step_and_the_decoder():
+    # A user trial: under mpirun the aggregate step table lacked the AU column the per-rank tables had, the
+    # decoder line was missing, and the aggregate tiers lacked keys docs/bench.md says every tier has.
+    ranks = []
+    for rates in ([100, 100], [50, 50]):
+        tier = _tier("local-cold", rates, au=80.0)
+        tier.update(loader_stats={"decoder": "libjpeg-turbo (test)"}, compute_seconds=1.0, other_processes_cores=0.5)
+        ranks.append([tier])
+    doc = build_document(resnet50_bench.WORKLOAD, aggregate_ranks(ranks), info={},
+                         config={"step_batches_text": "1 batch"}, compute=Compute(0.5, "x", "y"), batch_size=10,
+                         ranks=ranks)
+    agg = doc["tiers"][0]
+    documented = TIER_KEYS + ["images_per_s", "batches", "samples", "bytes", "seconds", "compute_seconds",
+                              "accelerator_util_pct", "cores_pct", "process_cpu_pct", "other_processes_cores",
+                              "ended_early", "read_records", "read_bytes", "io_reason", "cache", "cache_method",
+                              "cached_before", "read_share_pct", "loader_stats", "step_details", "bytes_per_sample",
+                              "required_mb_per_s_per_accelerator", "sustained_pct"]
+    assert set(documented) - set(agg) == set()
+    assert agg["compute_seconds"] == 2.0 and agg["other_processes_cores"] == 0.5 and agg["ended_early"] is False
+    assert agg["cores_pct"] is None and agg["loader_stats"] is None  # per rank, in doc["ranks"]
+    assert [s["accelerator_util_pct"] for s in agg["step_details"]] == [80.0, 80.0]
+    text = format_report(doc)
+    aggregate_table = text.split("rank 0:")[0]
+    assert "AU" in aggregate_table.splitlines()[1] and "decoder: libjpeg-turbo (test)" in text
+    _, note = fit_batch_size(880, 256, 9, holder="the smallest rank's share")
+    assert "the smallest rank's share holds 880 records" in note
+
+
 def test_no_mpi_without_a_launcher(monkeypatch):
     from dlstore.distributed import mpi_comm
     from dlstore.placement import world
