@@ -252,6 +252,9 @@ class SourceWrapper:
     def stats(self) -> Dict[str, Any]:
         return self._source.stats()
 
+    def __len__(self) -> int:  # a Dataset's share; len() looks dunders up on the class, never in __getattr__
+        return len(self._source)
+
     def __getattr__(self, name: str) -> Any:  # what a Source has beyond the protocol (a Dataset's plan, say)
         return getattr(self._source, name)
 

@@ -70,3 +70,14 @@ def test_a_wrapper_reaching_the_protocol_through_getattr_alone_is_refused_and_to
         pytest.skip("this Python's isinstance reaches members through __getattr__")
     with pytest.raises(TypeError, match="SourceWrapper"):
         Loader(wrapper, Bert(seq_len=128), batch_size=4)
+
+
+def test_a_wrapper_has_its_sources_length_and_a_loader_says_why_no_batch(dataset):
+    """len() of a wrapper is its source's (len looks dunders up on the class, past __getattr__): a Loader
+    over a wrapped Dataset too short for one batch failed with "object of type 'CountingSource' has no
+    len()" instead of saying so."""
+    assert len(CountingSource(dataset)) == len(dataset) == 12  # remainder pad: 10 records in batches of 4
+    with pytest.raises(dlstore.DlstoreError, match="yields no batch"):
+        list(Loader(CountingSource(dataset), Bert(8, 2), 16, last_batch="DROP"))
+    with pytest.raises(TypeError):
+        len(SourceWrapper(iter(())))  # a source without a length: still none
