@@ -26,12 +26,13 @@ The native loader's threads, as torch tensors (no DataLoader, no per-sample Pyth
 """
 from __future__ import annotations
 
+import operator
 import os
 import struct
 import tempfile
 import warnings
 import weakref
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -206,12 +207,30 @@ class _IterableRecords:
                 "records_per_batch": int(per_item), "seed": self.seed,
                 "num_consumers": self.dataset.world.with_worker(0, max(1, int(num_workers))).num_consumers}
 
-    def load_state_dict(self, state: Dict[str, int]) -> None:
+    def load_state_dict(self, state: Mapping[str, int]) -> None:
         """Resumes at a :meth:`state_dict`: the next DataLoader pass over this dataset (same world, same
         number of workers) yields exactly the items an uninterrupted pass would have yielded after the
-        ones already seen, each worker starting at its own position in its share."""
-        state = {key: int(state[key]) for key in ("epoch", "batches_seen", "num_workers", "records_per_batch",
-                                                  "seed", "num_consumers")}
+        ones already seen, each worker starting at its own position in its share.
+
+        Raises
+        ------
+        ValueError
+            When ``state`` is not one :meth:`state_dict` gives, or its seed differs.
+        """
+        if not isinstance(state, Mapping):
+            raise ValueError(f"not a DlstoreIterableDataset state: {state!r:.80} (ds.state_dict(batches_seen, "
+                             f"num_workers=...) gives one)")
+        missing = [key for key in _STATE_KEYS if key not in state]
+        if missing:
+            raise ValueError(f"not a DlstoreIterableDataset state: it lacks {', '.join(missing)} (it has "
+                             f"{', '.join(map(str, state)) or 'nothing'}); ds.state_dict(batches_seen, "
+                             f"num_workers=...) gives one")
+        try:
+            state = {key: operator.index(state[key]) for key in _STATE_KEYS}
+        except TypeError:
+            bad = next(key for key in _STATE_KEYS if not isinstance(state[key], (int, np.integer)))
+            raise ValueError(f"not a DlstoreIterableDataset state: its {bad} is {state[bad]!r}, not an "
+                             f"integer") from None
         if state["seed"] != self.seed:
             raise ValueError(f"the state was saved with seed {state['seed']}, this dataset has seed {self.seed}")
         self.epoch, self._resume = state["epoch"], state
@@ -335,6 +354,9 @@ def _remove_board(path: str, owner: int) -> None:
         except OSError:
             pass
 
+
+#: What :meth:`_IterableRecords.state_dict` saves.
+_STATE_KEYS = ("epoch", "batches_seen", "num_workers", "records_per_batch", "seed", "num_consumers")
 
 #: The loader's counters and timings, summed over passes; its other entries (sizes, the decoder) are the last pass's.
 _SUMMED = ("batches", "samples", "padding", "empty_batches", "records", "bytes", "skipped", "skipped_pipeline",

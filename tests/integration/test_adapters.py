@@ -282,6 +282,23 @@ def test_torch_dataset_resumes_mid_epoch_with_a_pipeline(bert):
         DlstoreIterableDataset(bert).state_dict(3, num_workers=2)
 
 
+def test_torch_dataset_refuses_a_state_of_another_kind(tmp_path):
+    """A Loader's state given to DlstoreIterableDataset.load_state_dict (found by a user trial: a bare
+    KeyError 'batches_seen') is refused with a ValueError naming what it lacks."""
+    from dlstore.adapters.torch import DlstoreIterableDataset
+
+    paths, _ = _numbered_files(tmp_path, [30, 50, 40])
+    ds = DlstoreIterableDataset(paths, world=World(rank=0, size=1), seed=1)
+    with pytest.raises(ValueError, match="not a DlstoreIterableDataset state: it lacks batches_seen, num_workers, "
+                                         "records_per_batch, num_consumers"):
+        ds.load_state_dict({"epoch": 0, "sample_in_epoch": 32, "seed": 1})  # a Loader's
+    state = ds.state_dict(3, num_workers=2, records_per_batch=4)
+    with pytest.raises(ValueError, match="its batches_seen is '3', not an integer"):
+        ds.load_state_dict(dict(state, batches_seen="3"))
+    with pytest.raises(ValueError, match="not a DlstoreIterableDataset state"):
+        ds.load_state_dict([0, 3])
+
+
 def test_torch_dataset_reads_the_rank_from_the_environment(tmp_path, monkeypatch):
     from dlstore.adapters.torch import DlstoreIterableDataset
 
