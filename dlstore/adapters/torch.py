@@ -196,6 +196,15 @@ class _IterableRecords:
         With a pipeline an item is one of its batches (``DataLoader(ds, batch_size=None)``); without
         one, pass the DataLoader's ``batch_size`` as ``records_per_batch`` (``drop_last=False``). The
         DataLoader must hand out its workers' items in order (``in_order=True``, its default).
+
+        After the epoch's last item the state is the next epoch's start (``epoch + 1``, ``batches_seen``
+        0), as the Dataset's and the Loader's are: an epoch boundary, which resumes with any number of
+        workers or world size.
+
+        Raises
+        ------
+        ValueError
+            When ``batches_seen`` is more than the epoch's items for ``num_workers`` workers.
         """
         if int(batches_seen) < 0 or int(num_workers) < 0:
             raise ValueError(f"batches_seen and num_workers must be non-negative, got {batches_seen} and "
@@ -203,19 +212,32 @@ class _IterableRecords:
         per_item = self.batch_size if self.pipeline is not None else records_per_batch
         if per_item is None or int(per_item) < 1:
             raise ValueError("without a pipeline, state_dict needs records_per_batch: the DataLoader's batch_size")
-        return {"epoch": self.epoch, "batches_seen": int(batches_seen), "num_workers": int(num_workers),
-                "records_per_batch": int(per_item), "seed": self.seed,
-                "num_consumers": self.dataset.world.with_worker(0, max(1, int(num_workers))).num_consumers}
+        epoch, seen, num_workers, per_item = self.epoch, int(batches_seen), int(num_workers), int(per_item)
+        if seen:
+            total = sum(self._epoch_items(epoch, num_workers, per_item)[2])
+            if seen > total:
+                raise ValueError(f"batches_seen {seen} is more than epoch {epoch}'s {total} items with {num_workers} "
+                                 f"DataLoader workers and {per_item} records each")
+            if seen == total:
+                epoch, seen = epoch + 1, 0
+        return {"epoch": epoch, "batches_seen": seen, "num_workers": num_workers, "records_per_batch": per_item,
+                "seed": self.seed,
+                "num_consumers": self.dataset.world.with_worker(0, max(1, num_workers)).num_consumers}
 
     def load_state_dict(self, state: Mapping[str, int]) -> None:
-        """Resumes at a :meth:`state_dict`: the next DataLoader pass over this dataset (same world, same
-        number of workers) yields exactly the items an uninterrupted pass would have yielded after the
-        ones already seen, each worker starting at its own position in its share.
+        """Resumes at a :meth:`state_dict`: the next DataLoader pass over this dataset yields exactly the
+        items an uninterrupted pass would have yielded after the ones already seen, each worker starting
+        at its own position in its share.
+
+        A state at an epoch boundary (``batches_seen`` 0) resumes with any number of DataLoader workers and
+        any world size; mid-epoch the world must be the same, and so must the DataLoader's ``num_workers``
+        (which only its workers see: a pass with another number refuses when they start).
 
         Raises
         ------
         ValueError
-            When ``state`` is not one :meth:`state_dict` gives, or its seed differs.
+            When ``state`` is not one :meth:`state_dict` gives, its seed differs, it was saved mid-epoch in a
+            world of another size, or its ``batches_seen`` is past the end of its epoch.
         """
         if not isinstance(state, Mapping):
             raise ValueError(f"not a DlstoreIterableDataset state: {state!r:.80} (ds.state_dict(batches_seen, "
@@ -233,8 +255,41 @@ class _IterableRecords:
                              f"integer") from None
         if state["seed"] != self.seed:
             raise ValueError(f"the state was saved with seed {state['seed']}, this dataset has seed {self.seed}")
-        self.epoch, self._resume = state["epoch"], state
+        epoch, seen, workers = state["epoch"], state["batches_seen"], state["num_workers"]
+        self._resume = None
+        if seen:  # mid-epoch (or, in states saved before boundaries were normalised, at the epoch's end)
+            now = self.dataset.world.with_worker(0, max(1, workers)).num_consumers
+            if now != state["num_consumers"]:
+                raise ValueError(f"the state was saved at item {seen} of epoch {epoch} by {state['num_consumers']} "
+                                 f"consumers ({workers} DataLoader workers per rank); with {workers} workers this "
+                                 f"world has {now}: the epoch's plan depends on them, so resume mid-epoch in a world "
+                                 f"of the same size, or from a state saved at an epoch boundary")
+            total = sum(self._epoch_items(epoch, workers, state["records_per_batch"])[2])
+            if seen > total:
+                raise ValueError(f"the state's batches_seen {seen} is more than epoch {epoch}'s {total} items with "
+                                 f"{workers} DataLoader workers and {state['records_per_batch']} records each")
+            # At the end every item was handed out: nothing is left of the epoch, whatever the workers.
+            self._resume = dict(state, finished=int(seen == total))
+        self.epoch = epoch
         self._board.write(self.epoch)
+
+    def _epoch_items(self, epoch: int, num_workers: int, per: int) -> Tuple[List[Any], List[int], List[int]]:
+        """``(Datasets, records, items)`` of each DataLoader worker of ``num_workers`` (0: none) in ``epoch``,
+        ``per`` records to an item, as the Loader makes them (Loader._agree): PARTIAL and FILL top a short
+        share up to the agreed count, DROP stops every share at the smallest one's full batches."""
+        consumers = [self._consumer(w, num_workers, epoch) for w in range(max(1, num_workers))]
+        shares = [len(c) for c in consumers]
+        if self.pipeline is not None:
+            consumers[0].use_batch_size(per)
+        smallest = getattr(consumers[0], "smallest_share", None)
+        if self.pipeline is not None and self.last_batch in (LastBatch.PARTIAL, LastBatch.FILL) and \
+                isinstance(consumers[0].num_batches, int):
+            items = [consumers[0].num_batches] * len(shares)
+        elif self.pipeline is not None and self.last_batch == LastBatch.DROP:
+            items = [smallest // per if isinstance(smallest, int) else n // per for n in shares]
+        else:
+            items = [-(-n // per) for n in shares]
+        return consumers, shares, items
 
     def _worker_share(self, worker: int, num_workers: int) -> Tuple[Any, int, int]:
         """``(its Dataset, sample, batches to drop)`` of DataLoader worker ``worker`` of ``num_workers`` (0:
@@ -245,26 +300,14 @@ class _IterableRecords:
         state = self._resume
         if state is None or state["epoch"] != self.epoch:
             return self._consumer(worker, num_workers), 0, 0
-        consumers = [self._consumer(w, num_workers) for w in range(max(1, num_workers))]
-        now = consumers[0].world.num_consumers
-        if state["num_workers"] != num_workers or state["num_consumers"] != now:
-            raise ValueError(f"the state was saved reading with {state['num_workers']} DataLoader workers and "
-                             f"{state['num_consumers']} consumers; this pass has {num_workers} and {now}: an "
-                             f"epoch's plan depends on them, so resume with the same, or from the start of an epoch")
+        if state["num_workers"] != num_workers:
+            # The DataLoader's worker count reaches only its workers (get_worker_info), so this is said here.
+            raise ValueError(f"the state was saved at item {state['batches_seen']} of epoch {state['epoch']} reading "
+                             f"with {state['num_workers']} DataLoader workers; this pass has {num_workers}: the "
+                             f"epoch's plan depends on them, so resume with num_workers={state['num_workers']}, or "
+                             f"from a state saved at an epoch boundary")
         per = state["records_per_batch"]
-        shares = [len(c) for c in consumers]
-        if self.pipeline is not None:
-            consumers[0].use_batch_size(per)
-        # Batches each worker yields in a pass, as the Loader makes them (Loader._agree): PARTIAL and FILL top a
-        # short share up to the agreed count, DROP stops every share at the smallest one's full batches.
-        smallest = getattr(consumers[0], "smallest_share", None)
-        if self.pipeline is not None and self.last_batch in (LastBatch.PARTIAL, LastBatch.FILL) and \
-                isinstance(consumers[0].num_batches, int):
-            items = [consumers[0].num_batches] * len(shares)
-        elif self.pipeline is not None and self.last_batch == LastBatch.DROP:
-            items = [smallest // per if isinstance(smallest, int) else n // per for n in shares]
-        else:
-            items = [-(-n // per) for n in shares]
+        consumers, shares, items = self._epoch_items(self.epoch, num_workers, per)
         taken, turn = items_per_worker(items, state["batches_seen"])
         plays = (worker + turn) % len(shares)
         full = -(-shares[plays] // per)
@@ -275,10 +318,11 @@ class _IterableRecords:
         info = _torch().utils.data.get_worker_info()
         return self._worker_share(info.id if info else 0, info.num_workers if info else 0)[0]
 
-    def _consumer(self, worker: int, num_workers: int) -> Any:
-        """The Dataset of DataLoader worker ``worker`` of ``num_workers`` (0: no workers) at this epoch."""
+    def _consumer(self, worker: int, num_workers: int, epoch: Optional[int] = None) -> Any:
+        """The Dataset of DataLoader worker ``worker`` of ``num_workers`` (0: no workers) at ``epoch`` (default:
+        this epoch)."""
         ds = self.dataset.for_worker(worker, num_workers) if num_workers else self.dataset
-        ds.set_epoch(self.epoch)
+        ds.set_epoch(self.epoch if epoch is None else epoch)
         return ds
 
     def __iter__(self) -> Iterator[Any]:
@@ -288,6 +332,8 @@ class _IterableRecords:
             epoch = self._board.read()
             if epoch is not None and epoch != self.epoch:
                 self._take_epoch(epoch)  # the board already says it
+        if self._resume is not None and self._resume["epoch"] == self.epoch and self._resume["finished"]:
+            return  # a state saved after the epoch's last item: every worker's share was handed out
         source, start, drop = self._worker_share(info.id if info else 0, info.num_workers if info else 0)
         if self.pipeline is None:
             start_at(source, self.epoch, start)
@@ -464,7 +510,9 @@ def _dataset_class():
         Mid-epoch resume through a DataLoader (in order, its default): save
         ``ds.state_dict(items_drawn, num_workers=loader.num_workers)`` (without a pipeline also
         ``records_per_batch=`` its batch size); later ``ds.load_state_dict(state)`` and a fresh
-        DataLoader with the same number of workers goes on with exactly the items that came next.
+        DataLoader with the same number of workers goes on with exactly the items that came next. A
+        state at an epoch boundary (after the last item it is the next epoch's start) resumes with any
+        number of workers or world size.
         """
 
     # Named as the module attribute it becomes, so that pickle finds it: DataLoader workers started

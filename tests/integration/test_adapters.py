@@ -276,7 +276,7 @@ def test_torch_dataset_resumes_mid_epoch_with_a_pipeline(bert):
         assert before + run(again) == reference, f"stop {k}"
     wrong = make()
     wrong.load_state_dict(make().state_dict(1, num_workers=0))
-    with pytest.raises(ValueError, match="saved reading with 0 DataLoader workers"):
+    with pytest.raises(ValueError, match="reading with 0 DataLoader workers; this pass has 2"):
         run(wrong)
     with pytest.raises(ValueError, match="records_per_batch"):
         DlstoreIterableDataset(bert).state_dict(3, num_workers=2)
@@ -297,6 +297,73 @@ def test_torch_dataset_refuses_a_state_of_another_kind(tmp_path):
         ds.load_state_dict(dict(state, batches_seen="3"))
     with pytest.raises(ValueError, match="not a DlstoreIterableDataset state"):
         ds.load_state_dict([0, 3])
+
+
+@pytest.mark.slow  # DataLoaders forking workers
+def test_torch_dataset_resumes_at_an_epoch_boundary_with_other_workers_or_world(tmp_path):
+    """A state saved with 2 DataLoader workers before an epoch's first item or after its last (found by a
+    user trial: both were refused with 0 workers, the message asking for what the state was) resumes with
+    0 or 1 worker, and over 2 ranks: every record exactly once across the restart. After the last item the
+    state is the next epoch's start, as the Dataset's and the Loader's are."""
+    from dlstore.adapters.torch import DlstoreIterableDataset
+
+    paths, total = _numbered_files(tmp_path, [30, 50, 40])
+
+    def make(size=1, rank=0):
+        return DlstoreIterableDataset(paths, world=World(rank=rank, size=size), shuffle="global", seed=5,
+                                      chunk_size=64 << 10)
+
+    first = make()
+    first.set_epoch(1)
+    items = _batches(first, 2)
+    assert sorted(i for batch in items for i in batch) == list(range(total))
+    start, end = (json.loads(json.dumps(first.state_dict(k, num_workers=2, records_per_batch=4)))
+                  for k in (0, len(items)))
+    assert (start["epoch"], start["batches_seen"], end["epoch"], end["batches_seen"]) == (1, 0, 2, 0)
+    for state in (start, end):
+        for workers in (0, 1):
+            again = make()
+            again.load_state_dict(state)
+            again.set_epoch(state["epoch"])
+            got = [i for batch in _batches(again, workers) for i in batch]
+            assert sorted(got) == list(range(total)), (state, workers)
+        got = []
+        for rank in (0, 1):
+            again = make(2, rank)
+            again.load_state_dict(state)
+            again.set_epoch(state["epoch"])
+            got += [i for batch in _batches(again, 0) for i in batch]
+        assert sorted(got) == list(range(total)), (state, "2 ranks")
+    # A state saved at the end before it was the next epoch's start: nothing is left of its epoch, with any workers.
+    done = dict(end, epoch=1, batches_seen=len(items))
+    again = make()
+    again.load_state_dict(done)
+    again.set_epoch(1)
+    assert _batches(again, 1) == []
+    again.set_epoch(2)
+    assert sorted(i for batch in _batches(again, 0) for i in batch) == list(range(total))
+
+
+def test_torch_dataset_state_refused_in_the_main_process(tmp_path):
+    """What the main process can tell is refused there, in one line, not inside a DataLoader worker
+    (found by a user trial): a state past the end of its epoch (when saved, and when loaded) and a
+    mid-epoch state in a world of another size."""
+    from dlstore.adapters.torch import DlstoreIterableDataset
+
+    paths, _ = _numbered_files(tmp_path, [30, 50, 40])
+
+    def make(size=1):
+        return DlstoreIterableDataset(paths, world=World(rank=0, size=size), seed=5)
+
+    ds = make()
+    with pytest.raises(ValueError, match="batches_seen 31 is more than epoch 0's 30 items with 2 DataLoader"):
+        ds.state_dict(31, num_workers=2, records_per_batch=4)
+    state = ds.state_dict(3, num_workers=2, records_per_batch=4)
+    with pytest.raises(ValueError, match="batches_seen 31 is more than epoch 0's 30 items"):
+        make().load_state_dict(dict(state, batches_seen=31))
+    with pytest.raises(ValueError, match=r"saved at item 3 of epoch 0 by 2 consumers \(2 DataLoader workers per "
+                                         r"rank\); with 2 workers this world has 4"):
+        make(2).load_state_dict(state)
 
 
 def test_torch_dataset_reads_the_rank_from_the_environment(tmp_path, monkeypatch):
