@@ -471,6 +471,9 @@ void PlanReader::build(const Step& batch, RecordBatch& out) {
     ++moved_.gathered_batches;
     moved_.gathered_bytes += total;
   }
+  // Counted here, once the batch is built, not when the schedule picked it: a mapped chunk found cut short
+  // above fails the batch over (its records are read again elsewhere and counted then).
+  moved_.records += n;
   moved_.payload_bytes += total;
   if (!spilled_.empty())
     for (int64_t pos : picked) spilled_.erase(pos);
@@ -479,6 +482,7 @@ void PlanReader::build(const Step& batch, RecordBatch& out) {
 void PlanReader::publish() noexcept {
   try {
     PlanStats s = schedule_.stats();
+    s.records = moved_.records;
     s.payload_bytes = moved_.payload_bytes;
     s.gathered_batches = moved_.gathered_batches;
     s.gathered_bytes = moved_.gathered_bytes;

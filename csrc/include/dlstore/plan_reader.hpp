@@ -93,7 +93,7 @@ class PlanReader {
   std::unordered_map<int64_t, std::pair<std::shared_ptr<AlignedBuffer>, uint64_t>> spilled_;
   bool abandoned_ = false;  // a read timed out: its thread may never return, so it is not joined
   std::unique_ptr<Step> pending_;  // the step start() stopped at, carried out first by next_batch()
-  PlanStats moved_;         // the executor's counters: payload, gathered and spilled bytes
+  PlanStats moved_;         // the executor's counters: records and payload handed out, gathered and spilled bytes
   Published<PlanStats> report_;
 };
 

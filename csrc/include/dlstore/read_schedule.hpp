@@ -49,7 +49,7 @@ struct ScheduleOptions {
 
 // The counters of a pass. The schedule keeps those it decides; an executor adds the bytes it moves.
 struct PlanStats {
-  uint64_t records = 0;          // emitted
+  uint64_t records = 0;          // emitted (PlanReader: those of the batches it built)
   uint64_t payload_bytes = 0;    // executor
   uint64_t file_bytes_read = 0;  // bytes read from files (direct: whole aligned blocks)
   uint64_t skipped = 0;          // corrupt records skipped under OnError::Skip
