@@ -307,8 +307,8 @@ def test_a_mapped_file_cut_short_under_the_reader_is_an_io_error_not_sigbus(tmp_
         assert int(proc.stdout.split("failovers")[1].split()[0]) >= 1, proc.stdout
         # The record an event names holds the byte it names: after a batch's build failed, the reader's
         # position was past that batch, and the event named the next batch's first record.
-        for event in re.findall(r"event .* at record (\d+) of shard (\d+): (\S+): at byte (\d+)", proc.stdout):
-            record, shard, path, byte = int(event[0]), int(event[1]), event[2], int(event[3])
+        for event in re.findall(r"event .* at record (\d+) of shard \d+: (\S+): at byte (\d+)", proc.stdout):
+            record, path, byte = int(event[0]), event[1], int(event[2])
             frames = dlstore.Dataset(os.path.join(tmp_path, "mnt1", os.path.basename(path))).index.frames(
                 [0], [record])
             start, size = int(frames[0][0]), int(frames[1][0])
