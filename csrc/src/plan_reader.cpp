@@ -370,11 +370,9 @@ void PlanReader::start() {
   PublishOnExit<PlanReader> on_exit{*this};
   if (pending_) return;
   for (;;) {
-    const size_t before = schedule_.position();
     Step s = schedule_.next();
     if (s.kind != Step::Kind::Read) {
       pending_ = std::make_unique<Step>(std::move(s));
-      pending_before_ = before;
       return;
     }
     submit(s.chunk);
@@ -386,11 +384,9 @@ bool PlanReader::next_batch(RecordBatch& out) {
   out.clear();
   for (;;) {
     Step s;
-    size_t before = schedule_.position();
     if (pending_) {
       s = std::move(*pending_);
       pending_.reset();
-      before = pending_before_;
     } else {
       s = schedule_.next();
     }
@@ -408,14 +404,7 @@ bool PlanReader::next_batch(RecordBatch& out) {
         loaded_[s.chunk].reset();
         break;
       case Step::Kind::Batch:
-        try {
-          build(s, out);
-        } catch (...) {
-          // The schedule has moved past the batch; a failover restarts from, and names a record of, what was
-          // not handed out, so the position is the one before it (corrupt records skipped on the way included).
-          unbuilt_ = before;
-          throw;
-        }
+        build(s, out);
         return true;
       case Step::Kind::End:
         return false;

@@ -615,7 +615,7 @@ class Dataset(ReadsWithOptions):
         """What follows a read error of a pass: the plan restarts on another place (None), or just after a
         corrupt record no copy holds good (its position in the epoch); raises when the pass must end."""
         if isinstance(error, DlstoreIOError):
-            self._fail_over(error, plan, core, health)
+            self._fail_over(error, plan, self.sample_in_epoch - start, health)
             return None
         if not self._reads_around:
             named = _naming_the_index(error, self.index)
@@ -659,13 +659,15 @@ class Dataset(ReadsWithOptions):
             warnings.warn(f"{message} (skipped)", RuntimeWarning, stacklevel=4)
         return start + replicas.emission_index(plan.emit, r) + 1
 
-    def _fail_over(self, error: DlstoreIOError, plan: _ReaderPlan, core, health: MountHealth) -> None:
-        """Records a failed read and waits before the plan restarts; raises when no place is left."""
-        # Read positions not handed out yet; the failing file is the one the error names, else the
-        # file of the first of them; the failing record, the first of them in that file holding the
-        # byte the error names (a direct read starts at the aligned block before it), else the first.
-        left = (np.arange(core.position, len(plan.file)) if plan.emit is None
-                else np.sort(plan.emit[core.position:]))
+    def _fail_over(self, error: DlstoreIOError, plan: _ReaderPlan, handed: int, health: MountHealth) -> None:
+        """Records a failed read of ``plan``, of which the pass handed out ``handed`` records, and waits
+        before the plan restarts; raises when no place is left."""
+        # Read positions not handed out yet (the pass's count, not the reader's position: the reader has
+        # moved past a batch whose build failed, picks of a batch under way, and a batch cut short that the
+        # pass holds back); the failing file is the one the error names, else the file of the first of them;
+        # the failing record, the first of them in that file holding the byte the error names (a direct
+        # read starts at the aligned block before it), else the first.
+        left = (np.arange(handed, len(plan.file)) if plan.emit is None else np.sort(plan.emit[handed:]))
         if len(left) == 0:  # the failure came with the last records: name the plan's last one
             left = np.array([len(plan.file) - 1])
         index = plan.paths.index(error.path) if error.path in plan.paths else int(plan.file[left[0]])

@@ -6,7 +6,6 @@
 // into a reused buffer. Records the schedule spills are copied out of their chunk before it goes.
 #pragma once
 
-#include <algorithm>
 #include <cstdint>
 #include <deque>
 #include <future>
@@ -57,9 +56,8 @@ class PlanReader {
   // Ends the reads: those not started are dropped, those under way waited for up to the read timeout (the
   // GIL released), so that the files are closed when the reader goes; one still running then is abandoned.
   void close();
-  // Emission positions consumed so far (records handed out, plus corrupt ones skipped). A batch whose build
-  // failed (a mapping cut short: an I/O error) was not handed out: the position stays before it.
-  size_t position() const { return std::min(schedule_.position(), unbuilt_); }
+  // Emission positions consumed so far (records handed out, plus corrupt ones skipped).
+  size_t position() const { return schedule_.position(); }
   size_t size() const { return schedule_.size(); }
   // As of the end of the last next_batch or start: safe to call from any thread, while another reads.
   PlanStats stats() const { return report_.stats(); }
@@ -95,8 +93,6 @@ class PlanReader {
   std::unordered_map<int64_t, std::pair<std::shared_ptr<AlignedBuffer>, uint64_t>> spilled_;
   bool abandoned_ = false;  // a read timed out: its thread may never return, so it is not joined
   std::unique_ptr<Step> pending_;  // the step start() stopped at, carried out first by next_batch()
-  size_t pending_before_ = 0;      // the schedule's position before it gave pending_
-  size_t unbuilt_ = SIZE_MAX;      // the position before a batch whose build failed, else SIZE_MAX
   PlanStats moved_;         // the executor's counters: records and payload handed out, gathered and spilled bytes
   Published<PlanStats> report_;
 };
