@@ -121,11 +121,15 @@ def trained_state(loader):
 
     Keras ``fit`` draws batches ahead of its training step (its iterator prefetches one or two), so
     ``loader.state_dict()`` read in a callback is ahead of the steps run, and a run resumed from it
-    never trains the batches in between. This callback counts the steps ``fit`` ran
-    (``on_train_batch_end``, ``steps_per_execution`` included) and its :meth:`state_dict` is
-    ``loader.state_after(batches handed out before fit + steps run)``: exact as long as each step takes
-    the dataset's next batch (no ``shuffle``/``prefetch`` reordering or holding batches added
-    downstream, no ``steps_per_epoch`` that leaves a pass's prefetched batches behind).
+    never trains the batches in between. This callback counts the training steps ``fit`` ran (the
+    optimizer's ``iterations``, which also counts the steps of a short last ``steps_per_execution``
+    group; the ``batch`` numbers Keras passes to callbacks meant the group's first step in some Keras 3
+    releases and its last in others) and its :meth:`state_dict` is
+    ``loader.state_after(batches handed out before fit + steps run)``, leaving out what the same loader
+    handed to a validation pass (``validation_data`` made from it: ``on_test_begin`` to ``on_test_end``).
+    It is exact as long as each step takes the dataset's next batch: no ``shuffle``/``prefetch`` that
+    holds or reorders batches added downstream, no ``steps_per_epoch`` that leaves a pass's prefetched
+    batches behind, and no other reader of the loader while ``fit`` trains.
 
     Parameters
     ----------
@@ -147,29 +151,30 @@ def trained_state(loader):
                 super().__init__()
                 self.loader = getattr(loader, "loader", loader)  # an adapter's loader
                 self.handed_before = self.loader.batches_handed
-                self.steps_before_epoch = self.steps_in_epoch = 0
+                self.iterations_before = 0
+                self.steps = 0  # training steps run since fit began
+                self.testing_from: Optional[int] = None
+
+            def _iterations(self) -> int:
+                return int(self.model.optimizer.iterations.numpy())
 
             def on_train_begin(self, logs=None):
                 self.handed_before = self.loader.batches_handed  # fit has drawn nothing for this run yet
-                self.steps_before_epoch = self.steps_in_epoch = 0
-
-            def on_epoch_begin(self, epoch, logs=None):
-                self.steps_in_epoch = 0
+                self.iterations_before = self._iterations()
+                self.steps = 0
 
             def on_train_batch_end(self, batch, logs=None):
-                # `batch` is the execution's last step (steps_per_execution counted), also for a pass's last
-                # execution, which may have had fewer batches: never more than the loader handed out.
-                handed = self.loader.batches_handed - self.handed_before - self.steps_before_epoch
-                self.steps_in_epoch = min(int(batch) + 1, handed)
+                # Never more than the loader handed out (fit's last group may run short of data).
+                handed = self.loader.batches_handed - self.handed_before
+                self.steps = min(self._iterations() - self.iterations_before, handed)
 
-            def on_epoch_end(self, epoch, logs=None):
-                self.steps_before_epoch += self.steps_in_epoch
-                self.steps_in_epoch = 0
+            def on_test_begin(self, logs=None):
+                self.testing_from = self.loader.batches_handed
 
-            @property
-            def steps(self) -> int:
-                """Training steps run since ``fit`` began."""
-                return self.steps_before_epoch + self.steps_in_epoch
+            def on_test_end(self, logs=None):
+                if self.testing_from is not None:  # batches of a validation pass over the same loader
+                    self.handed_before += self.loader.batches_handed - self.testing_from
+                self.testing_from = None
 
             def state_dict(self) -> Dict[str, Any]:
                 """The loader's state after the batches the steps run so far trained on."""

@@ -783,6 +783,39 @@ def test_keras_fit_resumes_exactly_from_trained_state(bert, epochs, stop_epoch, 
     assert trained + rest == [k for e in range(epochs) for b in order[e] for k in b]
 
 
+def test_keras_trained_state_leaves_out_a_validation_pass_over_the_same_loader(bert):
+    """validation_data made from the training loader takes a whole loader epoch between training epochs: the
+    state counted those batches as trained, so Keras epoch 2 (loader epoch 2) resumed inside loader epoch 1."""
+    tf = pytest.importorskip("tensorflow")
+    pipeline = _pipeline()
+    from dlstore.adapters.tensorflow import as_tf_dataset, trained_state
+
+    loader = pipeline.bert_loader(bert, batch_size=4, seed=2, shuffle="global", record_key="index")
+    progress = trained_state(loader)
+    states = []
+
+    class Record(tf.keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            state = progress.state_dict()
+            states.append((state["epoch"], state["sample_in_epoch"]))
+
+    def features(b):
+        return tf.cast(b["input_ids"], tf.float32), b["next_sentence_labels"]
+
+    width = as_tf_dataset(loader).element_spec["input_ids"].shape[-1]
+    model = tf.keras.Sequential([tf.keras.Input((width,)), tf.keras.layers.Dense(2)])
+    model.compile("sgd", tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(as_tf_dataset(loader).map(features), validation_data=as_tf_dataset(loader).map(features), epochs=2,
+              verbose=0, shuffle=False, callbacks=[progress, Record()])
+    per_epoch = len(states) // 2
+
+    def spelt(epoch, k):  # after an epoch's last batch, the next epoch's start as well
+        return {(epoch, 4 * (k + 1))} | ({(epoch + 1, 0)} if k == per_epoch - 1 else set())
+
+    assert all(states[k] in spelt(0, k) for k in range(per_epoch)), states
+    assert all(states[per_epoch + k] in spelt(2, k) for k in range(per_epoch)), states  # 1 was validation's
+
+
 def _dali_values(batch):
     images, labels = batch
     return [bytes(i) + b"|%d" % label for i, label in zip(images, labels.tolist())]
