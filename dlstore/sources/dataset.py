@@ -704,7 +704,7 @@ class Dataset(ReadsWithOptions):
         return DlstoreIOError(
             f"{last}: at byte {offset}: cannot read record {record} of shard {shard} from any of its "
             f"{len(places)} mount(s) [{where}] after {health.max_retries} retries each{why}",
-            path=last, offset=offset)
+            path=last, offset=offset, errno=getattr(cause, "errno", None))
 
     def state_dict(self) -> Dict[str, Any]:
         """``epoch``, ``sample_in_epoch``, ``seed`` and ``num_consumers``: enough to resume exactly; and

@@ -348,3 +348,19 @@ def test_mapped_files_cut_short_while_chunks_load_are_an_io_error_not_sigbus(tmp
                           text=True, timeout=300, env=env, cwd=REPO)
     assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
     assert proc.stdout.startswith("error: ") and "part-" in proc.stdout, proc.stdout
+
+
+def test_the_error_that_ends_a_pass_keeps_the_failed_calls_errno(tmp_path):
+    """A read that fails on every copy ends the pass with a DlstoreIOError whose .errno is the failed system
+    call's (README: every DlstoreError carries it); it was None, the errno only in the message."""
+    rng = np.random.default_rng(0)
+    for s in range(4):
+        with dlstore.TFRecordWriter(os.fspath(tmp_path / f"part-{s}.tfrecord")) as w:
+            for _ in range(50):
+                w.write(rng.bytes(3000))
+    ds = Dataset(tmp_path, shuffle="none", batch_size=10, chunk_size=64 << 10, max_retries=1, remainder="uneven")
+    with pytest.raises(dlstore.DlstoreIOError, match="cannot read record 0 of shard 3") as info:
+        for i, _ in enumerate(ds.batches()):
+            if i == 0:
+                os.remove(tmp_path / "part-3.tfrecord")
+    assert info.value.errno == 2 and info.value.path.endswith("part-3.tfrecord")
