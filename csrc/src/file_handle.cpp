@@ -1,5 +1,6 @@
 #include "dlstore/file_handle.hpp"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstdlib>
@@ -163,8 +164,26 @@ void Mapping::expect_holds(uint64_t offset, size_t n) const {
 }
 
 void Mapping::lost(uint64_t offset, size_t n) const {
-  throw_error(ErrorKind::Io, path_, static_cast<int64_t>(offset),
-              "the file shrank while being read (truncated or rewritten in place): bytes " + std::to_string(offset) +
+  // MADV_POPULATE_READ fails with EFAULT for pages past the file's end and for pages the device could not
+  // read (EIO under the mapping). The first page that fails says where; the file's size now says which.
+  uint64_t bad = offset;
+#ifdef MADV_POPULATE_READ
+  const long page = ::sysconf(_SC_PAGESIZE);
+  for (uint64_t p = offset / page * page; p < offset + n; p += page) {
+    if (::madvise(data_ + p, 1, MADV_POPULATE_READ) != 0 && errno == EFAULT) {
+      bad = std::max<uint64_t>(p, offset);
+      break;
+    }
+  }
+#endif
+  struct stat st;
+  if (::stat(path_.c_str(), &st) == 0 && static_cast<uint64_t>(st.st_size) >= offset + n)
+    throw_errno(path_, static_cast<int64_t>(bad),
+                "reading its mapping (the file still holds bytes " + std::to_string(offset) + ".." +
+                    std::to_string(offset + n) + ", so the device could not read them)",
+                EIO);
+  throw_error(ErrorKind::Io, path_, static_cast<int64_t>(bad),
+              "the file shrank while being read (truncated or rewritten in place): bytes " + std::to_string(bad) +
                   ".." + std::to_string(offset + n) + " of its mapping are gone");
 }
 

@@ -364,3 +364,20 @@ def test_the_error_that_ends_a_pass_keeps_the_failed_calls_errno(tmp_path):
             if i == 0:
                 os.remove(tmp_path / "part-3.tfrecord")
     assert info.value.errno == 2 and info.value.path.endswith("part-3.tfrecord")
+
+
+def test_a_mapping_cut_short_is_named_at_its_first_missing_page(tmp_path):
+    """The error names the first page the file no longer holds, not the start of the range being read; a
+    page the device cannot read under a mapping (EIO, also EFAULT to madvise) is told apart by the file's
+    size (a fault-injection trial saw "the file shrank ... bytes 0..3220400" for an EIO on an intact file)."""
+    path = tmp_path / "a.tfrecord"
+    rng = np.random.default_rng(0)
+    with dlstore.TFRecordWriter(os.fspath(path)) as w:
+        for _ in range(100):
+            w.write(rng.bytes(3000))
+    page = os.sysconf("SC_PAGE_SIZE")
+    with pytest.raises(dlstore.DlstoreIOError, match="shrank while being read") as info:
+        for n, _ in enumerate(dlstore.open_records(os.fspath(path), io="mmap", chunk_size=64 << 10)):
+            if n == 2:
+                os.truncate(path, 100000)
+    assert info.value.offset == -(-100000 // page) * page  # the page holding byte 100000 is still there
