@@ -928,7 +928,8 @@ def dataset_for(source: Any, kwargs: Optional[Dict[str, Any]] = None, *, shared:
 
 def _index_good_copies(layout, first: List[str], fmt: str, progress: bool):
     """The index of the shards from their first copies (``first``); a shard whose copy fails its check
-    while being indexed (no current manifest, bit rot) is indexed from its next holder instead. A
+    or cannot be read while being indexed (no current manifest, bit rot, a device error) is indexed from
+    its next holder instead, so that a job restarted after a disk died starts from its replicas. A
     manifest an attempt built before the failure is kept; its note is not (``index.notes`` has the last
     attempt's, and one line per copy passed over)."""
     moved: List[str] = []
@@ -937,7 +938,7 @@ def _index_good_copies(layout, first: List[str], fmt: str, progress: bool):
             index = index_dataset(first, fmt, progress, check_all=False)
             index.notes += moved
             return index
-        except CorruptRecordError as e:
+        except (CorruptRecordError, DlstoreIOError) as e:
             if e.path not in first:
                 raise
             s = first.index(e.path)

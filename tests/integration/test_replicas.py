@@ -253,3 +253,32 @@ def test_a_record_bad_where_it_reads_and_unreadable_elsewhere_ends(replicas, on_
             assert "could not be read" in str(e.value) and roots[0] in str(e.value)
     finally:
         signal.alarm(0)
+
+
+def test_a_copy_that_cannot_be_read_while_indexing_is_indexed_from_its_replica(tmp_path, monkeypatch):
+    """A device error on the first mount's copy while the Dataset indexes (a job restarted after a disk
+    died) indexes that shard from its next holder: it raised, though another mount held a good copy. (The
+    error is a stand-in for the EIO a fault-injection trial's loop device gave: index_dataset raising it
+    for mount 0's shard-2, as _scan_shards did reading its head.)"""
+    from dlstore.errors import DlstoreIOError
+    from dlstore.sources import dataset as dataset_module
+
+    data, roots = _mounts_of(tmp_path, np.random.default_rng(5), shards=4, records=30)
+    real = dataset_module.index_dataset
+    dead = os.path.join(roots[0], "shard-2.tfrecord")
+
+    def failing(paths, *a, **kw):
+        if dead in paths:
+            raise DlstoreIOError(f"{dead}: cannot read: Input/output error (errno 5)", path=dead, errno=5)
+        return real(paths, *a, **kw)
+
+    def no_manifest(pattern, *a, **kw):  # the first mount's glob fails too (its copy of shard-2 is read)
+        raise DlstoreIOError(f"{dead}: cannot read: Input/output error (errno 5)", path=dead, errno=5)
+
+    monkeypatch.setattr(dataset_module, "index_dataset", failing)
+    monkeypatch.setattr(dataset_module, "open_shards", no_manifest)
+    ds = _dataset(roots)
+    assert any("shard-2.tfrecord indexed from" in n and "mnt1" in n for n in ds.index.notes), ds.index.notes
+    monkeypatch.undo()
+    got = collections.Counter(r for b in _batches(ds) for r in b)
+    assert got == collections.Counter(r for recs in data for r in recs)
