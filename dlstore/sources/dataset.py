@@ -499,7 +499,9 @@ class Dataset(ReadsWithOptions):
         """Yields RecordBatches of this consumer's records for the current epoch, from the current position
         (with ``io="gds"``, :class:`~dlstore.io.gds.DeviceBatch` objects in GPU memory).
 
-        Every batch holds ``batch_size`` records (an epoch's last may hold fewer). The position
+        Every batch holds ``batch_size`` records (an epoch's last may hold fewer, and so may the last batch
+        before an error that ends the pass: the good records read before it, when no copy is left to
+        read the rest from; a :class:`~dlstore.pipeline.Loader` fills its own batches). The position
         (:attr:`sample_in_epoch`) advances as batches are handed out; at the end of the epoch it
         moves to the start of the next one. A loader that prefetches sets the position it has
         really consumed with :meth:`load_state_dict` before it saves one.
