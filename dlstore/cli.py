@@ -249,7 +249,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
             for line in check.lines:
                 print(line, file=sys.stdout, flush=True)
     bad = corrupt_files + broken + unreadable
-    summary = (f"{'OK' if not bad else 'CORRUPT'}: {_count(len(files) + len(odd), 'file')}, {records} good records, "
+    # CORRUPT when records are bad or a file is damaged past a point; UNREADABLE when files could not be read
+    # at all (an I/O error, a dangling link) and nothing read was bad.
+    verdict = "OK" if not bad else "CORRUPT" if corrupt_files or broken else "UNREADABLE"
+    summary = (f"{verdict}: {_count(len(files) + len(odd), 'file')}, {records} good records, "
                f"{_count(corrupt, 'corrupt record')} in {_count(corrupt_files, 'file')}")
     if broken:
         summary += f", {_count(broken, 'file')} unreadable past damage"

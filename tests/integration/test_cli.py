@@ -109,7 +109,7 @@ def test_verify_reports_an_unreadable_file_and_goes_on(tmp_path, make_unreadable
     assert cli.main(["verify", str(tmp_path), "--quiet"]) == 1
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith(f"{locked}: cannot read: Permission denied")
-    assert lines[-1] == "CORRUPT: 3 files, 5 good records, 0 corrupt records in 0 files, 1 unreadable file"
+    assert lines[-1] == "UNREADABLE: 3 files, 5 good records, 0 corrupt records in 0 files, 1 unreadable file"
 
 
 def test_verify_counts_the_good_records_before_a_broken_gzip_stream(tmp_path):
@@ -444,7 +444,7 @@ def test_verify_lists_a_dangling_link_among_the_shards_and_checks_the_rest(tmp_p
     out = dlstore("verify", "--quiet", tmp_path)
     assert out.returncode == 1, out.stderr
     assert "b.tfrecord: named as a shard but a symbolic link" in out.stdout
-    assert "CORRUPT: 2 files, 3 good records" in out.stdout and "1 unreadable file" in out.stdout
+    assert "UNREADABLE: 2 files, 3 good records" in out.stdout and "1 unreadable file" in out.stdout
 
 
 def test_verify_json_without_mounts_is_a_usage_error_not_ignored(tmp_path):
