@@ -58,8 +58,25 @@ size_t FileHandle::pread_full(void* dst, size_t n, uint64_t offset) const {
     ssize_t r = ::pread(fd_, static_cast<uint8_t*>(dst) + got, n - got, static_cast<off_t>(offset + got));
     if (r < 0) {
       if (errno == EINTR) continue;
-      throw_errno(path_, static_cast<int64_t>(offset + got),
-                  "pread of " + std::to_string(n - got) + " bytes", errno);
+      const int err = errno;
+      // A device error fails the whole read (O_DIRECT above all), which would name only where it began:
+      // read again in pieces up to the first that fails, and name that one.
+      constexpr size_t kPiece = 64u << 10;  // a multiple of every direct-I/O alignment accepted
+      size_t at = got;
+      if (err == EIO && n - got > kPiece) {
+        while (at < n) {
+          const ssize_t p = ::pread(fd_, static_cast<uint8_t*>(dst) + at, std::min(kPiece, n - at),
+                                    static_cast<off_t>(offset + at));
+          if (p < 0 && errno == EINTR) continue;
+          if (p <= 0) break;
+          at += static_cast<size_t>(p);
+          if (direct_ && (at % 512) != 0) break;
+        }
+      }
+      throw_errno(path_, static_cast<int64_t>(offset + at),
+                  "pread of " + std::to_string(n - got) + " bytes" +
+                      (at > got ? " (read again in 64 KiB pieces: the one at this byte is the first that fails)" : ""),
+                  err);
     }
     if (r == 0) break;  // end of file
     got += static_cast<size_t>(r);
