@@ -229,19 +229,22 @@ def _mpich(env: Mapping[str, str]) -> Optional[_Found]:
 def _pmix(env: Mapping[str, str]) -> Optional[_Found]:
     """PMIx exports only ``PMIX_RANK`` (and ``PMIX_NAMESPACE``): the job size is an attribute
     (``PMIX_JOB_SIZE``) read with ``PMIx_Get``, not a variable. It is taken from the resource
-    manager (``srun --mpi=pmix``: ``SLURM_STEP_NUM_TASKS``/``SLURM_NTASKS``) or from mpi4py when
-    the program has already imported it."""
+    manager inside a job step (``srun --mpi=pmix``: ``SLURM_STEP_NUM_TASKS``/``SLURM_NTASKS``, by
+    :func:`_slurm`'s rule: a batch script's ``SLURM_NTASKS`` is the allocation's, not the size of an
+    ``mpirun``/``prterun`` started from it) or from mpi4py when the program has already imported it."""
     if "PMIX_RANK" not in env:
         return None
     found = _Found("pmix")
     found.take(env, "rank", "PMIX_RANK")
-    if not found.take(env, "size", "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS"):
+    in_step = _in_slurm_step(env)
+    if not (in_step and found.take(env, "size", "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS")):
         size = _mpi4py_size()
         if size is not None:
             found.values["size"] = size
             found.variables.append("mpi4py COMM_WORLD.Get_size()")
-    found.take(env, "local_rank", "SLURM_LOCALID")
-    _slurm_local_size(env, found)
+    if in_step:
+        found.take(env, "local_rank", "SLURM_LOCALID")
+        _slurm_local_size(env, found)
     return found
 
 
@@ -250,13 +253,16 @@ def _mvapich2(env: Mapping[str, str]) -> Optional[_Found]:
                  "MV2_COMM_WORLD_LOCAL_SIZE")
 
 
+def _in_slurm_step(env: Mapping[str, str]) -> bool:
+    """Whether this process is a task of an ``srun`` job step (only a step sets these)."""
+    return any(name in env for name in ("SLURM_STEP_ID", "SLURM_STEPID", "SLURM_STEP_NUM_TASKS"))
+
+
 def _slurm(env: Mapping[str, str]) -> Optional[_Found]:
     """A task of an ``srun`` job step. A batch script itself also has ``SLURM_PROCID=0`` and the
     allocation's ``SLURM_NTASKS`` but is a single process; only a step sets ``SLURM_STEP_ID``
     (``SLURM_STEPID``) and ``SLURM_STEP_NUM_TASKS``."""
-    if "SLURM_PROCID" not in env:
-        return None
-    if not any(name in env for name in ("SLURM_STEP_ID", "SLURM_STEPID", "SLURM_STEP_NUM_TASKS")):
+    if "SLURM_PROCID" not in env or not _in_slurm_step(env):
         return None
     found = _Found("slurm")
     found.take(env, "rank", "SLURM_PROCID")

@@ -153,6 +153,19 @@ def test_pmix_without_a_size_is_an_error_unless_given():
     assert (w.rank, w.size, w.source) == (3, 4, "explicit+pmix")
 
 
+def test_pmix_from_a_batch_script_takes_no_size_from_the_allocation():
+    """prterun/mpirun -np 2 started from an sbatch -n 8 script: SLURM_NTASKS (8) is the allocation's, not the
+    job's, as the SLURM detector already holds; PMIx took it, and each rank read 1/8 of the data."""
+    env = {"PMIX_RANK": "1", "PMIX_NAMESPACE": "prterun-x@1", "SLURM_JOB_ID": "77", "SLURM_NTASKS": "8",
+           "SLURM_PROCID": "0", "SLURM_LOCALID": "0"}
+    if "mpi4py.MPI" in sys.modules:
+        pytest.skip("mpi4py is imported in this process, so PMIx's size comes from COMM_WORLD")
+    with pytest.raises(PlacementError, match="PMIX_RANK"):
+        detect_world(environ=env)
+    w = detect_world(size=2, environ=env)
+    assert (w.rank, w.size) == (1, 2)
+
+
 @pytest.mark.parametrize("env,message", [
     ({"RANK": "three", "WORLD_SIZE": "4"}, "RANK='three' is not an integer"),
     ({"RANK": "4", "WORLD_SIZE": "4"}, "rank 4 is outside 0..3"),
