@@ -325,7 +325,8 @@ def _half_pair(env: Mapping[str, str]) -> str:
 def _warn_if_another_launcher_says_more(found: _Found, env: Mapping[str, str]) -> None:
     """A launcher tried first that counts fewer processes than one tried later (``RANK=0 WORLD_SIZE=1`` left in
     the environment of an ``mpirun -np 2``) is stale: a torchrun under mpirun or srun has at least as many
-    processes as they do. Each process would read as if alone; say so."""
+    processes as they do. Each process would read as if alone; say so. So is one that counts as many but gives
+    this process another rank (``RANK=0 WORLD_SIZE=2`` under an ``mpirun -np 2``)."""
     for name, detect in LAUNCHERS.items():
         if name == found.source:
             continue
@@ -339,6 +340,17 @@ def _warn_if_another_launcher_says_more(found: _Found, env: Mapping[str, str]) -
                           f"{found.values['size']} ({_LABELS[found.source]}), but {_LABELS[name]} runs {size} "
                           f"processes ({', '.join(other.variables[:2])}): stale variables from another launch? "
                           f"Each process reads as its {found.source} rank; unset them, or pass rank= and size=",
+                          RuntimeWarning, stacklevel=3)
+            return
+        rank = other.values.get("rank") if other is not None else None
+        hand_set = found.source in ("torchrun", "horovod") and name != "slurm"  # SLURM's stay beside any MPI's
+        if hand_set and size == found.values["size"] and rank is not None and rank != found.values.get("rank"):
+            # As many processes, numbered otherwise (RANK=0 WORLD_SIZE=2 left in an mpirun -np 2's environment):
+            # every process takes the stale rank, and half the data is read twice, half never.
+            warnings.warn(f"{', '.join(found.variables[:2])} say rank {found.values.get('rank')} of {size} "
+                          f"({_LABELS[found.source]}), but {_LABELS[name]} says this process is rank {rank} of "
+                          f"{size} ({', '.join(other.variables[:2])}): stale variables from another launch? Each "
+                          f"process reads as its {found.source} rank; unset them, or pass rank= and size=",
                           RuntimeWarning, stacklevel=3)
             return
 

@@ -143,6 +143,20 @@ def test_a_stale_torchrun_pair_under_a_larger_mpirun_is_warned():
         assert detect_world(environ=env).size == 8
 
 
+def test_a_stale_torchrun_pair_of_the_same_size_under_mpirun_is_warned():
+    """RANK=0 WORLD_SIZE=2 left in an mpirun -np 2's environment: every process took rank 0, half the data read
+    twice and half never, in silence. A wrapper that sets RANK from Open MPI's own rank is not warned."""
+    import warnings
+
+    env = {"RANK": "0", "WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2"}
+    with pytest.warns(RuntimeWarning, match=r"say rank 0 of 2 \(torchrun\), but Open MPI says this process is "
+                                            r"rank 1 of 2"):
+        detect_world(environ=env)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert detect_world(environ=dict(env, RANK="1")).rank == 1
+
+
 def test_pmix_without_a_size_is_an_error_unless_given():
     env = {"PMIX_RANK": "3", "PMIX_NAMESPACE": "prterun-x@1"}
     if "mpi4py.MPI" in sys.modules:
