@@ -33,6 +33,7 @@ in other processes (DataLoader workers) are exported by those processes only.
 """
 from __future__ import annotations
 
+import errno
 import multiprocessing
 import os
 import threading
@@ -239,7 +240,12 @@ def serve(port: Optional[int] = None, addr: str = "0.0.0.0") -> int:
     if port is None:
         raise ValueError(f"dlstore.metrics.serve(): give a port, or set {ENV_PORT}")
     if port:
-        port += detect_world().local_rank
+        local = detect_world().local_rank
+        if port + local > 65535:
+            raise OSError(errno.EINVAL, f"{ENV_PORT}={port} plus this process's local rank {local} is past 65535: "
+                                        f"set a port of at most {65535 - local} (each rank of a host serves on "
+                                        f"port + its local rank)")
+        port += local
     reg = registry()
     try:
         server, thread = prometheus().start_http_server(port, addr=addr, registry=reg)

@@ -141,6 +141,20 @@ def test_a_port_taken_warns_once_and_the_loaders_still_run(tmp_path):
     assert len(warned) == 1 and f":{port}" in warned[0], out.stderr
 
 
+def test_a_port_past_65535_with_the_local_rank_warns_and_the_loaders_still_run(tmp_path):
+    """DLSTORE_METRICS_PORT=65535 on local rank 1 serves on 65536: bind raised OverflowError, which the
+    exporter's guard did not catch, and the rank died making its Loader (mpirun then ended the job)."""
+    generate_bert(str(tmp_path), shards=1, records_per_shard=16, progress=False)
+    script = ("import dlstore\n"
+              "from dlstore.pipeline import bert_loader\n"
+              f"print(sum(1 for _ in bert_loader({str(tmp_path)!r}, batch_size=4)), dlstore.metrics.serving())\n")
+    out = run_python(script, DLSTORE_METRICS_PORT="65535", OMPI_COMM_WORLD_RANK="1", OMPI_COMM_WORLD_SIZE="2",
+                     OMPI_COMM_WORLD_LOCAL_RANK="1", OMPI_COMM_WORLD_LOCAL_SIZE="2")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["2", "None"]  # rank 1 of 2: half of the 4 batches
+    assert "no metrics are served" in out.stderr and "at most 65534" in out.stderr, out.stderr
+
+
 def test_a_forked_worker_serves_its_own_port_and_loaders(tmp_path):
     # A forked child inherited the parent's server object (not its thread): serve() returned the parent's
     # port and the worker exported nothing, so the documented per-worker recipe did nothing under fork.
