@@ -712,8 +712,13 @@ class Dataset(ReadsWithOptions):
         """``epoch``, ``sample_in_epoch``, ``seed`` and ``num_consumers``: enough to resume exactly; and
         what the epoch's order was made of (``shards``, ``records``, ``order``, a digest of the shuffle and
         its sizes, and ``batch_size``), so that a resume mid-epoch over other records or in another order is
-        refused."""
-        return dict(SamplerState(self.epoch, self.sample_in_epoch, self.seed, self.world.num_consumers).to_dict(),
+        refused. A state at the end of the consumer's share (saved after the epoch's last batch, before the
+        loop moved on) is the next epoch's start, which another world size may resume too."""
+        epoch, k = self.epoch, self.sample_in_epoch
+        share = self.plan(epoch).num_samples(self.world.consumer)
+        if k and k >= share:
+            epoch, k = epoch + 1, 0
+        return dict(SamplerState(epoch, k, self.seed, self.world.num_consumers).to_dict(),
                     shards=len(self.shards), records=int(np.sum(self.counts)), order=self._order_digest(),
                     batch_size=self.batch_size or 1)
 

@@ -160,6 +160,31 @@ def test_a_new_world_size_only_at_an_epoch_boundary(tmp_path):
         ds.load_state_dict({"epoch": 3, "sample_in_epoch": 0, "seed": 1, "num_consumers": 4})
 
 
+@pytest.mark.parametrize("shuffle", ["none", "block", "global"])
+def test_a_state_saved_after_an_epochs_last_batch_resumes_with_another_world(tmp_path, shuffle):
+    """A checkpoint taken in the loop after the epoch's last batch said sample N (the share's end) of that epoch,
+    which another world size refused as mid-epoch; it is the next epoch's start."""
+    _write_shards(tmp_path / "d")
+    states = []
+    for rank in range(3):
+        ds = Dataset(tmp_path / "d", world=World(rank=rank, size=3), batch_size=4, shuffle=shuffle, seed=2)
+        for _ in ds.batches():
+            state = ds.state_dict()
+        states.append(state)
+    assert all((s["epoch"], s["sample_in_epoch"]) == (1, 0) for s in states)
+    seen = []
+    for rank in range(2):
+        ds = Dataset(tmp_path / "d", world=World(rank=rank, size=2), batch_size=4, shuffle=shuffle, seed=2)
+        ds.load_state_dict(states[0])
+        seen += [r for b in ds.batches() for r in batch_records(b)]
+    whole = []  # epoch 1 over 2 ranks, read afresh
+    for rank in range(2):
+        ds = Dataset(tmp_path / "d", world=World(rank=rank, size=2), batch_size=4, shuffle=shuffle, seed=2)
+        ds.set_epoch(1)
+        whole += [r for b in ds.batches() for r in batch_records(b)]
+    assert seen == whole
+
+
 def _mounts_read(ds, epoch):
     """``(shard, record, mount)`` of every record ``ds`` reads in ``epoch``, in reading order."""
     from dlstore.io.failover import MountHealth
