@@ -62,11 +62,20 @@ std::string check_recordio(const uint8_t* p, uint64_t size, bool file_tail, Fram
                        : "truncated record: the header says " + std::to_string(length) +
                              " bytes of data, but the indexed frame holds only " + std::to_string(size - pos - kRIOHeader);
     const uint8_t* data = p + pos + kRIOHeader;
+    // A record's last part ends the indexed frame (padded to 4 bytes): more after it means the index lists
+    // fewer records than the file holds (a partial or foreign .idx), and they would be skipped unseen.
+    auto ends_frame = [&]() -> std::string {
+      const uint64_t end = pos + kRIOHeader + length;
+      if (size - end <= ((4 - length % 4) % 4)) return "";
+      *at = end;
+      return "the indexed frame holds " + std::to_string(size) + " bytes but its record takes " +
+             std::to_string(end) + " of them: the index lists fewer records than the file holds (or wrong offsets)";
+    };
     if (!assembling) {
       if (cflag == 0) {
         out.data = data;
         out.len = length;
-        return "";
+        return ends_frame();
       }
       if (cflag != 1)
         return "RecordIO continuation part (cflag " + std::to_string(cflag) + ") without a start part";
@@ -82,7 +91,7 @@ std::string check_recordio(const uint8_t* p, uint64_t size, bool file_tail, Fram
     if (cflag == 3) {
       out.data = out.assembled->data();
       out.len = joined;
-      return "";
+      return ends_frame();
     }
     const uint32_t m = kRecordIOMagic;
     std::memcpy(out.assembled->data() + joined, &m, 4);

@@ -156,6 +156,16 @@ def load_index(path: str, index_path: str, fmt: str = "tfrecord") -> np.ndarray:
         return offs
     if len(offs) and int(offs.max()) >= size:
         raise ValueError(f"{index_path}: an offset points past the end of {path} ({size} bytes)")
+    # Record starts only (RecordIO): MXNet writes its .idx in its list's order, by key, not the file's; the
+    # reads take them in file order. (That each one spans exactly one record is checked as it is read.)
+    offs = np.sort(offs)
+    if len(offs) and int(offs[0]) != 0:
+        raise ValueError(f"{index_path}: its first record starts at byte {int(offs[0])}, not 0: it lists fewer "
+                         f"records than {path} holds: rebuild it")
+    if len(offs) > 1 and np.any(offs[1:] == offs[:-1]):
+        raise ValueError(f"{index_path}: a record's offset is listed twice: rebuild it")
+    elif not len(offs) and size:
+        raise ValueError(f"{index_path} is empty but {path} has {size} bytes")
     return offs
 
 
