@@ -255,7 +255,7 @@ def decode_batch(buffer: Any, offsets: np.ndarray, lengths: np.ndarray, out: np.
         raise ValueError(f"on_error must be one of {', '.join(ON_ERROR)}, got {on_error!r}")
     if int(threads) < 1:
         raise ValueError(f"threads must be >= 1, got {threads}")
-    if int(eval_resize) < max(size):
+    if not train and int(eval_resize) < max(size):  # training crops at random: eval_resize is eval's alone
         raise ValueError(f"eval_resize ({eval_resize}) must be at least the output size {size}")
     if not 0.0 <= float(flip_probability) <= 1.0:
         raise ValueError(f"flip_probability must be in [0, 1], got {flip_probability}")

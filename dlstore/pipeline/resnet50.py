@@ -56,7 +56,8 @@ class ResNet50(Pipeline):
     scale, ratio : (float, float), optional
         RandomResizedCrop's area fraction and aspect-ratio ranges.
     eval_resize : int, optional
-        Eval: the shorter side is resized to this before the centre crop (256).
+        Eval: the shorter side is resized to this before the centre crop (256; at least ``size``).
+        Training ignores it.
     image_feature, label_feature : str, optional
         TFRecord: the ``tf.train.Example`` features holding the encoded image (bytes) and the label
         (int64); TensorFlow's ImageNet converter's names by default (``image/encoded``,
@@ -91,6 +92,10 @@ class ResNet50(Pipeline):
         self.label_offset = int(label_offset)
         self.scale, self.ratio = (float(scale[0]), float(scale[1])), (float(ratio[0]), float(ratio[1]))
         self.eval_resize = int(eval_resize)
+        if not self.train and self.eval_resize < self.size:  # train crops at random: eval_resize is eval's alone
+            raise ValueError(f"eval_resize ({self.eval_resize}) must be at least the output size ({self.size}) to "
+                             f"evaluate: the centre crop is taken from the image resized to it; pass "
+                             f"eval_resize={self.size} or more")
         self.image_feature, self.label_feature = str(image_feature), str(label_feature)
         self._counts = {"fallback_decodes": 0}
 

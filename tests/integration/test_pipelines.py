@@ -158,6 +158,19 @@ def test_resnet50_crops_follow_seed_and_epoch(imagenet):
         assert sum(differ) >= 20, differ  # new crops for (nearly) every image
 
 
+def test_resnet50_trains_at_sizes_above_eval_resize_and_eval_refuses_them_when_made(imagenet):
+    """train=True with size=299 failed at its first batch, from the loader's thread, on eval_resize (256), an
+    eval setting; evaluating at 299 with eval_resize 256 is refused when the pipeline is made."""
+    resnet50, _ = _resnet()
+    tfrecord, _ = imagenet
+    batch = next(iter(resnet50.resnet50_loader(tfrecord, batch_size=4, size=299)))
+    assert batch["image"].shape == (4, 299, 299, 3)
+    with pytest.raises(ValueError, match=r"eval_resize \(256\) must be at least the output size \(299\)"):
+        resnet50.resnet50_loader(tfrecord, batch_size=4, size=299, train=False)
+    evaluated = next(iter(resnet50.resnet50_loader(tfrecord, batch_size=4, size=299, train=False, eval_resize=320)))
+    assert evaluated["image"].shape == (4, 299, 299, 3)
+
+
 def test_resnet50_recordio_gives_the_same_samples_as_tfrecord(imagenet):
     resnet50, _ = _resnet()
     tfrecord, recordio = imagenet
