@@ -189,7 +189,7 @@ def recordio_labels(buffer: Any, offsets: np.ndarray, lengths: np.ndarray
                                               f"an IRHeader ({IRHEADER_BYTES} bytes)")
     head = data[offsets[:, None] + np.arange(8, dtype=np.uint64)].view("<u4")  # (n, 2): flag, label bits
     flags = head[:, 0].astype(np.uint64)
-    labels = head[:, 1].view("<f4").astype(np.int64)
+    values = head[:, 1].view("<f4").copy()
     header = IRHEADER_BYTES + 4 * flags
     if n and (header > lengths).any():
         k = int(np.argmax(header > lengths))
@@ -198,8 +198,13 @@ def recordio_labels(buffer: Any, offsets: np.ndarray, lengths: np.ndarray
     extra = np.flatnonzero(flags)
     if extra.size:
         first = offsets[extra] + np.uint64(IRHEADER_BYTES)
-        labels[extra] = data[first[:, None] + np.arange(4, dtype=np.uint64)].view("<f4")[:, 0].astype(np.int64)
-    return labels, offsets + header, lengths - header
+        values[extra] = data[first[:, None] + np.arange(4, dtype=np.uint64)].view("<f4")[:, 0]
+    # A label is a class number: NaN, infinity or one past int64 cast to garbage (NaN became -2**63).
+    bad = ~np.isfinite(values) | (np.abs(values) >= 2.0 ** 63)
+    if n and bad.any():
+        k = int(np.argmax(bad))
+        raise CorruptRecordError.of_record(k, f"RecordIO label {float(values[k])!r} is not a class number")
+    return values.astype(np.int64), offsets + header, lengths - header
 
 
 def resnet50_loader(source: Any, batch_size: int = 256, train: bool = True, layout: str = "NHWC",

@@ -516,6 +516,11 @@ def test_recordio_labels_and_image_spans():
     tiny = Chunk([payloads[0], b"x" * 10])
     with pytest.raises(CorruptRecordError, match="record 1: RecordIO image record of 10 bytes is shorter"):
         recordio_labels(tiny.buffer, tiny.offsets, tiny.lengths)
+    # A label that is no class number (NaN became -2**63, silently, with numpy's cast warning).
+    for label, extra in ((float("nan"), False), (float("inf"), True), (1e19, False)):
+        odd = Chunk([payloads[0], recordio.pack(0, [label, 1.0] if extra else label, 4, 0, b"JPEG")])
+        with pytest.raises(CorruptRecordError, match=r"record 1: RecordIO label .* is not a class number"):
+            recordio_labels(odd.buffer, odd.offsets, odd.lengths)
 
 
 def test_output_buffers_larger_than_half_the_memory_are_refused(monkeypatch):
