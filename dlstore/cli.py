@@ -9,6 +9,8 @@ import os
 import sys
 from typing import Any, Callable, Dict, List, NamedTuple, Optional
 
+import numpy as np
+
 from dlstore import __version__, _console, settings, synthetic
 from dlstore._console import Parser, positive_int
 from dlstore._progress import Progress
@@ -17,7 +19,8 @@ from dlstore.formats.detect import FormatMismatchError
 from dlstore.formats.registry import FORMATS
 from dlstore.io.system import existing_parent, format_bytes
 from dlstore.placement import ASSIGNMENTS, REMAINDERS, SHUFFLES
-from dlstore.sources.indexing import index_dataset, record_manifest, scan_offsets, write_index
+from dlstore.sources.indexing import (find_index, index_dataset, load_index, record_manifest, scan_offsets,
+                                      write_index)
 from dlstore.sources.reader import distinct_files, expand_paths, open_records, same_name, unreadable_reason
 from dlstore.tools.commands import (add_expand_arguments, add_testbed_arguments, run_expand, run_plan, run_scrub,
                                      run_testbed)
@@ -93,6 +96,18 @@ def cmd_convert(args: argparse.Namespace) -> int:
     return 0
 
 
+def _listing_index(path: str, fmt: str, offsets, out: Optional[str]) -> Optional[str]:
+    """A RecordIO index of ``path`` already there (``out``, else beside it or in the cache) that lists exactly
+    ``offsets``, in any order: its path (rewriting it would replace its keys by record numbers), else None."""
+    if fmt != "recordio":
+        return None
+    try:
+        where, found = (out, load_index(path, out, fmt)) if out else find_index(path, fmt)[:2]
+    except (OSError, ValueError):
+        return None
+    return where if found is not None and np.array_equal(np.sort(found), np.asarray(offsets)) else None
+
+
 def cmd_index(args: argparse.Namespace) -> int:
     """Builds index files ('offset size' lines for TFRecord, 'key<TAB>offset' lines for RecordIO, which
     DALI and MXNet read) and one dataset manifest per directory (what dlstore.Dataset opens: one file
@@ -118,8 +133,12 @@ def cmd_index(args: argparse.Namespace) -> int:
             failed += 1
             continue
         files.append(f)
-        dest = write_index(f, fmt, offsets, lengths, out)
-        print(f"{f}: {len(offsets)} records -> {dest}")
+        kept = _listing_index(f, fmt, offsets, out)
+        if kept:  # an MXNet .idx's keys are the user's (image ids): one that lists every record stays
+            print(f"{f}: {len(offsets)} records, {kept} kept (it lists every record, under its own keys)")
+        else:
+            dest = write_index(f, fmt, offsets, lengths, out)
+            print(f"{f}: {len(offsets)} records -> {dest}")
         directory, name = os.path.split(os.path.abspath(f))
         fresh.setdefault(directory, {})[name] = offsets
         counts = formats.setdefault(directory, {})

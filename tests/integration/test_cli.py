@@ -416,6 +416,28 @@ def test_index_of_a_directory_mixing_formats_writes_no_manifest(tmp_path):
     assert "the files mix formats" in _one_line_error(plan)
 
 
+def test_index_keeps_an_mxnet_idx_that_lists_every_record_under_its_own_keys(tmp_path):
+    """An MXNet .idx keys its records by image id (im2rec); `dlstore index` replaced a valid one with keys
+    0..n-1, losing the ids MXNet users look records up by. One that lists other offsets is still rewritten."""
+    import dlstore as ds
+
+    rec = tmp_path / "train.rec"
+    with ds.RecordIOWriter(str(rec), idx_path=str(tmp_path / "train.idx")) as w:
+        for i in range(6):
+            w.write(b"image %d " % i + b"z" * (i * 13))
+    offsets = [line.split("\t")[1] for line in (tmp_path / "train.idx").read_text().splitlines()]
+    keys = [1042, 7, 333, 90001, 12, 5]
+    mine = "".join(f"{k}\t{o}\n" for k, o in sorted(zip(keys, offsets)))  # by key, as MXNet may list them
+    (tmp_path / "train.idx").write_text(mine)
+    out = dlstore("index", tmp_path)
+    assert out.returncode == 0 and "train.idx kept" in out.stdout, out.stdout + out.stderr
+    assert (tmp_path / "train.idx").read_text() == mine
+    (tmp_path / "train.idx").write_text("".join(f"{k}\t{o}\n" for k, o in zip(keys, offsets[:4])))
+    out = dlstore("index", tmp_path)
+    assert out.returncode == 0 and "6 records -> " in out.stdout
+    assert len((tmp_path / "train.idx").read_text().splitlines()) == 6
+
+
 def test_index_out_dir_refuses_two_files_of_one_name(tmp_path):
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
