@@ -131,7 +131,7 @@ def split_glob(path: str) -> Optional[Tuple[str, Optional[str]]]:
     """``(directory, pattern)`` when ``path`` is a glob whose wildcards are in its last part only, or
     ``(directory, None)`` for a directory: what one listing of one directory answers. None otherwise."""
     directory, name = os.path.split(path)
-    if any(ch in path for ch in _GLOB_CHARS):
+    if any(ch in path for ch in _GLOB_CHARS) and not os.path.isfile(path):  # part[1].tfrecord is a file's name
         if any(ch in directory for ch in _GLOB_CHARS) or not name or "**" in name:
             return None
         return directory or ".", name
@@ -233,7 +233,7 @@ def expand_paths(paths: PathSpec, unreadable: Optional[List[str]] = None) -> Lis
         raise DlstoreError("no files to read in []: the list of paths is empty")
     out: List[str] = []
     for p in paths:
-        if any(ch in p for ch in _GLOB_CHARS):
+        if any(ch in p for ch in _GLOB_CHARS) and not os.path.isfile(p):  # a file named part[1].tfrecord is itself
             before = len(unreadable) if unreadable is not None else 0
             matches, others = _glob_record_files(p, unreadable)
             if not matches and (unreadable is None or len(unreadable) == before):

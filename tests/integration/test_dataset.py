@@ -423,3 +423,19 @@ def test_an_epoch_is_an_integer(tmp_path, epoch):
         ds.set_epoch(epoch)  # 1.5 was taken as epoch 1, "1" failed comparing str and int
     ds.set_epoch(np.int64(2))
     assert ds.epoch == 2
+
+
+def test_a_shard_whose_name_holds_glob_characters_is_read_as_itself(tmp_path):
+    """part[1].tfrecord: names from a directory's own listing, and a file named exactly, were matched again as
+    globs ([1] matches '1'), so the directory and the file were refused ("no record file matches")."""
+    for name in ("part-0.tfrecord", "part[1].tfrecord"):
+        with dlstore.TFRecordWriter(os.fspath(tmp_path / name)) as w:
+            w.write(name.encode())
+
+    def read(spec):
+        return sorted(r for b in Dataset(spec, batch_size=1, remainder="uneven").batches() for r in batch_records(b))
+
+    assert read(tmp_path) == [b"part-0.tfrecord", b"part[1].tfrecord"]
+    assert read(tmp_path / "part[1].tfrecord") == [b"part[1].tfrecord"]
+    assert [bytes(r) for r in dlstore.open_records(os.fspath(tmp_path / "part[1].tfrecord"))] == [b"part[1].tfrecord"]
+    assert read(os.fspath(tmp_path / "part-[0]*")) == [b"part-0.tfrecord"]  # a glob is still one
