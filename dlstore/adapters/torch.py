@@ -213,13 +213,8 @@ class _IterableRecords:
         if per_item is None or int(per_item) < 1:
             raise ValueError("without a pipeline, state_dict needs records_per_batch: the DataLoader's batch_size")
         epoch, seen, num_workers, per_item = self.epoch, int(batches_seen), int(num_workers), int(per_item)
-        if seen:
-            total = sum(self._epoch_items(epoch, num_workers, per_item)[2])
-            if seen > total:
-                raise ValueError(f"batches_seen {seen} is more than epoch {epoch}'s {total} items with {num_workers} "
-                                 f"DataLoader workers and {per_item} records each")
-            if seen == total:
-                epoch, seen = epoch + 1, 0
+        if seen and seen == self._items_in_epoch(epoch, num_workers, per_item, seen):
+            epoch, seen = epoch + 1, 0
         return {"epoch": epoch, "batches_seen": seen, "num_workers": num_workers, "records_per_batch": per_item,
                 "seed": self.seed,
                 "num_consumers": self.dataset.world.with_worker(0, max(1, num_workers)).num_consumers}
@@ -264,14 +259,20 @@ class _IterableRecords:
                                  f"consumers ({workers} DataLoader workers per rank); with {workers} workers this "
                                  f"world has {now}: the epoch's plan depends on them, so resume mid-epoch in a world "
                                  f"of the same size, or from a state saved at an epoch boundary")
-            total = sum(self._epoch_items(epoch, workers, state["records_per_batch"])[2])
-            if seen > total:
-                raise ValueError(f"the state's batches_seen {seen} is more than epoch {epoch}'s {total} items with "
-                                 f"{workers} DataLoader workers and {state['records_per_batch']} records each")
+            total = self._items_in_epoch(epoch, workers, state["records_per_batch"], seen)
             # At the end every item was handed out: nothing is left of the epoch, whatever the workers.
             self._resume = dict(state, finished=int(seen == total))
         self.epoch = epoch
         self._board.write(self.epoch)
+
+    def _items_in_epoch(self, epoch: int, num_workers: int, per: int, seen: int) -> int:
+        """Items ``epoch`` hands out with ``num_workers`` DataLoader workers and ``per`` records each; raises
+        ValueError when ``seen`` is more."""
+        total = sum(self._epoch_items(epoch, num_workers, per)[2])
+        if seen > total:
+            raise ValueError(f"batches_seen {seen} is more than epoch {epoch}'s {total} items with {num_workers} "
+                             f"DataLoader workers and {per} records each")
+        return total
 
     def _epoch_items(self, epoch: int, num_workers: int, per: int) -> Tuple[List[Any], List[int], List[int]]:
         """``(Datasets, records, items)`` of each DataLoader worker of ``num_workers`` (0: none) in ``epoch``,
