@@ -46,7 +46,7 @@ import numpy as np
 from dlstore import settings
 from dlstore._progress import Progress
 from dlstore.bench import report, sysinfo
-from dlstore.bench.mlperf_au import FIRST_STEP_READ_LIMIT_PCT, aggregate, decisive_au, rank_epoch, search_accelerators
+from dlstore.bench.mlperf_au import FIRST_STEP_READ_LIMIT_PCT, aggregate, decide, rank_epoch, search_accelerators
 from dlstore.bench.mlperf_records import (DlioExample, files_to_outgrow_cache, generate, layout_files, promised_files,
                                           record_bytes, train_files)
 from dlstore.bench.mlperf_workloads import MlperfWorkload, accelerator_names, workload, workload_names
@@ -458,9 +458,7 @@ def _median_run(repeats: List[Dict[str, Any]], threshold: float) -> Dict[str, An
         s = report.summarize([r[k] for r in repeats if r.get(k) is not None])
         out[k] = s["median"]
         out[f"{k}_spread"] = s
-    out["decided_on"] = decisive_au(out)
-    au = out[out["decided_on"]]
-    out["passed"] = au is not None and au >= threshold
+    decide(out, threshold)
     n = out["accelerators"]
     out["samples_per_s_per_accelerator"] = out["samples_per_s"] / n if out["samples_per_s"] else None
     out["mib_per_s_per_accelerator"] = out["mib_per_s"] / n if out["mib_per_s"] else None

@@ -23,7 +23,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from dlstore.bench.ranks import mean_known
 
-__all__ = ["FIRST_STEP_READ_LIMIT_PCT", "epoch_au", "rank_epoch", "decisive_au", "aggregate",
+__all__ = ["FIRST_STEP_READ_LIMIT_PCT", "epoch_au", "rank_epoch", "decisive_au", "decide", "aggregate",
            "search_accelerators"]
 
 MiB = 1 << 20
@@ -74,6 +74,14 @@ def decisive_au(figures: Dict[str, Any]) -> str:
     return "au_whole_pct" if first is not None and first >= FIRST_STEP_READ_LIMIT_PCT else "au_pct"
 
 
+def decide(figures: Dict[str, Any], threshold_pct: float) -> None:
+    """Sets ``figures["decided_on"]`` (:func:`decisive_au`) and ``figures["passed"]``: that AU at or above
+    ``threshold_pct``."""
+    figures["decided_on"] = decisive_au(figures)
+    au = figures[figures["decided_on"]]
+    figures["passed"] = au is not None and au >= threshold_pct
+
+
 def aggregate(ranks: Sequence[Sequence[Dict[str, Any]]], threshold_pct: float) -> Dict[str, Any]:
     """The figures of one run: ``ranks[r][e]`` is rank ``r``'s epoch ``e`` (:func:`rank_epoch`).
 
@@ -105,9 +113,7 @@ def aggregate(ranks: Sequence[Sequence[Dict[str, Any]]], threshold_pct: float) -
            "au_per_rank_pct": [mean_known(ep["au_pct"] for ep in r) for r in ranks],
            "samples": sum(e["samples"] for e in epochs),
            "first_step_read_pct": max(firsts) if firsts else None}
-    out["decided_on"] = decisive_au(out)
-    au = out[out["decided_on"]]
-    out["passed"] = au is not None and au >= threshold_pct
+    decide(out, threshold_pct)
     return out
 
 
