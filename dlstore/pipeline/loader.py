@@ -194,9 +194,8 @@ class Loader:
         self._epoch = 0
         self._position = 0
         self._delivered = 0  # samples of the epoch handed out: the position less the records the source skipped
-        # Batches handed out since the loader was made, and the position after each of the last ones
-        # (state_after): what a consumer that draws ahead of its training step resumes from.
-        self._handed = 0
+        # The position after each of the last batches handed out, by their count (the counter "batches", over
+        # the loader's life): what a consumer that draws ahead of its training step resumes from (state_after).
         self._recent = collections.deque([(0, 0, 0, 0)], maxlen=_RECENT_POSITIONS)
         self._active: Optional[Prefetcher] = None
         self._iterator: Optional[weakref.ref] = None
@@ -294,8 +293,8 @@ class Loader:
                     return
                 if isinstance(item, _EpochEnd):
                     self._epoch, self._position, self._delivered = item.epoch + 1, 0, 0
-                    if self._recent[-1][0] == self._handed:  # as state_dict() says from now on
-                        self._recent[-1] = (self._handed, self._epoch, 0, 0)
+                    if self._recent[-1][0] == self.batches_handed:  # as state_dict() says from now on
+                        self._recent[-1] = (self.batches_handed, self._epoch, 0, 0)
                     if self._report_stalls is not None:
                         self._report_stalls(f"dlstore loader, epoch {item.epoch}: "
                                             f"{stalls.report(since=epoch_start)['line']}")
@@ -309,10 +308,9 @@ class Loader:
                 stalls.step(wait, time.perf_counter() - handed if handed is not None else wait, source_0, pipeline_0)
                 held = item.slot
                 self._epoch, self._position, self._delivered = item.epoch, item.position, item.delivered
-                self._handed += 1
-                self._recent.append((self._handed, item.epoch, item.position, item.delivered))
                 self.padding = item.padding
                 self._counts["batches"] += 1
+                self._recent.append((self._counts["batches"], item.epoch, item.position, item.delivered))
                 self._counts["samples"] += item.rows - item.padding
                 self._counts["padding"] += item.padding
                 if item.rows == 0:
@@ -393,7 +391,7 @@ class Loader:
     @property
     def batches_handed(self) -> int:
         """Batches this loader has handed out since it was made, over all its iterations and epochs."""
-        return self._handed
+        return self._counts["batches"]
 
     def state_after(self, batches_handed: int) -> Dict[str, Any]:
         """The :meth:`state_dict` as it was once the loader had handed out ``batches_handed`` batches.
@@ -413,8 +411,8 @@ class Loader:
             if count == batches_handed:
                 return self._state(epoch, position, delivered)
         raise ValueError(f"no state after {batches_handed} batches handed out: this loader keeps the states after "
-                         f"{self._recent[0][0]} to {self._handed} batches (at most the last {_RECENT_POSITIONS}, "
-                         f"since it was made or last given a state)")
+                         f"{self._recent[0][0]} to {self.batches_handed} batches (at most the last "
+                         f"{_RECENT_POSITIONS}, since it was made or last given a state)")
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Resumes at a :meth:`state_dict`: the next iteration starts at its epoch and sample.
@@ -445,7 +443,7 @@ class Loader:
         self.source.load_state_dict(state.get("source") or state_at(self.source, epoch, position))
         self._epoch, self._position, self._delivered = epoch, position, delivered
         self._recent.clear()
-        self._recent.append((self._handed, epoch, position, delivered))
+        self._recent.append((self.batches_handed, epoch, position, delivered))
 
     # ---- what happened ----
 
