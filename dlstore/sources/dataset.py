@@ -715,8 +715,7 @@ class Dataset(ReadsWithOptions):
         refused. A state at the end of the consumer's share (saved after the epoch's last batch, before the
         loop moved on) is the next epoch's start, which another world size may resume too."""
         epoch, k = self.epoch, self.sample_in_epoch
-        share = self.plan(epoch).num_samples(self.world.consumer)
-        if k and k >= share:
+        if k and k >= len(self):  # the consumer's whole share of this epoch read
             epoch, k = epoch + 1, 0
         return dict(SamplerState(epoch, k, self.seed, self.world.num_consumers).to_dict(),
                     shards=len(self.shards), records=int(np.sum(self.counts)), order=self._order_digest(),
