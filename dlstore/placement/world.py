@@ -334,25 +334,24 @@ def _warn_if_another_launcher_says_more(found: _Found, env: Mapping[str, str]) -
             other = detect(env)
         except PlacementError:
             continue
-        size = other.values.get("size") if other is not None else None
-        if size is not None and size > found.values["size"]:
-            warnings.warn(f"{', '.join(found.variables[:2])} say rank {found.values.get('rank')} of "
-                          f"{found.values['size']} ({_LABELS[found.source]}), but {_LABELS[name]} runs {size} "
-                          f"processes ({', '.join(other.variables[:2])}): stale variables from another launch? "
-                          f"Each process reads as its {found.source} rank; unset them, or pass rank= and size=",
-                          RuntimeWarning, stacklevel=3)
-            return
-        rank = other.values.get("rank") if other is not None else None
+        if other is None:
+            continue
+        size, rank = other.values.get("size"), other.values.get("rank")
         hand_set = found.source in ("torchrun", "horovod") and name != "slurm"  # SLURM's stay beside any MPI's
-        if hand_set and size == found.values["size"] and rank is not None and rank != found.values.get("rank"):
+        if size is not None and size > found.values["size"]:
+            says = f"runs {size} processes"
+        elif hand_set and size == found.values["size"] and rank is not None and rank != found.values.get("rank"):
             # As many processes, numbered otherwise (RANK=0 WORLD_SIZE=2 left in an mpirun -np 2's environment):
             # every process takes the stale rank, and half the data is read twice, half never.
-            warnings.warn(f"{', '.join(found.variables[:2])} say rank {found.values.get('rank')} of {size} "
-                          f"({_LABELS[found.source]}), but {_LABELS[name]} says this process is rank {rank} of "
-                          f"{size} ({', '.join(other.variables[:2])}): stale variables from another launch? Each "
-                          f"process reads as its {found.source} rank; unset them, or pass rank= and size=",
-                          RuntimeWarning, stacklevel=3)
-            return
+            says = f"says this process is rank {rank} of {size}"
+        else:
+            continue
+        warnings.warn(f"{', '.join(found.variables[:2])} say rank {found.values.get('rank')} of "
+                      f"{found.values['size']} ({_LABELS[found.source]}), but {_LABELS[name]} {says} "
+                      f"({', '.join(other.variables[:2])}): stale variables from another launch? "
+                      f"Each process reads as its {found.source} rank; unset them, or pass rank= and size=",
+                      RuntimeWarning, stacklevel=3)
+        return
 
 
 def _mpi4py_size() -> Optional[int]:
