@@ -13,6 +13,15 @@ import pytest
 from tests.helpers import ENGINES, REPO, direct_refused
 
 
+@pytest.fixture(autouse=True)
+def direct_reads_the_device(monkeypatch):
+    """O_DIRECT engines read the device in every test, as ``DLSTORE_DIRECT_CACHE=0`` asks: a test's files
+    were just written, so they sit in the page cache, and by default direct and io_uring would read them
+    from there (the ``direct_cache`` setting), leaving their O_DIRECT reads untested. The tests of that
+    setting (tests/integration/test_direct_cache.py) turn it back on."""
+    monkeypatch.setenv("DLSTORE_DIRECT_CACHE", "0")
+
+
 @pytest.fixture
 def payloads():
     """Records of awkward sizes: empty, 1 byte, around 4096, larger than a 64 KiB chunk."""

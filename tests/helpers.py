@@ -165,7 +165,10 @@ def check_engine(reader, engine: str) -> None:
     if engine == "io_uring" and probe_io_uring():
         pytest.skip(f"io_uring cannot run here ({probe_io_uring()}): its fallback is tested apart")
     assert reader.engine == engine, reader.engine_reason
-    assert reader.stats()["notes"] == []
+    stats = reader.stats()
+    assert stats["notes"] == []
+    if engine in ("direct", "io_uring") and "cache_bytes_read" in stats:  # open_records and Dataset have it
+        assert stats["cache_bytes_read"] == 0, "an O_DIRECT engine read from the page cache with DLSTORE_DIRECT_CACHE=0"
 
 
 class SpanBatch:

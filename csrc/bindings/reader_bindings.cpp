@@ -39,7 +39,9 @@ void engine_fields(py::class_<O>& c) {
       .def_property("read_timeout", [](const O& o) { return o.engine.timeout_s; },
                     [](O& o, double v) { o.engine.timeout_s = v; })
       .def_property("queue_depth", [](const O& o) { return o.engine.queue_depth; },
-                    [](O& o, size_t v) { o.engine.queue_depth = v; });
+                    [](O& o, size_t v) { o.engine.queue_depth = v; })
+      .def_property("direct_cache", [](const O& o) { return o.engine.direct_cache; },
+                    [](O& o, bool v) { o.engine.direct_cache = v; });
 }
 
 // Options pickle as the dict of their fields, so that a Dataset holding them pickles (DataLoader workers
@@ -159,7 +161,7 @@ void register_reader(py::module_& m) {
                     [](dlstore::ReaderOptions& o, size_t v) { o.scan.verify_threads = v; })
       .def_property("max_records", [](const dlstore::ReaderOptions& o) { return o.scan.max_records; },
                     [](dlstore::ReaderOptions& o, size_t v) { o.scan.max_records = v; });
-  picklable(reader_options, {"engine", "chunk_size", "depth", "io_threads", "read_timeout", "queue_depth", "headroom",
+  picklable(reader_options, {"engine", "chunk_size", "depth", "io_threads", "read_timeout", "queue_depth", "direct_cache", "headroom",
                              "verify", "on_error", "verify_threads", "max_records"});
 
   py::class_<dlstore::PlanOptions> plan_options(m, "PlanOptions");
@@ -169,8 +171,8 @@ void register_reader(py::module_& m) {
       .def_property("on_error", [](const dlstore::PlanOptions& o) { return on_error_name(o.on_error); },
                     [](dlstore::PlanOptions& o, const std::string& v) { o.on_error = parse_on_error(v); })
       .def_readwrite("max_open_files", &dlstore::PlanOptions::max_open_files);
-  picklable(plan_options, {"engine", "chunk_size", "depth", "io_threads", "read_timeout", "queue_depth", "verify",
-                           "on_error", "max_open_files"});
+  picklable(plan_options, {"engine", "chunk_size", "depth", "io_threads", "read_timeout", "queue_depth", "direct_cache",
+                           "verify", "on_error", "max_open_files"});
 
   m.def("engine_names", &dlstore::engine_names);
   m.def("io_uring_refusal", &dlstore::io_uring_refusal);
@@ -212,6 +214,7 @@ void register_reader(py::module_& m) {
              d["records"] = s.records;
              d["payload_bytes"] = s.payload_bytes;
              d["file_bytes_read"] = s.file_bytes_read;
+             d["cache_bytes_read"] = s.cache_bytes_read;
              d["skipped"] = s.skipped;
              d["moved_bytes"] = s.moved_bytes;
              d["spilled_records"] = s.spilled_records;

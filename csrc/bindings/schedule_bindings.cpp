@@ -19,6 +19,7 @@ py::dict plan_stats_dict(const dlstore::PlanStats& s) {
   d["records"] = s.records;
   d["payload_bytes"] = s.payload_bytes;
   d["file_bytes_read"] = s.file_bytes_read;
+  d["cache_bytes_read"] = s.cache_bytes_read;
   d["skipped"] = s.skipped;
   d["chunks"] = s.chunks;
   d["gathered_batches"] = s.gathered_batches;

@@ -24,8 +24,23 @@ void Engine::check_read(ReadRequest& r, size_t got) {
   r.data = r.slot + lead;
 }
 
+bool Engine::read_cached(ReadRequest& r) {
+  const OpenedFile& f = *r.file;
+  if (!f.cache_first || !page_cache_holds(f.fh->fd(), r.offset, r.len)) return false;
+  // Pages evicted since the check are read from the device through the cache: the same bytes.
+  try {
+    std::call_once(f.cached_once, [&f] { f.cached_fh = std::make_shared<FileHandle>(f.path, false); });
+    check_read(r, f.cached_fh->pread_full(r.slot, f.slot_bytes(r.offset, r.len), align_down(r.offset, f.offset_align)));
+  } catch (const Error&) {
+    r.error = std::current_exception();
+  }
+  r.from_cache = true;
+  return true;
+}
+
 void Engine::pread_one(ReadRequest& r) {
   const OpenedFile& f = *r.file;
+  if (read_cached(r)) return;
   // O_DIRECT reads whole aligned blocks into an aligned slot, from the block holding `offset`; the
   // file's unaligned tail comes back as a short read.
   const uint64_t read_at = align_down(r.offset, f.offset_align);
@@ -140,6 +155,7 @@ void ChunkReader::open_next_file() {
   auto of = std::make_shared<OpenFile>();
   OpenHints hints;
   hints.chunk_size = opts_.chunk_size;
+  hints.direct_cache = opts_.direct_cache;
   if (current_ && current_->file->path == path) {
     // The next range of the same file (records of one shard split into pieces): share the open
     // file or mapping instead of opening and mapping it again.
@@ -228,6 +244,7 @@ void ChunkReader::fill() {
       file->engine->read(&r, 1);
       if (r.error) std::rethrow_exception(r.error);  // names the file and offset
       c.data = const_cast<uint8_t*>(r.data);
+      c.from_cache = r.from_cache;
       if (buf) {
         // The bytes of an O_DIRECT read's first block before `offset` widen the headroom.
         c.headroom = static_cast<size_t>(r.data - buf->data());
@@ -258,6 +275,7 @@ bool ChunkReader::next(Chunk& out) {
   inflight_.pop_front();
   out = f.get();  // rethrows a read error with its file and offset
   bytes_read_ += out.len;
+  if (out.from_cache) cache_bytes_read_ += out.len;
   fill();
   return true;
 }

@@ -232,6 +232,8 @@ class IoUringEngine : public Engine {
       // Still through the ring: a buffered descriptor, served from the page cache.
       *note = "io_uring without O_DIRECT for " + why;
       f->fh = std::make_shared<FileHandle>(path, false);
+    } else {
+      f->cache_first = hints.direct_cache;  // what the page cache holds already is read from it (Engine::read_cached)
     }
     f->size = f->fh->size();
     f->queue_depth = static_cast<uint32_t>(queue_depth_for(*f->fh, queue_depth_, nullptr));
@@ -251,7 +253,12 @@ class IoUringEngine : public Engine {
 
     std::vector<SubRead> subs;
     subs.reserve(n);
+    std::vector<uint8_t> cached(n, 0);  // read from the page cache here, not through the ring
     for (size_t i = 0; i < n; ++i) {
+      if (read_cached(reqs[i])) {
+        cached[i] = 1;
+        continue;
+      }
       const ReadRequest& r = reqs[i];
       const uint64_t at = align_down(r.offset, r.file->offset_align);
       const size_t want = r.file->slot_bytes(r.offset, r.len);
@@ -280,7 +287,7 @@ class IoUringEngine : public Engine {
         // their slots, so wait for them before the slots can go back to their pool.
         ring->drain(inflight);
         for (size_t i = 0; i < n; ++i)
-          if (!reqs[i].error) reqs[i].error = io_error(reqs[i].file->path, reqs[i].offset, e.reason, e.err);
+          if (!reqs[i].error && !cached[i]) reqs[i].error = io_error(reqs[i].file->path, reqs[i].offset, e.reason, e.err);
         return;
       }
       ring->reap([&](uint64_t tag, int res) {
@@ -322,7 +329,7 @@ class IoUringEngine : public Engine {
       if (s.ended) stopped[s.request] = 1;
     }
     for (size_t i = 0; i < n; ++i)
-      if (!reqs[i].error) check_read(reqs[i], got[i]);
+      if (!reqs[i].error && !cached[i]) check_read(reqs[i], got[i]);
   }
 
   std::vector<std::string> notes() const override {

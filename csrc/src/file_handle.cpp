@@ -10,6 +10,8 @@
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
+#include <vector>
+
 #include "dlstore/error.hpp"
 
 namespace dlstore {
@@ -138,6 +140,27 @@ DirectAlignment FileHandle::direct_alignment() const {
   }
   a.source = "default 4096";
   return a;
+}
+
+bool page_cache_holds(int fd, uint64_t offset, size_t n) {
+  if (n == 0) return false;
+  static const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  const uint64_t start = offset / page * page;
+  const size_t len = static_cast<size_t>(offset + n - start);
+  void* p = ::mmap(nullptr, len, PROT_READ, MAP_SHARED, fd, static_cast<off_t>(start));
+  if (p == MAP_FAILED) return false;
+  const size_t pages = static_cast<size_t>((len + page - 1) / page);
+  unsigned char small[256];
+  std::vector<unsigned char> large;
+  unsigned char* vec = small;
+  if (pages > sizeof small) {
+    large.resize(pages);
+    vec = large.data();
+  }
+  bool all = ::mincore(p, len, vec) == 0;
+  for (size_t i = 0; all && i < pages; ++i) all = (vec[i] & 1) != 0;
+  ::munmap(p, len);
+  return all;
 }
 
 Mapping::Mapping(const std::string& path, bool sequential) : path_(path) {

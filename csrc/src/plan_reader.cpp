@@ -38,6 +38,7 @@ class FileCache {
     // multiple of the filesystem's block) may read O_DIRECT.
     hints_.chunk_size = align_up(std::max<uint64_t>(engine.chunk_size, kBufferAlign), kBufferAlign);
     hints_.sequential = sequential;
+    hints_.direct_cache = engine.direct_cache;
   }
 
   std::shared_ptr<OpenedFile> get(uint32_t index) {
@@ -110,6 +111,7 @@ struct PlanReader::Loaded {
   std::vector<std::pair<uint32_t, std::string>> bad;   // (index in the chunk, what is wrong)
   std::vector<uint64_t> bad_at;                        // where in the file, per entry of `bad`
   uint64_t bytes_read = 0;
+  uint64_t cache_bytes_read = 0;  // of those, O_DIRECT files' bytes read from the page cache
   // A file that would not open or read: the records from `failed_from` on are not there, and this
   // is why. The records before it were read, so they still go out before the error is raised.
   std::exception_ptr failure;
@@ -195,6 +197,7 @@ std::unique_ptr<PlanReader::Loaded> load_chunk(const ReadPlan& plan, std::vector
     }
     piece_data[i] = reads[i].data;
     out->bytes_read += reads[i].bytes_read;
+    if (reads[i].from_cache) out->cache_bytes_read += reads[i].bytes_read;
   }
   if (view && !pieces.empty()) {
     // The frames are checked below where they lie, in the mapping: a file cut short since it was opened
@@ -326,6 +329,7 @@ Arrival PlanReader::wait(size_t c) {
   std::unique_ptr<Loaded> loaded = result.get();  // rethrows a read error with its file and offset
   Arrival a;
   a.bytes_read = loaded->bytes_read;
+  a.cache_bytes_read = loaded->cache_bytes_read;
   a.held_bytes = loaded->owns_memory ? loaded->len : 0;
   a.failure = loaded->failure;
   a.failed_from = loaded->failed_from;

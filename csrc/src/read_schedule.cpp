@@ -150,6 +150,7 @@ void ReadSchedule::arrived(size_t chunk, Arrival a) {
     bad_[pos] = Corrupt{a.bad_at[i], std::move(a.bad_what[i])};
   }
   stats_.file_bytes_read += a.bytes_read;
+  stats_.cache_bytes_read += a.cache_bytes_read;
   ++stats_.chunks;
   held_[chunk] = a.held_bytes;
   holding_[chunk] = 1;

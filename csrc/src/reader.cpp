@@ -48,6 +48,7 @@ ReaderStats Reader::live_stats() const {
   s.moved_bytes = sc.moved_bytes;
   s.spilled_records = sc.spilled_records;
   s.file_bytes_read = chunks_->bytes_read();
+  s.cache_bytes_read = chunks_->cache_bytes_read();
   s.buffers_allocated = chunks_->pool()->allocated();
   return s;
 }

@@ -260,8 +260,8 @@ def _throughput(index: int) -> Dict[str, Any]:
     # spread 0.93-1.23x.
     paths = dataset_paths(None, "default", progress=False)
     figures: Dict[str, Any] = {}
-    # direct never reads the page cache, so warm it stays at the disk's rate while kvikio's compat reads come
-    # from memory: buffered + pinned + copy is the host path for a warm cache (what io="auto" picks there).
+    # Warm, direct reads what the page cache holds from it (the direct_cache setting), as kvikio's compat
+    # reads do; buffered + pinned + copy is the host path io="auto" picks for a warm cache.
     for io, caches in (("gds", "both"), ("direct", "both"), ("buffered", "warm")):
         for r in run_storage(paths, io=io, cache=caches, repeat=3, fio=False, device=index, log=lambda _: None):
             label = "gds" if io == "gds" else f"{io} + pinned + copy"

@@ -136,6 +136,7 @@ class ReadOptions:
         out.io_threads = self.get("io_threads")
         out.read_timeout = float(self.get("read_timeout"))
         out.queue_depth = settings.get("queue_depth")
+        out.direct_cache = settings.get("direct_cache")
         out.verify = self.verify
         out.on_error = "skip" if self.on_error == "warn" else self.on_error
         if in_order:

@@ -9,6 +9,7 @@
 #include <exception>
 #include <future>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,9 @@ struct EngineOptions {
   // Engines that keep several reads in flight in one call (io_uring): at most this many per I/O
   // thread; 0: the device's own limit (its nr_requests), at most kMaxQueueDepth.
   size_t queue_depth = 0;
+  // O_DIRECT engines (direct, io_uring) read a request whose bytes the page cache holds already from
+  // the cache instead of the device (OpenedFile::cache_first). Off: every read goes to the device.
+  bool direct_cache = true;
 };
 
 // The most reads an engine keeps in flight per thread when the device's limit decides: past about 64
@@ -62,6 +66,7 @@ struct Chunk {
   size_t headroom = 0;          // writable bytes available before data
   bool contiguous = false;      // the bytes before data are the file's preceding bytes (mmap)
   bool last = false;            // last chunk of its file
+  bool from_cache = false;      // an O_DIRECT file's chunk read from the page cache, which held it
   const Mapping* map = nullptr; // the mapping data lies in (mmap views; owner keeps it alive)
 };
 
@@ -78,6 +83,11 @@ struct OpenedFile {
   uint32_t offset_align = 1;               // O_DIRECT: file offsets and lengths are multiples of this
   uint32_t memory_align = 1;               // O_DIRECT: buffer addresses are multiples of this
   uint32_t queue_depth = 1;                // reads in flight one call keeps on this file's device
+  // O_DIRECT engines: a request whose bytes the page cache holds already is read from it, through a
+  // buffered descriptor opened on the first such request (Engine::read_cached), not again from the device.
+  bool cache_first = false;
+  mutable std::once_flag cached_once;
+  mutable std::shared_ptr<FileHandle> cached_fh;
 
   // Bytes a slot needs to receive [offset, offset + len): O_DIRECT reads the whole aligned blocks
   // around the range. A slot's address is a multiple of memory_align.
@@ -91,6 +101,7 @@ struct OpenedFile {
 struct OpenHints {
   size_t chunk_size = 64u << 10;
   bool sequential = true;
+  bool direct_cache = true;  // EngineOptions::direct_cache
 };
 
 // One read of a list handed to Engine::read: bytes [offset, offset + len) of `file` into `slot`
@@ -105,6 +116,7 @@ struct ReadRequest {
   const uint8_t* data = nullptr;  // where byte `offset` is: in the slot (after the aligned lead) or the mapping
   uint64_t bytes_read = 0;        // bytes read from the file (O_DIRECT: whole blocks, to the file's end)
   std::exception_ptr error;       // this read failed (an Error naming file and offset); others may not have
+  bool from_cache = false;        // an O_DIRECT file's request read from the page cache, which held it
 };
 
 // How bytes reach memory. An engine opens files and reads lists of byte ranges into slots the caller
@@ -133,6 +145,10 @@ class Engine : public std::enable_shared_from_this<Engine> {
  protected:
   // One request by pread into its slot: whole blocks for an O_DIRECT file, then check_read.
   static void pread_one(ReadRequest& r);
+  // For a file with cache_first: when the page cache holds all of the request's bytes, reads them
+  // through the buffered descriptor into the slot as O_DIRECT would lay them out (from the aligned
+  // block), sets from_cache, and returns true; otherwise reads nothing and returns false.
+  static bool read_cached(ReadRequest& r);
   // Sets r.data and r.bytes_read from `got` bytes read into the slot from the aligned start, or
   // r.error when they do not cover the request (a file truncated while read).
   static void check_read(ReadRequest& r, size_t got);
@@ -181,6 +197,7 @@ class ChunkReader : public ChunkStream {
   std::vector<std::string> notes() const;
   size_t note_count() const { return notes_.size() + engine_->notes().size(); }  // without copying them
   uint64_t bytes_read() const { return bytes_read_; }
+  uint64_t cache_bytes_read() const { return cache_bytes_read_; }  // of those, O_DIRECT files' from the page cache
   const std::shared_ptr<BufferPool>& pool() const { return pool_; }
   const EngineOptions& options() const { return opts_; }
   size_t headroom() const { return headroom_; }
@@ -210,6 +227,7 @@ class ChunkReader : public ChunkStream {
   bool abandoned_ = false;  // a read timed out: its thread may never return, so it is not joined
   std::vector<std::string> notes_;
   uint64_t bytes_read_ = 0;
+  uint64_t cache_bytes_read_ = 0;
 };
 
 }  // namespace dlstore

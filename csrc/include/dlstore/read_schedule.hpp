@@ -52,6 +52,7 @@ struct PlanStats {
   uint64_t records = 0;          // emitted (PlanReader: those of the batches it built)
   uint64_t payload_bytes = 0;    // executor
   uint64_t file_bytes_read = 0;  // bytes read from files (direct: whole aligned blocks)
+  uint64_t cache_bytes_read = 0;  // of those, read by an O_DIRECT engine from the page cache, which held them
   uint64_t skipped = 0;          // corrupt records skipped under OnError::Skip
   uint64_t chunks = 0;           // chunks read
   uint64_t gathered_batches = 0;  // executor: batches whose records were copied together
@@ -72,6 +73,7 @@ struct Piece {
 // What the executor found when a chunk arrived.
 struct Arrival {
   uint64_t bytes_read = 0;  // from files
+  uint64_t cache_bytes_read = 0;  // of those, from the page cache where the engine reads O_DIRECT
   uint64_t held_bytes = 0;  // memory held for the chunk until it is released (0: views of a file mapping)
   // Corrupt records: read position, where in the file the problem is, and what it is.
   std::vector<int64_t> bad;

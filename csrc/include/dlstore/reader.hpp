@@ -24,6 +24,7 @@ struct ReaderStats {
   uint64_t records = 0;
   uint64_t payload_bytes = 0;
   uint64_t file_bytes_read = 0;
+  uint64_t cache_bytes_read = 0;  // of those, O_DIRECT files' bytes read from the page cache
   uint64_t skipped = 0;
   uint64_t moved_bytes = 0;
   uint64_t spilled_records = 0;

@@ -1,0 +1,157 @@
+"""The O_DIRECT engines read what the page cache already holds from it (the ``direct_cache`` setting,
+on by default): the same bytes, counted in ``cache_bytes_read``; what the cache does not hold still
+comes from the device. The other tests run with the setting off (tests/conftest.py), so their direct
+reads reach the device."""
+import os
+
+import pytest
+
+import dlstore
+from dlstore.io.pagecache import evict_files, make_warm, resident_fraction
+from tests.helpers import batch_records, write_tfrecord
+
+O_DIRECT_ENGINES = ["direct", "io_uring"]
+SHUFFLES = ["none", "block", "global", "buffer"]
+
+
+@pytest.fixture(autouse=True)
+def direct_cache_on(monkeypatch):
+    monkeypatch.delenv("DLSTORE_DIRECT_CACHE", raising=False)  # the default: on
+
+
+@pytest.fixture
+def shards(direct_dir):
+    rng = __import__("numpy").random.default_rng(3)
+    records = [[rng.bytes(int(n)) for n in rng.integers(1, 30_000, 150)] for _ in range(3)]
+    paths = [write_tfrecord(direct_dir / f"part-{k}.tfrecord", recs) for k, recs in enumerate(records)]
+    return paths, records
+
+
+def _engine(engine):
+    if engine == "io_uring":
+        from dlstore.io.select import probe_io_uring
+
+        if probe_io_uring():
+            pytest.skip(f"io_uring cannot run here: {probe_io_uring()}")
+    return engine
+
+
+def _evicted(paths):
+    evict_files(paths)
+    left = resident_fraction(paths)
+    if left is None or left > 0:
+        pytest.skip(f"the files stay in the page cache after posix_fadvise(DONTNEED) here ({left})")
+
+
+def _dataset_batches(paths, engine, shuffle, **kw):
+    ds = dlstore.Dataset(paths, io=engine, shuffle=shuffle, batch_size=32, seed=5, **kw)
+    out = [r for b in ds.batches() for r in batch_records(b)]
+    return out, ds.stats()
+
+
+@pytest.mark.parametrize("engine", O_DIRECT_ENGINES)
+def test_warm_files_are_read_from_the_cache(shards, engine):
+    paths, records = shards
+    make_warm(paths)
+    assert resident_fraction(paths) == 1.0
+    reader = dlstore.open_records(paths, io=_engine(engine), chunk_size=64 << 10)
+    assert [bytes(r) for r in reader] == [r for recs in records for r in recs]
+    stats = reader.stats()
+    assert reader.engine == engine and stats["notes"] == []
+    assert stats["cache_bytes_read"] == stats["file_bytes_read"] > 0
+
+
+@pytest.mark.parametrize("engine", O_DIRECT_ENGINES)
+@pytest.mark.parametrize("shuffle", SHUFFLES)
+def test_dataset_batches_match_buffered_warm_and_cold(shards, engine, shuffle):
+    paths, _ = shards
+    expected, _ = _dataset_batches(paths, "buffered", shuffle)
+    make_warm(paths)
+    warm, stats = _dataset_batches(paths, _engine(engine), shuffle)
+    assert warm == expected
+    assert stats["engine"] == engine and stats["cache_bytes_read"] == stats["file_bytes_read"] > 0
+    _evicted(paths)
+    cold, stats = _dataset_batches(paths, engine, shuffle)
+    assert cold == expected
+    assert stats["cache_bytes_read"] == 0 < stats["file_bytes_read"]
+    assert resident_fraction(paths) == 0  # O_DIRECT left the cache as it found it
+
+
+@pytest.mark.parametrize("engine", O_DIRECT_ENGINES)
+def test_partly_cached_file_mixes_cache_and_device(direct_dir, engine):
+    # One file of 8 reads; the cache holds its first half: those reads come from it, the rest from the device.
+    records = [os.urandom(4000 + k) for k in range(400)]
+    path = write_tfrecord(direct_dir / "half.tfrecord", records)
+    _evicted([path])
+    size = os.path.getsize(path)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)  # no read-ahead past the half read
+        os.pread(fd, size // 2, 0)
+    finally:
+        os.close(fd)
+    assert 0.3 < resident_fraction([path]) < 0.7
+    reader = dlstore.open_records(path, io=_engine(engine), chunk_size=(size // 8 + 4095) // 4096 * 4096)
+    assert [bytes(r) for r in reader] == records
+    stats = reader.stats()
+    assert 0 < stats["cache_bytes_read"] < stats["file_bytes_read"]
+
+
+@pytest.mark.parametrize("engine", O_DIRECT_ENGINES)
+def test_setting_off_reads_the_device(shards, engine, monkeypatch):
+    paths, records = shards
+    monkeypatch.setenv("DLSTORE_DIRECT_CACHE", "off")
+    make_warm(paths)
+    reader = dlstore.open_records(paths, io=_engine(engine))
+    assert [bytes(r) for r in reader] == [r for recs in records for r in recs]
+    assert reader.stats()["cache_bytes_read"] == 0
+    got, stats = _dataset_batches(paths, engine, "global")
+    assert stats["cache_bytes_read"] == 0 < stats["file_bytes_read"]
+
+
+def test_buffered_fallback_counts_no_cache_bytes(tmp_path, payloads):
+    # Where O_DIRECT is refused (tmpfs), direct reads buffered: through the cache, but not "from the cache
+    # instead of the device", so cache_bytes_read stays 0 and the note says why.
+    import shutil
+    import tempfile
+
+    from tests.helpers import direct_refused
+
+    where = None
+    if direct_refused(tmp_path):
+        where = str(tmp_path)
+    elif os.path.isdir("/dev/shm") and direct_refused("/dev/shm"):
+        where = tempfile.mkdtemp(prefix="dlstore-", dir="/dev/shm")
+    if where is None:
+        pytest.skip(f"neither {tmp_path} nor /dev/shm refuses O_DIRECT: the fallback needs a filesystem that does")
+    try:
+        path = write_tfrecord(os.path.join(where, "t.tfrecord"), payloads)
+        reader = dlstore.open_records(path, io="direct")
+        assert [bytes(r) for r in reader] == payloads
+        assert reader.stats()["cache_bytes_read"] == 0 and "refuses O_DIRECT" in reader.stats()["notes"][0]
+    finally:
+        if where != str(tmp_path):
+            shutil.rmtree(where, ignore_errors=True)
+
+
+@pytest.mark.parametrize("engine", O_DIRECT_ENGINES)
+def test_file_cut_after_indexing_names_file_and_offset(shards, engine):
+    paths, _ = shards
+    ds = dlstore.Dataset(paths, io=_engine(engine), shuffle="none", batch_size=32)
+    make_warm(paths)
+    size = os.path.getsize(paths[1])
+    os.truncate(paths[1], size // 2)
+    with pytest.raises(dlstore.DlstoreError) as e:
+        for _ in ds.batches():
+            pass
+    assert paths[1] in str(e.value)
+
+
+def test_setting_is_parsed_and_documented():
+    from dlstore import settings
+
+    assert settings.get("direct_cache") is True
+    assert settings.get("direct_cache", "no") is False
+    with open(os.path.join(os.path.dirname(dlstore.__file__), "..", "docs", "settings.md")) as f:
+        doc = f.read()
+    assert "DLSTORE_DIRECT_CACHE" in doc
