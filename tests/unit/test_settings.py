@@ -63,8 +63,19 @@ def test_case_rules_change_defaults_only(cores):
     assert settings.effective("depth", None, settings.Case("buffered", in_order=False, reorders=True)) == 8
     assert settings.effective("chunk_size", None, settings.Case("mmap")) == 64 << 20
     assert settings.effective("chunk_size", None, settings.Case("mmap", in_order=False)) == 8 << 20
-    assert settings.effective("verify_threads", None, settings.Case("direct")) == 0
     assert settings.effective("verify_threads", None, settings.Case("buffered")) == 2
+
+
+@pytest.mark.parametrize("cores", [3], indirect=True)
+def test_direct_cache_keeps_the_crc_threads(cores, monkeypatch):
+    # A warm file comes from the page cache at memory speed (direct_cache on, the default): the CRC needs
+    # its helper threads there. With it off, every read is the device's, and the consumer keeps up alone.
+    assert settings.effective("verify_threads", None, settings.Case("direct")) == 2
+    assert settings.effective("verify_threads", None, settings.Case("io_uring")) == 2
+    monkeypatch.setenv("DLSTORE_DIRECT_CACHE", "0")
+    assert settings.effective("verify_threads", None, settings.Case("direct")) == 0
+    assert settings.effective("verify_threads", None, settings.Case("io_uring")) == 0
+    assert settings.effective("verify_threads", 1, settings.Case("io_uring")) == 1
 
 
 @pytest.mark.parametrize("cores", [16], indirect=True)
@@ -81,7 +92,7 @@ def test_read_options_use_the_table(cores):
     core = ReadOptions(verify_threads=3, on_error="warn").core("mmap")
     assert (core.depth, core.verify_threads, core.chunk_size, core.headroom) == (4, 3, 64 << 20, 1 << 20)
     assert core.on_error == "skip"
-    assert ReadOptions().core("io_uring").verify_threads == 0
+    assert ReadOptions().core("io_uring").verify_threads == 4  # direct_cache on: the default's CRC threads
 
 
 def test_core_options_are_typed():
