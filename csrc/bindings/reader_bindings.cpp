@@ -176,6 +176,20 @@ void register_reader(py::module_& m) {
 
   m.def("engine_names", &dlstore::engine_names);
   m.def("io_uring_refusal", &dlstore::io_uring_refusal);
+  m.def(
+      "page_cache_holds",
+      [](const std::string& path, uint64_t offset, size_t n, const std::string& how) {
+        const dlstore::CacheProbe probe = how == "cachestat" ? dlstore::CacheProbe::Cachestat
+                                          : how == "mincore" ? dlstore::CacheProbe::Mincore
+                                                             : dlstore::CacheProbe::Auto;
+        if (probe == dlstore::CacheProbe::Auto && how != "auto")
+          throw py::value_error("how must be 'auto', 'cachestat' or 'mincore', not '" + how + "'");
+        dlstore::FileHandle fh(path, false);
+        return dlstore::page_cache_holds(fh.fd(), offset, n, probe);
+      },
+      py::arg("path"), py::arg("offset"), py::arg("n"), py::arg("how") = "auto",
+      "Whether the page cache holds every page of bytes [offset, offset + n) of `path`, as the O_DIRECT "
+      "engines ask before a read (direct_cache); `how` forces cachestat(2) or mincore(2).");
   m.def("io_uring_queue_depth",
         [](const std::string& path, size_t setting) {
           std::string why;

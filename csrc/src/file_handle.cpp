@@ -1,12 +1,14 @@
 #include "dlstore/file_handle.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdint>
 #include <cstdlib>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
@@ -142,10 +144,33 @@ DirectAlignment FileHandle::direct_alignment() const {
   return a;
 }
 
-bool page_cache_holds(int fd, uint64_t offset, size_t n) {
+// cachestat(2), Linux 6.5+: the page cache's state of a file's range in one call, with no mapping (mmap and
+// munmap take the process's mmap lock, which a pipeline's other threads need for their page faults). The
+// headers of older systems lack it; the number is the same on every architecture.
+namespace {
+constexpr long kCachestat = 451;
+struct CachestatRange {
+  uint64_t off, len;
+};
+struct Cachestat {
+  uint64_t nr_cache, nr_dirty, nr_writeback, nr_evicted, nr_recently_evicted;
+};
+std::atomic<bool> cachestat_missing{false};  // ENOSYS once: mincore from then on
+}  // namespace
+
+bool page_cache_holds(int fd, uint64_t offset, size_t n, CacheProbe how) {
   if (n == 0) return false;
   static const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
-  const uint64_t start = offset / page * page;
+  const uint64_t first = offset / page, last = (offset + n - 1) / page;
+  if (how == CacheProbe::Cachestat || (how == CacheProbe::Auto && !cachestat_missing.load(std::memory_order_relaxed))) {
+    CachestatRange range{offset, n};
+    Cachestat cs{};
+    if (::syscall(kCachestat, fd, &range, &cs, 0) == 0) return cs.nr_cache == last - first + 1;
+    // EPERM: the kernel keeps this file's cache state from this process (mincore would see nothing either).
+    if (errno != ENOSYS || how == CacheProbe::Cachestat) return false;
+    cachestat_missing.store(true, std::memory_order_relaxed);
+  }
+  const uint64_t start = first * page;
   const size_t len = static_cast<size_t>(offset + n - start);
   void* p = ::mmap(nullptr, len, PROT_READ, MAP_SHARED, fd, static_cast<off_t>(start));
   if (p == MAP_FAILED) return false;

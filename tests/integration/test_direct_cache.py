@@ -147,6 +147,37 @@ def test_file_cut_after_indexing_names_file_and_offset(shards, engine):
     assert paths[1] in str(e.value)
 
 
+@pytest.mark.parametrize("how", ["cachestat", "mincore", "auto"])
+def test_page_cache_check_agrees_with_residency(direct_dir, how):
+    from dlstore import _C
+
+    path = str(direct_dir / "r.bin")
+    with open(path, "wb") as f:
+        f.write(os.urandom(64 << 10) + b"x" * 1000)  # 17 pages, the last partly used
+    if how == "cachestat" and not _C.page_cache_holds(path, 0, 1, how):
+        make_warm([path])
+        if not _C.page_cache_holds(path, 0, 1, how):
+            pytest.skip("this kernel has no cachestat(2) (Linux 6.5+): mincore is used")
+    make_warm([path])
+    size = os.path.getsize(path)
+    assert _C.page_cache_holds(path, 0, size, how)
+    assert _C.page_cache_holds(path, 4097, 10_000, how)
+    assert not _C.page_cache_holds(path, 0, 0, how)  # nothing to read: never "held"
+    assert not _C.page_cache_holds(path, 0, size + (8 << 10), how)  # pages past the end are not
+    _evicted([path])
+    assert not _C.page_cache_holds(path, 0, size, how)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+        os.pread(fd, 4096, 8192)  # the third page alone
+    finally:
+        os.close(fd)
+    assert _C.page_cache_holds(path, 8192, 4096, how) and _C.page_cache_holds(path, 8200, 100, how)
+    assert not _C.page_cache_holds(path, 4096, 8192, how) and not _C.page_cache_holds(path, 8192, 4097, how)
+    with pytest.raises(ValueError, match="how must be"):
+        _C.page_cache_holds(path, 0, 1, "fadvise")
+
+
 def test_setting_is_parsed_and_documented():
     from dlstore import settings
 

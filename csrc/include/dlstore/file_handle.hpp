@@ -48,11 +48,14 @@ class FileHandle {
 };
 
 // Whether the page cache holds every page of bytes [offset, offset + n) of the file open as `fd`:
-// mincore over a mapping of just that range, made and dropped here (nothing is read or faulted in).
-// False when it cannot say: n is 0, the range cannot be mapped, or the kernel reports no page-cache
-// state for this file to this process (since Linux 5.2 only for files the process owns or may write,
-// or with CAP_FOWNER; otherwise mincore sees only the process's own mapped pages: none here).
-bool page_cache_holds(int fd, uint64_t offset, size_t n);
+// cachestat(2) where the kernel has it (6.5+), else mincore over a mapping of just that range, made and
+// dropped here (nothing is read or faulted in). False when it cannot say: n is 0, the range cannot be
+// mapped, or the kernel keeps this file's page-cache state from this process (both calls report it only
+// for files the process owns or may write, or with CAP_FOWNER: cachestat refuses with EPERM, mincore
+// sees only the process's own mapped pages, none here).
+// `how` forces one call (for tests: Cachestat is false where the kernel lacks it).
+enum class CacheProbe { Auto, Cachestat, Mincore };
+bool page_cache_holds(int fd, uint64_t offset, size_t n, CacheProbe how = CacheProbe::Auto);
 
 // A read-only mapping of a whole file. `sequential` advises the kernel to read ahead and drop pages
 // behind (a sequential pass); otherwise the default advice suits reads in any order.
