@@ -4,6 +4,7 @@ first, and the answer is no) and from a warm one (on: the reads come from the ca
 one run, rounds interleaved.
 
     python benchmarks/direct_cache.py [--data GLOB] [--rounds 3] [--shuffles none,global] [--save]
+    python benchmarks/direct_cache.py --quick     # the tiny set, 1 round: a smoke test
 
 The JSON goes to benchmarks/results/direct_cache-latest.json (git ignores it); --save writes the
 committed benchmarks/results/direct_cache.json. Needs root (drops the page cache).
@@ -45,13 +46,16 @@ def main() -> int:
     p.add_argument("--data", help="files to read (default: the cached 'small' synthetic ImageNet-like set)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--shuffles", default="none,global")
+    p.add_argument("--quick", action="store_true", help="the tiny set, 1 round: a smoke test")
     _harness.add_output_arguments(p, "direct_cache")
     args, json_path = _harness.parse(p, "direct_cache")
     why = pagecache.drop_page_cache_refusal()
     if why:
         print(f"direct_cache needs root to drop the page cache: {why}", file=sys.stderr)
         return 2
-    paths = dataset_paths(args.data, "small")
+    paths = dataset_paths(args.data, "tiny" if args.quick else "small")
+    if args.quick:
+        args.rounds = 1
     shuffles = args.shuffles.split(",")
     rows: dict = {}
     loads = [os.getloadavg()[0]]

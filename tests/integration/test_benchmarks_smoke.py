@@ -223,6 +223,24 @@ def test_engine_settings_quick(tmp_path):
 
 
 @pytest.mark.slow  # subprocesses
+def test_direct_cache_quick(tmp_path):
+    """benchmarks/direct_cache.py at tiny size: direct and io_uring epochs with the setting on and off, cold
+    and warm; warm and on, every byte came from the page cache, and never otherwise."""
+    pytest.importorskip("PIL", reason="the synthetic ImageNet-like set needs pillow")
+    from dlstore.io.pagecache import drop_page_cache_refusal
+
+    if drop_page_cache_refusal():
+        pytest.skip(f"direct_cache drops the page cache: {drop_page_cache_refusal()}")
+    out = tmp_path / "direct_cache.json"
+    r = _run_bench(tmp_path, "direct_cache", "--quick", "--json", os.fspath(out))
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert len(rows) == 16 and all(v["median"] > 0 for v in rows.values()), rows
+    for key, v in rows.items():
+        assert v["from_cache"] == (1.0 if key.startswith("warm") and key.endswith("on") else 0.0), (key, v)
+
+
+@pytest.mark.slow  # subprocesses
 def test_read_footprint_quick(tmp_path):
     """benchmarks/read_footprint.py at tiny size: fio's job, plain O_DIRECT reads into rings of two sizes
     (one staged through a copy), and a Dataset epoch under a chunk-size setting, with ratios to fio."""
@@ -277,7 +295,7 @@ def test_a_run_never_overwrites_the_committed_results_unless_saved():
 
 def test_every_script_takes_save(tmp_path):
     for script in ("pipelines", "read_throughput", "shuffles", "direct_sweep", "warm_budget", "mounts",
-                   "metrics_overhead", "engine_settings", "read_footprint"):
+                   "metrics_overhead", "engine_settings", "read_footprint", "direct_cache"):
         r = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", f"{script}.py"), "--help"],
                            capture_output=True, text=True, cwd=ROOT, timeout=120)
         text = "".join(r.stdout.split())  # argparse wraps long names
