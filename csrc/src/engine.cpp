@@ -27,9 +27,19 @@ void Engine::check_read(ReadRequest& r, size_t got) {
 bool Engine::read_cached(ReadRequest& r) {
   const OpenedFile& f = *r.file;
   if (!f.cache_first || !page_cache_holds(f.fh->fd(), r.offset, r.len)) return false;
+  try {
+    // Opened by path: kept only if it is the file the O_DIRECT descriptor reads (not one renamed over
+    // its path since), else every read of this file goes to the device.
+    std::call_once(f.cached_once, [&f] {
+      auto fh = std::make_shared<FileHandle>(f.path, false);
+      if (fh->same_file(*f.fh)) f.cached_fh = std::move(fh);
+    });
+  } catch (const Error&) {
+    return false;  // the path no longer opens: the O_DIRECT descriptor still reads the file
+  }
+  if (!f.cached_fh) return false;
   // Pages evicted since the check are read from the device through the cache: the same bytes.
   try {
-    std::call_once(f.cached_once, [&f] { f.cached_fh = std::make_shared<FileHandle>(f.path, false); });
     check_read(r, f.cached_fh->pread_full(r.slot, f.slot_bytes(r.offset, r.len), align_down(r.offset, f.offset_align)));
   } catch (const Error&) {
     r.error = std::current_exception();

@@ -110,6 +110,11 @@ static uint32_t block_queue_value(dev_t dev, const char* name) {
 
 static uint32_t logical_block_size(dev_t dev) { return block_queue_value(dev, "logical_block_size"); }
 
+bool FileHandle::same_file(const FileHandle& other) const {
+  struct stat a, b;
+  return ::fstat(fd_, &a) == 0 && ::fstat(other.fd_, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino;
+}
+
 uint32_t FileHandle::device_requests() const {
   struct stat st;
   if (::fstat(fd_, &st) != 0) return 0;

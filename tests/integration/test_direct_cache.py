@@ -186,3 +186,26 @@ def test_setting_is_parsed_and_documented():
     with open(os.path.join(os.path.dirname(dlstore.__file__), "..", "docs", "settings.md")) as f:
         doc = f.read()
     assert "DLSTORE_DIRECT_CACHE" in doc
+
+
+@pytest.mark.parametrize("engine", O_DIRECT_ENGINES)
+def test_file_renamed_over_is_not_read_from_the_cache(direct_dir, engine):
+    # The buffered descriptor is opened by path at the first cached read. A file renamed over that path
+    # since the reader opened it is another file: its bytes must not stand in for the open one's.
+    old = [os.urandom(3000 + k) for k in range(600)]
+    path = write_tfrecord(direct_dir / "r.tfrecord", old)
+    _evicted([path])
+    reader = dlstore.open_records(path, io=_engine(engine), chunk_size=64 << 10)
+    batches = reader.batches()
+    got = batch_records(next(batches))  # the file is open, read O_DIRECT so far (nothing cached)
+    keep = os.open(path, os.O_RDONLY)
+    try:
+        write_tfrecord(direct_dir / "new.tfrecord", [os.urandom(3000 + k) for k in range(600)])
+        os.rename(direct_dir / "new.tfrecord", path)
+        os.pread(keep, os.fstat(keep).st_size, 0)  # the open file's bytes now sit in the cache
+        for batch in batches:
+            got += batch_records(batch)
+    finally:
+        os.close(keep)
+    assert got == old
+    assert reader.stats()["cache_bytes_read"] == 0

@@ -38,6 +38,8 @@ class FileHandle {
   // Requests the file's block device queues at once (sysfs queue/nr_requests); 0 when the file lies
   // on no block device (tmpfs, NFS, an overlay) or sysfs does not say.
   uint32_t device_requests() const;
+  // Whether `other` is open on the same file (device and inode), not one since renamed over its path.
+  bool same_file(const FileHandle& other) const;
 
  private:
   int fd_ = -1;
