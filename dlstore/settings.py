@@ -16,12 +16,17 @@ from dlstore.build_settings import BUILD_VARIABLES
 from dlstore.io.select import REQUESTS as _IO_REQUESTS
 from dlstore.io.system import available_cores
 
-__all__ = ["Setting", "Default", "Adjust", "Case", "SETTINGS", "get", "is_default", "effective", "markdown_table"]
+__all__ = ["Setting", "Default", "Adjust", "Case", "SETTINGS", "get", "is_default", "effective", "markdown_table",
+           "MAX_THREADS"]
 
 MiB = 1 << 20
 GiB = 1 << 30
 _CACHE_DIR = "~/.cache/dlstore"
 TiB = 1 << 40
+#: Threads one thread-count setting may ask for: far more than storage or CRC checks keep busy (io_uring keeps
+#: its reads in flight with queue_depth, not threads), and well under the thread limits of processes, so a
+#: typo is refused here, naming the setting, rather than failing to start threads in the C++ core.
+MAX_THREADS = 1024
 
 
 def _size(text: Any) -> int:
@@ -142,13 +147,14 @@ SETTINGS: Dict[str, Setting] = {
                                "hold the threads the others need"))),
         Setting("io_threads", 2, "DLSTORE_IO_THREADS",
                 "Threads issuing reads for one reader; a Dataset checks each record's frame and CRCs on them "
-                "too.", int, _positive, "a positive integer"),
+                f"too. At most {MAX_THREADS}.", int, lambda v: 1 <= v <= MAX_THREADS,
+                f"a positive integer, at most {MAX_THREADS}"),
         Setting("verify_threads", Default("cores - 1, at least 1, at most 4", lambda cores: max(1, min(4, cores - 1))),
                 "DLSTORE_VERIFY_THREADS",
                 "Threads besides the consumer that check TFRecord data CRCs of each batch of files read "
                 "in order (open_records; 0: the consumer alone). One core reads memory at about CRC "
-                "speed, so a second one helps.",
-                int, lambda v: v >= 0, "a non-negative integer",
+                f"speed, so a second one helps. At most {MAX_THREADS}.",
+                int, lambda v: 0 <= v <= MAX_THREADS, f"a non-negative integer, at most {MAX_THREADS}",
                 adjust=(Adjust("direct or io_uring with direct_cache off: 0",
                                lambda c: c.engine in ("direct", "io_uring") and not get("direct_cache"),
                                lambda v, c: 0,

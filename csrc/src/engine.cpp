@@ -129,7 +129,7 @@ ChunkReader::ChunkReader(std::vector<std::string> paths, EngineOptions opts, siz
   engine_ = make_engine(opts_, &note);
   if (!note.empty()) notes_.push_back(note);
   pool_ = BufferPool::shared(headroom_ + opts_.chunk_size, kGrain);
-  threads_.reset(new ThreadPool(opts_.threads));
+  threads_.reset(new ThreadPool(opts_.threads, "I/O threads (io_threads)"));
 }
 
 ChunkReader::~ChunkReader() {
@@ -176,7 +176,7 @@ void ChunkReader::open_next_file() {
     // of this reader.
     auto note = std::make_shared<std::string>();
     std::shared_ptr<const Engine> engine = engine_;
-    if (!opener_) opener_.reset(new ThreadPool(1));
+    if (!opener_) opener_.reset(new ThreadPool(1, "the thread that opens files under read_timeout"));
     std::future<std::shared_ptr<OpenedFile>> opened =
         opener_->submit([path, engine, hints, note]() { return engine->open(path, hints, note.get()); });
     if (opened.wait_for(std::chrono::duration<double>(opts_.timeout_s)) != std::future_status::ready) {

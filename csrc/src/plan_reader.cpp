@@ -269,7 +269,8 @@ PlanReader::PlanReader(ReadPlan plan, PlanOptions opts) : schedule_(std::move(pl
   chunk_pool_ = BufferPool::shared(opts_.engine.chunk_size, kBufferAlign);
   batch_pool_ = BufferPool::shared(1u << 20, kBufferAlign);
   loaded_.resize(schedule_.num_chunks());
-  for (size_t d = 0; d < schedule_.num_devices(); ++d) threads_.emplace_back(new ThreadPool(opts_.engine.threads));
+  for (size_t d = 0; d < schedule_.num_devices(); ++d)
+    threads_.emplace_back(new ThreadPool(opts_.engine.threads, "I/O threads (io_threads)"));
   publish();
 }
 

@@ -33,7 +33,7 @@ RecordScanner::RecordScanner(ChunkStream& src, std::shared_ptr<const std::vector
                              ScanOptions opts)
     : src_(src), paths_(std::move(paths)), opts_(opts) {
   if (opts_.verify && opts_.format == Format::TFRecord && opts_.verify_threads > 0)
-    verifiers_.reset(new ThreadPool(opts_.verify_threads));
+    verifiers_.reset(new ThreadPool(opts_.verify_threads, "CRC threads (verify_threads)"));
 }
 
 void RecordScanner::verify_batch(RecordBatch& out) {

@@ -2,13 +2,39 @@
 
 #include <unistd.h>
 
+#include <string>
+#include <system_error>
+
+#include "dlstore/error.hpp"
+
 namespace dlstore {
 
-ThreadPool::ThreadPool(size_t threads)
+ThreadPool::ThreadPool(size_t threads, const char* role)
     : state_(std::make_shared<State>()), workers_(new std::vector<std::thread>), owner_(static_cast<int>(getpid())) {
   if (threads == 0) threads = 1;
-  workers_->reserve(threads);
-  for (size_t i = 0; i < threads; ++i) workers_->emplace_back(work, state_);
+  try {
+    workers_->reserve(threads);
+    for (size_t i = 0; i < threads; ++i) workers_->emplace_back(work, state_);
+  } catch (const std::system_error& e) {
+    // The destructor does not run for a constructor that throws: stop and join the threads started,
+    // which would otherwise wait for tasks forever (and a joinable std::thread destroyed aborts).
+    const size_t started = workers_->size();
+    {
+      std::lock_guard<std::mutex> lock(state_->mu);
+      state_->stop = true;
+    }
+    state_->cv.notify_all();
+    for (auto& t : *workers_) t.join();
+    delete workers_;
+    Error err(ErrorKind::Generic,
+              "could not start " + std::string(role) + ": thread " + std::to_string(started + 1) + " of " +
+                  std::to_string(threads) + " failed (" + e.code().message() + ", errno " +
+                  std::to_string(e.code().value()) +
+                  "); this process may start fewer threads (ulimit -u, the cgroup's pids.max, memory for "
+                  "their stacks): ask for fewer");
+    err.err = e.code().value();
+    throw err;
+  }
 }
 
 ThreadPool::~ThreadPool() {
@@ -73,7 +99,7 @@ std::shared_ptr<ThreadPool> process_pool(size_t workers) {
   if (pool == nullptr) pool = new std::shared_ptr<ThreadPool>();
   if (!*pool || (*pool)->size() < workers) {
     // Callers still running on the old pool hold references; it is joined when they let go.
-    *pool = std::make_shared<ThreadPool>(workers);
+    *pool = std::make_shared<ThreadPool>(workers, "helper threads (a batch function's threads)");
     owner = self;
   }
   return *pool;

@@ -10,7 +10,8 @@ import pytest
 import dlstore
 from dlstore.io import resolve_engine
 from dlstore.sources.reader import expand_paths
-from tests.helpers import ENGINES, REPO, batch_records, check_engine, oracle_tfrecord_bytes, write_tfrecord
+from tests.helpers import (ENGINES, REPO, batch_records, check_engine, oracle_tfrecord_bytes, run_python,
+                           write_tfrecord)
 from tests.resume import assert_resumes_exactly
 
 CHUNKS = [64 << 10, 1 << 20, 8 << 20]
@@ -155,6 +156,50 @@ def test_unreadable_file_is_a_dlstore_error_naming_it(tmp_path, make_unreadable)
     with pytest.raises(dlstore.DlstoreError, match="Permission denied") as e:
         dlstore.open_records(path)
     assert e.value.path == path and str(e.value).startswith(path)
+
+
+_THREADS_CANNOT_START = """
+import resource, sys
+import dlstore
+path = {path!r}
+vm = next(int(line.split()[1]) << 10 for line in open("/proc/self/status") if line.startswith("VmSize"))
+# Address space for about 30 thread stacks (8 MiB each) more: thread creation fails, as at a process's thread limit
+# (which root is not held to).
+resource.setrlimit(resource.RLIMIT_AS, (vm + (256 << 20), resource.RLIM_INFINITY))
+for options in (dict(io_threads=1024), dict(verify_threads=1024)):
+    try:
+        sum(1 for _ in dlstore.open_records(path, **options))  # the reader starts its threads on the first read
+    except dlstore.DlstoreError as e:
+        print(type(e).__name__, e.errno, e)
+print(sum(1 for _ in dlstore.open_records(path)))  # the threads started were stopped: a reader reads again
+"""
+
+
+@pytest.mark.slow  # a subprocess
+def test_threads_that_cannot_start_are_an_error_naming_the_setting(tmp_path):
+    # They were a bare RuntimeError ("Resource temporarily unavailable"), the threads already started left
+    # waiting forever.
+    path = write_tfrecord(tmp_path / "a.tfrecord", [b"x"] * 3)
+    out = run_python(_THREADS_CANNOT_START.format(path=path))
+    lines = out.stdout.splitlines()
+    assert out.returncode == 0 and len(lines) == 3, out.stderr[-2000:]
+    for line, threads in zip(lines, ("I/O threads (io_threads)", "CRC threads (verify_threads)")):
+        assert line.startswith(f"DlstoreError 11 could not start {threads}: thread ") and " of 1024 failed (" in line
+        assert "ask for fewer" in line
+    assert lines[2] == "3"
+
+
+@pytest.mark.slow  # a subprocess: before the check, the threads it could start were left in the process
+@pytest.mark.parametrize("env", ["DLSTORE_IO_THREADS", "DLSTORE_VERIFY_THREADS"])
+def test_thread_counts_beyond_the_limit_are_refused_before_reading(tmp_path, env):
+    path = write_tfrecord(tmp_path / "a.tfrecord", [b"x"] * 3)
+    code = (f"import dlstore\nfor make in (dlstore.open_records, dlstore.Dataset):\n"
+            f"    try:\n        make({path!r})\n    except ValueError as e:\n        print(e)\n")
+    out = run_python(code, **{env: "100000"})
+    name = env[len("DLSTORE_"):].lower()
+    expected = (f"{name}='100000' (from environment variable {env}) is not valid: expected a "
+                f"{'positive' if name == 'io_threads' else 'non-negative'} integer, at most 1024")
+    assert out.returncode == 0 and out.stdout.splitlines() == [expected] * 2, out.stderr[-2000:]
 
 
 def test_gds_is_refused_naming_what_is_missing(tmp_path, monkeypatch):

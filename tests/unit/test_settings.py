@@ -48,11 +48,22 @@ def test_precedence_and_validation(monkeypatch):
     ("read_timeout", "DLSTORE_READ_TIMEOUT", "inf"),  # overflowed the C++ wait: every read timed out at once
     ("read_timeout", "DLSTORE_READ_TIMEOUT", "1e10"),
     ("read_timeout", "DLSTORE_READ_TIMEOUT", "nan"),  # a control: refused before the bounds too (nan >= 0 fails)
+    ("io_threads", "DLSTORE_IO_THREADS", "100000"),  # threads the C++ core could not start: a bare RuntimeError
+    ("verify_threads", "DLSTORE_VERIFY_THREADS", "100000"),
 ])
 def test_values_beyond_any_use_are_refused_in_one_line(monkeypatch, name, env, value):
     monkeypatch.setenv(env, value)
     with pytest.raises(ValueError, match=f"{name}='{value}' \\(from environment variable {env}\\) is not valid"):
         settings.get(name)
+
+
+@pytest.mark.parametrize("name", ["io_threads", "verify_threads"])
+def test_thread_counts_are_bounded_naming_the_limit(name):
+    assert settings.get(name, settings.MAX_THREADS) == settings.MAX_THREADS == 1024
+    with pytest.raises(ValueError, match=f"^{name}=1025 \\(from argument\\) is not valid: expected .*, at most 1024$"):
+        settings.get(name, 1025)
+    with pytest.raises(ValueError, match=f"^{name}=1025 "):
+        ReadOptions(**{name: 1025})  # refused where the options are made, before any reader
 
 
 @pytest.mark.parametrize("cores", [3], indirect=True)

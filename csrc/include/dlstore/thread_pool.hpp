@@ -15,7 +15,10 @@ namespace dlstore {
 
 class ThreadPool {
  public:
-  explicit ThreadPool(size_t threads);
+  // `role` names the threads and the setting that asked for them ("I/O threads (io_threads)"): a thread that
+  // cannot start (the process's thread limit, memory for its stack) raises an Error saying so, after
+  // stopping those already started, rather than a bare std::system_error.
+  explicit ThreadPool(size_t threads, const char* role = "helper threads");
   // Joins the threads once the queued tasks have run (abandon() first: returns at once). In a forked
   // child (a DataLoader worker) the pool was inherited without its threads: it is leaked, since joining
   // them, or destroying a condition variable they waited on, would hang, and destroying a joinable
