@@ -381,8 +381,9 @@ def _build(directory: str, dest: str, old: Optional[Manifest], names: Sequence[s
         stats = {n: os.stat(os.path.join(directory, n)) for n in names}
     except FileNotFoundError as e:
         raise DlstoreError(f"{e.filename}: no such file", path=e.filename) from None
-    entries: Dict[str, Tuple[int, int, np.ndarray]] = {}  # name -> (size, mtime, offsets)
-    fmts = set()
+    entries: Dict[str, Tuple[int, int, np.ndarray]] = {}  # name -> (size, mtime, offsets), of the shards named
+    others: Dict[str, Tuple[int, int, np.ndarray]] = {}  # likewise, the old manifest's other unchanged shards
+    named: Dict[str, List[str]] = {}  # format -> the shards named that hold it
     if old is not None:  # unchanged entries stay, including shards of the directory not asked for now
         for i, name in enumerate(old.names):
             try:
@@ -390,26 +391,36 @@ def _build(directory: str, dest: str, old: Optional[Manifest], names: Sequence[s
             except FileNotFoundError:
                 continue
             if (st.st_size, st.st_mtime_ns) == (int(old.sizes[i]), int(old.mtimes[i])):
-                entries[name] = (st.st_size, st.st_mtime_ns, old.shard_offsets(i).astype(np.uint64))
-                fmts.add(old.format)
+                (entries if name in stats else others)[name] = (st.st_size, st.st_mtime_ns,
+                                                                old.shard_offsets(i).astype(np.uint64))
+                if name in stats:
+                    named.setdefault(old.format, []).append(name)
     for name, st in stats.items():
         if given is not None and name in given:
             entries[name] = (st.st_size, st.st_mtime_ns, np.asarray(given[name], dtype=np.uint64))
-            fmts.add(fmt)
+            named.setdefault(fmt, []).append(name)
     todo = [(n, s) for n, s in stats.items() if n not in entries]
     if todo:
         total = sum(st.st_size for _, st in todo)
         with Progress(total, f"indexing {len(todo)} shards", unit="B", enabled=None if progress else False) as bar:
             shard_fmt, scans = _scan_shards([os.path.join(directory, n) for n, _ in todo], fmt, verify, bar)
-        fmts.add(shard_fmt)
+        named.setdefault(shard_fmt, []).extend(n for n, _ in todo)
         for (name, st), offsets in zip(todo, scans):
             entries[name] = (st.st_size, st.st_mtime_ns, offsets)
-    if len(fmts) > 1:
-        raise DlstoreError(f"{directory}: the shards mix formats {sorted(fmts)}; read each format apart",
-                           path=directory)
+    if len(named) > 1:  # the shards asked for mix formats; the rest of the directory has no say in it
+        said, first = mixed_formats({f: [os.path.join(directory, n) for n in sorted(names)]
+                                     for f, names in named.items()})
+        raise DlstoreError(f"the shards mix formats, {said}; read each format apart", path=first)
+    # A manifest holds one format: the old one's other shards stay while they are of the format of those asked
+    # for, else it describes the shards asked for (a directory holding both formats has the manifest of the
+    # format read last; reading the other one rebuilds it).
+    manifest_fmt = (next(iter(named)) if named else old.format if old is not None and others
+                    else fmt if fmt != "auto" else "tfrecord")
+    if old is not None and old.format == manifest_fmt:
+        entries.update(others)
     order = sorted(entries)
     offsets = [entries[n][2] for n in order]
-    write_manifest(dest, fmts.pop() if fmts else (fmt if fmt != "auto" else "tfrecord"), order,
+    write_manifest(dest, manifest_fmt, order,
                    [entries[n][0] for n in order], [entries[n][1] for n in order],
                    [len(o) for o in offsets], np.concatenate(offsets) if offsets else np.zeros(0, np.uint64),
                    listing)

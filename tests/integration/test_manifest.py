@@ -13,7 +13,7 @@ import dlstore
 from dlstore.sources import indexing
 from dlstore.sources.dataset import Dataset
 from dlstore.placement.world import World
-from tests.helpers import batch_records
+from tests.helpers import batch_records, write_tfrecord
 
 
 def _write(root, shards=5, records=12, tag=""):
@@ -52,6 +52,28 @@ def test_a_subset_then_the_rest_of_a_directory(tmp_path):
     assert "train-002 is not in it (added)" in ds.index.notes[0]
     _, m, _ = indexing.read_manifest(str(tmp_path / "d"))
     assert m.names == [f"train-{s:03d}" for s in range(4)]
+
+
+def test_one_file_named_is_read_by_its_format_whatever_the_manifest_of_its_directory_holds(tmp_path):
+    # A manifest holds one format. One written when the directory held RecordIO only, then a TFRecord file
+    # beside it named alone: that file is read (it was refused as the directory's shards mixing formats),
+    # and the RecordIO one again after it; the mixed refusal is for shards named together that mix.
+    d = tmp_path / "d"
+    d.mkdir()
+    rec = os.fspath(d / "b.rec")
+    with dlstore.RecordIOWriter(rec) as w:
+        for i in range(5):
+            w.write(b"rec%d" % i)
+    Dataset(os.fspath(d))
+    assert indexing.read_manifest(os.fspath(d))[1].format == "recordio"
+    tf = write_tfrecord(os.fspath(d / "a.tfrecord"), [b"tf%d" % i for i in range(4)])
+    assert sorted(_read_all(Dataset(tf, batch_size=2, remainder="uneven"))) == [b"tf%d" % i for i in range(4)]
+    assert sorted(_read_all(Dataset(rec, batch_size=2, remainder="uneven"))) == [b"rec%d" % i for i in range(5)]
+    said = f"recordio in 1 file ({rec}) and tfrecord in 1 file ({tf})"
+    for both in ([rec, tf], os.fspath(d)):
+        with pytest.raises(dlstore.DlstoreError) as e:
+            Dataset(both)
+        assert str(e.value) == f"the shards mix formats, {said}; read each format apart" and e.value.path == rec
 
 
 @pytest.mark.parametrize("change", ["rewritten", "added", "removed"])
