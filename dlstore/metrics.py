@@ -1,35 +1,43 @@
 """Live figures of a training job's input, in the Prometheus text format: one exporter per process.
 
 :func:`serve` (or the environment variable ``DLSTORE_METRICS_PORT``) serves ``/metrics`` from a
-background thread; every live :class:`~dlstore.pipeline.Loader` of the process (and so the
-adapters, which read through one) is exported, read from its ``stats()`` at scrape time: nothing
-is counted twice and nothing runs per record. Under a launcher each process serves on ``port +
-local rank`` (``0``: a free port). The benchmark's ``--metrics-port`` serves through the same
-exporter (:mod:`dlstore.bench.metrics` adds its gauges to :func:`registry`).
+background thread; every live :class:`~dlstore.pipeline.Loader` (and so the adapters, which read
+through one) and every live :class:`~dlstore.Dataset` of the process is exported, read from its
+``stats()`` at scrape time: nothing runs per record. Under a launcher each process serves on ``port +
+local rank`` (``0``: a free port). The benchmark's ``--metrics-port`` serves through the same exporter
+(:mod:`dlstore.bench.metrics` adds its gauges to :func:`registry`).
 
-Series, each labelled ``rank`` (the consumer's rank), ``loader`` (the pipeline and a number, when
-a process has several loaders), ``mount`` (the mount points the rank reads, comma-separated, or
-``local``) and ``engine`` (the resolved I/O engine):
+A Dataset that a live Loader reads (or an adapter over its passes, or a Loader that adapter folds
+into its own series) is left out: that reader's series count the same records, bytes, corrupt records
+and failovers, and a ``sum by (rank)`` over both would count each record twice. So every record read
+in a process is in one series: its Loader's, or, for a Dataset read directly (``ds.batches()``, a
+``DlstoreIterableDataset`` without a pipeline, the DALI adapter), its own.
+
+Series, each labelled ``rank`` (the consumer's rank), ``loader`` (what is read: the pipeline and a
+number for a Loader, ``dataset`` and a number for a Dataset read directly), ``mount`` (the mount
+points the rank reads, comma-separated, or ``local``) and ``engine`` (the resolved I/O engine):
 
 ``dlstore_records_total``, ``dlstore_read_bytes_total``
     records and payload bytes taken from the source
 ``dlstore_batches_total``, ``dlstore_samples_total``
-    batches and samples handed to the training loop
+    batches and samples handed to the training loop (Loaders only)
 ``dlstore_skipped_records_total`` (label ``stage``: ``source`` for corrupt records the reader
-skipped, ``pipeline`` for records the pipeline could not process)
+skipped, ``pipeline`` for records the pipeline could not process; a Dataset has ``source`` only)
 ``dlstore_corrupt_records_total``
     corrupt records the source found and skipped (``on_error`` skip/warn)
 ``dlstore_failovers_total``, ``dlstore_retries_total``
     reads moved to another mount, reads retried (summed at each pass's end)
 ``dlstore_batch_wait_seconds``
-    histogram of the time the training loop waited for each batch
+    histogram of the time the training loop waited for each batch (Loaders only)
 ``dlstore_stall_seconds_total`` (label ``cause``: ``storage`` or ``decode``)
-    that wait, split by what the batch cost the loader (see :meth:`~dlstore.pipeline.Loader.stall_report`)
+    that wait, split by what the batch cost the loader (see :meth:`~dlstore.pipeline.Loader.stall_report`;
+    Loaders only)
 ``dlstore_engine_info``
     1, with the engine's reason as ``reason``
 
-``prometheus_client`` is imported only when serving (``pip install prometheus_client``). Loaders made
-in other processes (DataLoader workers) are exported by those processes only.
+A Dataset's series come from ``stats()["life"]``, its counts over every pass (the one under way
+included). ``prometheus_client`` is imported only when serving (``pip install prometheus_client``).
+Loaders and Datasets in other processes (DataLoader workers) are exported by those processes only.
 """
 from __future__ import annotations
 
@@ -48,13 +56,15 @@ from dlstore.placement.world import detect_world
 __all__ = ["serve", "serving", "registry", "exposition", "track", "untrack", "series_name", "stop", "prometheus",
            "ENV_PORT", "MetricsUnavailable"]
 
-#: The environment variable that makes the first loader of the process start the exporter on that port
-#: (the ``metrics_port`` setting).
+#: The environment variable that makes the first Loader or Dataset of the process start the exporter on
+#: that port (the ``metrics_port`` setting).
 ENV_PORT = settings.SETTINGS["metrics_port"].env
 
 _LABELS = ("rank", "loader", "mount", "engine")
 _lock = threading.Lock()
-_live: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()  # loader -> its name
+_live: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()  # loader or dataset -> its name
+# Loaders another object exports (untrack): not exported, but the Datasets they read are that object's figures.
+_folded: "weakref.WeakSet[Any]" = weakref.WeakSet()
 _made = [0]
 _state: Dict[str, Any] = {"registry": None, "server": None, "thread": None, "port": None}
 
@@ -79,19 +89,23 @@ def prometheus():
     return prometheus_client
 
 
-def track(loader: Any) -> None:
-    """Exports ``loader`` (anything with ``stats()`` and ``wait_histogram()``, a Loader) while it lives.
+def track(reader: Any) -> None:
+    """Exports ``reader`` while it lives: a Loader (anything with ``stats()`` and ``wait_histogram()``), or a
+    Dataset (``stats()`` with its counts over its life under ``life``), left out while a Loader reads it.
 
-    Loaders call this when made; with ``DLSTORE_METRICS_PORT`` set, the first one starts the exporter
-    (in a process started by the launcher, not in one started through ``multiprocessing``, such as a
-    DataLoader worker).
+    Loaders and Datasets call this when made (a Dataset's copy, a DataLoader worker's, when it starts
+    reading); with ``DLSTORE_METRICS_PORT`` set, the first one starts the exporter (in a process
+    started by the launcher, not in one started through ``multiprocessing``, such as a DataLoader
+    worker). Only a weak reference is kept: tracking never keeps a reader alive.
     """
     with _lock:
-        if loader in _live:  # tracked already: one series
+        if reader in _live:  # tracked already: one series
             return
-        name = f"{getattr(getattr(loader, 'pipeline', None), 'name', 'loader')}-{_made[0]}"
+        kind = getattr(getattr(reader, "pipeline", None), "name", "loader") if _is_loader(reader) else "dataset"
+        name = f"{kind}-{_made[0]}"
         _made[0] += 1
-        _live[loader] = name
+        _live[reader] = name
+        _folded.discard(reader)
     # Only a launched process serves by itself: processes it starts through multiprocessing (DataLoader
     # workers) would all ask for its port.
     if _state["server"] is None and not _state.get("refused") and settings.get("metrics_port") is not None and \
@@ -104,11 +118,18 @@ def track(loader: Any) -> None:
             warnings.warn(f"{ENV_PORT} is set, but no metrics are served: {e}", stacklevel=3)
 
 
+def _is_loader(reader: Any) -> bool:
+    """Whether ``reader`` hands batches to a training loop (a Loader, an adapter), not a Dataset."""
+    return hasattr(reader, "wait_histogram")
+
+
 def _forked() -> None:
-    # A forked child (a DataLoader worker) holds copies of its parent's loaders, frozen (serving them would
-    # export the parent's counts a second time), and of its server object without its thread: it serves
-    # nothing until it serves its own loaders on its own port.
+    # A forked child (a DataLoader worker) holds copies of its parent's loaders and datasets, frozen (serving
+    # them would export the parent's counts a second time), and of its server object without its thread: it
+    # serves nothing until it serves its own readers on its own port (a worker's Dataset, a copy, is tracked
+    # when it starts reading).
     _live.clear()
+    _folded.clear()
     _state.update(server=None, thread=None, port=None)
 
 
@@ -116,30 +137,45 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forked)
 
 
-def series_name(loader: Any) -> Optional[str]:
-    """The ``loader`` label ``loader``'s series carry, or None when it is not exported."""
+def series_name(reader: Any) -> Optional[str]:
+    """The ``loader`` label of ``reader``'s series, or None when it is not tracked (a Dataset a live Loader
+    reads is tracked but left out of the scrape; see the module's notes)."""
     with _lock:
-        return _live.get(loader)
+        return _live.get(reader)
 
 
 def untrack(loader: Any) -> None:
-    """Stops exporting ``loader`` (another object exports what it counts: an adapter over its passes)."""
+    """Stops exporting ``loader`` (another object exports what it counts: an adapter over its passes); the
+    Dataset it reads stays left out while it lives, its figures being that object's."""
     with _lock:
-        _live.pop(loader, None)
+        if _live.pop(loader, None) is not None:
+            _folded.add(loader)
 
 
-def _label_values(loader: Any, name: str, stats: Dict[str, Any]) -> Tuple[str, ...]:
-    source = getattr(loader, "source", None)
-    if source is None:  # an adapter over its passes (an empty Dataset share is falsy: not `or`)
-        source = getattr(loader, "dataset", None)
+def _sources(reader: Any) -> Iterator[Any]:
+    """The sources ``reader`` (a Loader, an adapter) reads: its ``source`` or ``dataset``, and what a
+    :class:`~dlstore.sources.source.SourceWrapper` among them wraps."""
+    for attr in ("source", "dataset"):
+        source = getattr(reader, attr, None)
+        while source is not None:
+            yield source
+            source = getattr(source, "wrapped", None)
+
+
+def _label_values(reader: Any, name: str, stats: Dict[str, Any]) -> Tuple[str, ...]:
+    source = reader
+    if _is_loader(reader):
+        source = getattr(reader, "source", None)
+        if source is None:  # an adapter over its passes (an empty Dataset share is falsy: not `or`)
+            source = getattr(reader, "dataset", None)
     world = getattr(source, "world", None)
     rank = str(world.rank) if world is not None else str(detect_world().rank)
     mounts = getattr(source, "rank_mounts", None) or []
     return rank, name, ",".join(mounts) if mounts else "local", str(stats.get("engine"))
 
 
-class _LoaderCollector:
-    """Reads every live loader's ``stats()`` at scrape time into metric families."""
+class _Collector:
+    """Reads every live loader's and dataset's ``stats()`` at scrape time into metric families."""
 
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
@@ -163,10 +199,27 @@ class _LoaderCollector:
         engine = GaugeMetricFamily("dlstore_engine_info", "The I/O engine that runs (1), and why",
                                    labels=_LABELS + ("reason",))
         with _lock:
-            loaders = list(_live.items())
-        for loader, name in loaders:
-            stats = loader.stats()
-            labels = list(_label_values(loader, name, stats))
+            tracked = list(_live.items())
+            folded = list(_folded)
+        loaders = [reader for reader, _ in tracked if _is_loader(reader)]
+        # The Datasets a loader's series already count (ids of objects held alive by `tracked` and `folded`).
+        read_by_loaders = {id(source) for reader in loaders + folded for source in _sources(reader)}
+        for reader, name in tracked:
+            loader = _is_loader(reader)
+            if not loader and id(reader) in read_by_loaders:
+                continue
+            stats = reader.stats()
+            labels = list(_label_values(reader, name, stats))
+            engine.add_metric(labels + [str(stats.get("engine_reason"))], 1)
+            if not loader:  # a Dataset read directly: what it took from storage, over its life
+                life = stats["life"]
+                records.add_metric(labels, life["records"])
+                read.add_metric(labels, life["bytes"])
+                skipped.add_metric(labels + ["source"], life["skipped"])
+                corrupt.add_metric(labels, life["skipped"])
+                failovers.add_metric(labels, life["failovers"])
+                retries.add_metric(labels, life["retries"])
+                continue
             records.add_metric(labels, stats["records"])
             read.add_metric(labels, stats["bytes"])
             batches.add_metric(labels, stats["batches"])
@@ -179,13 +232,12 @@ class _LoaderCollector:
             report = stats["stalls"]
             stalls.add_metric(labels + ["storage"], report["storage_wait_s"])
             stalls.add_metric(labels + ["decode"], report["decode_wait_s"])
-            bounds, counts = loader.wait_histogram()
+            bounds, counts = reader.wait_histogram()
             running, buckets = 0, []
             for bound, n in zip(bounds, counts):
                 running += n
                 buckets.append(("+Inf" if bound == float("inf") else repr(float(bound)), running))
             wait.add_metric(labels, buckets, report["wait_s"])
-            engine.add_metric(labels + [str(stats.get("engine_reason"))], 1)
         yield from (records, read, batches, samples, skipped, corrupt, failovers, retries, stalls, wait, engine)
 
     def describe(self) -> Iterator[Any]:
@@ -193,13 +245,13 @@ class _LoaderCollector:
 
 
 def registry() -> Any:
-    """The process's registry (a ``prometheus_client.CollectorRegistry`` holding the loaders' collector),
+    """The process's registry (a ``prometheus_client.CollectorRegistry`` holding the readers' collector),
     made on first use; other figures of the process (the benchmark's) are registered in it."""
     with _lock:
         if _state["registry"] is None:
             prom = prometheus()
             _state["registry"] = prom.CollectorRegistry()
-            _state["registry"].register(_LoaderCollector())
+            _state["registry"].register(_Collector())
         return _state["registry"]
 
 
@@ -209,7 +261,7 @@ def exposition() -> str:
 
 
 def serve(port: Optional[int] = None, addr: str = "0.0.0.0") -> int:
-    """Serves ``/metrics`` of every live loader of the process from a background thread.
+    """Serves ``/metrics`` of every live loader and dataset of the process from a background thread.
 
     Parameters
     ----------
@@ -261,7 +313,7 @@ def serving() -> Optional[int]:
 
 
 def stop() -> None:
-    """Stops serving (the registry and the loaders stay; :func:`serve` may start again)."""
+    """Stops serving (the registry and the tracked readers stay; :func:`serve` may start again)."""
     server = _state["server"]
     if server is not None:
         server.shutdown()

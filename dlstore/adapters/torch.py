@@ -355,7 +355,8 @@ class _IterableRecords:
         loader.load_state_dict({"epoch": self.epoch, "sample_in_epoch": start, "seed": seed})
         self._current = loader
         # Exported as this dataset, one series over its passes (stats() sums them), not one per epoch's
-        # loader: those vanished when their pass ended, with what they counted since the last scrape.
+        # loader: those vanished when their pass ended, with what they counted since the last scrape. The
+        # Dataset the pass reads (a worker's copy too) stays out of the scrape: its records are in this series.
         metrics.untrack(loader)
         metrics.track(self)
         try:

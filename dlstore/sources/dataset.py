@@ -31,7 +31,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from dlstore import settings
+from dlstore import metrics, settings
 from dlstore._args import whole
 from dlstore.errors import CorruptRecordError, DlstoreError, DlstoreIOError, PlacementError
 from dlstore.formats.registry import format_named
@@ -194,7 +194,9 @@ class Dataset(ReadsWithOptions):
         self.epoch = 0
         self.sample_in_epoch = 0
         self._last: Dict[str, Any] = {}
+        self._life = _new_life()
         self._corruptions: List[Tuple[str, int, str]] = []
+        metrics.track(self)  # exported while it lives, unless a Loader reads it; DLSTORE_METRICS_PORT: serves
 
     # ---- layout -----------------------------------------------------------------------------------
 
@@ -509,10 +511,29 @@ class Dataset(ReadsWithOptions):
         A batch is a view into the chunk its records were read into when they lie in one, else a
         buffer they were copied into; either stays valid while the batch (or a view of it) is held.
         """
+        metrics.track(self)  # a copy (a DataLoader worker's) is exported once it reads; tracked already: nothing
         epoch = self.epoch
         names = self.mounts if self._layout is not None else [""]
         health = MountHealth(names, self.options.get("max_retries"))
         totals: Dict[str, int] = {}
+        # Life counts (stats()["life"], what dlstore.metrics exports), per batch handed out, never per record.
+        # Under skip/warn the records the reader skipped as corrupt show as the position moving past more
+        # records than were handed out (under raise none is skipped: a pass that ends in an error may stand
+        # past the record it raised for); the pass's end sets them exactly, with its failovers and retries.
+        life, begun, skipped_before = self._life, self.sample_in_epoch, self._life["skipped"]
+        life["passes"] += 1
+        handed = 0
+        skips = self.options.on_error != "raise"
+
+        def hand_out(batch: Any) -> Any:
+            nonlocal handed
+            handed += batch.num_records
+            life["records"] += batch.num_records
+            life["bytes"] += int(batch.nbytes)
+            if skips:
+                life["skipped"] = max(life["skipped"], skipped_before + self.sample_in_epoch - begun - handed)
+            return batch
+
         warner = CorruptionWarnings(self.options.on_error == "warn", stacklevel=2)
         self._corruptions = []
         core = None
@@ -559,12 +580,12 @@ class Dataset(ReadsWithOptions):
                             batch = core.next_batch()  # raises the error that cut it short, if any
                             warner.check(core)
                             self.sample_in_epoch = held_at
-                            yield held
+                            yield hand_out(held)
                             held = None
                             if batch is None:
                                 break
                         self.sample_in_epoch = start + core.position
-                        yield batch
+                        yield hand_out(batch)
                 except (DlstoreIOError, CorruptRecordError) as e:
                     error = e
                 finally:
@@ -582,12 +603,12 @@ class Dataset(ReadsWithOptions):
                 except DlstoreError as final:
                     if held is not None:  # the good records before the error go out first
                         self.sample_in_epoch = held_at
-                        yield held
+                        yield hand_out(held)
                     raise final
                 if restart is not None:  # a record no copy holds good was left out, just before this
                     self.sample_in_epoch = restart
                     if held is not None:
-                        yield held
+                        yield hand_out(held)
                 elif held is not None:  # read again by the restarted plan: handed out once, counted once
                     totals["records"] -= held.num_records
                     totals["payload_bytes"] -= int(held.nbytes)
@@ -599,6 +620,9 @@ class Dataset(ReadsWithOptions):
             core = ahead = None  # their files, mappings and buffers go now
             self.__dict__.pop("_kept_rank", None)
             self._last = {**totals, **health.stats.as_dict(), "notes": notes}
+            life["skipped"] = max(life["skipped"], skipped_before + totals.get("skipped", 0))
+            life["failovers"] += health.stats.failovers
+            life["retries"] += health.stats.retries
 
     def _read_ahead(self, epoch: int, start: int, windows: int, health: MountHealth):
         """``(start, plan, reader)`` of the window from sample ``start`` with its first reads started; None
@@ -787,8 +811,14 @@ class Dataset(ReadsWithOptions):
         shuffle buffer copied out, failovers, retries, ``corrupt_copies`` and ``bad_copies``: copies
         found bad and read around), the engine and why, the shuffle and this rank's mounts; with
         ``io="gds"`` also ``gds_mode`` (``gds`` or ``compat``), ``gds_backend`` and ``crc`` (where the
-        CRC ran)."""
+        CRC ran).
+
+        Under ``life``, counts over this dataset's life, the pass under way included (what
+        :mod:`dlstore.metrics` exports): ``passes``, ``records`` and ``bytes`` (payload) handed out,
+        counted per batch; ``skipped`` (corrupt records left out: as the position moves past them, and
+        exactly at each pass's end), ``failovers`` and ``retries`` (at each pass's end)."""
         out = dict(self._last)
+        out["life"] = dict(self._life)
         if self.engine == "gds":  # before a pass: what the verdict says (the pass's backend says more)
             out.setdefault("gds_mode", self.choice.gds_mode)
         out.update(engine=self.choice.engine, engine_reason=self.choice.reason, shuffle=self.describe_shuffle(),
@@ -850,6 +880,7 @@ class Dataset(ReadsWithOptions):
         clone = copy.copy(self)
         clone.world = self.world.with_worker(worker, num_workers)
         clone._last = {}
+        clone._life = _new_life()  # the worker's own counts, not the rank's
         clone._corruptions = []
         clone.__dict__.pop("_kept_rank", None)  # the rank's plan, not the worker's
         return clone
@@ -962,6 +993,11 @@ class _NoPlace(Exception):
     def __init__(self, shard: int, block: int):
         super().__init__(shard, block)
         self.shard, self.block = shard, block
+
+
+def _new_life() -> Dict[str, int]:
+    """A Dataset's counts over its life, at zero (:meth:`Dataset.stats`, ``life``)."""
+    return {"passes": 0, "records": 0, "bytes": 0, "skipped": 0, "failovers": 0, "retries": 0}
 
 
 def _add_counts(totals: Dict[str, int], stats: Mapping[str, int]) -> None:

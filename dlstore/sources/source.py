@@ -220,6 +220,11 @@ class SourceWrapper:
         self._source = source
 
     @property
+    def wrapped(self) -> Source:
+        """The source this one wraps (a Loader over a wrapper of a Dataset reads that Dataset)."""
+        return self._source
+
+    @property
     def format(self) -> str:
         return self._source.format
 

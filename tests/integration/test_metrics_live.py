@@ -1,10 +1,14 @@
 """dlstore.metrics: /metrics scraped from a running training loop agrees with the loader's stats():
-records, bytes, the wait histogram, failovers and skipped records; DLSTORE_METRICS_PORT alone turns it on."""
+records, bytes, the wait histogram, failovers and skipped records; a Dataset read directly is exported
+from its stats()["life"], and one a Loader reads is counted once (the Loader's); DLSTORE_METRICS_PORT
+alone turns it on, from the first Loader or Dataset made."""
+import gc
 import os
 import re
 import socket
 import time
 import urllib.request
+import weakref
 
 import pytest
 
@@ -12,6 +16,7 @@ import dlstore
 from dlstore import metrics
 from dlstore.pipeline import Bert, Loader
 from dlstore.placement.world import World
+from dlstore.sources.source import SourceWrapper
 from dlstore.synthetic import generate_bert
 from tests.helpers import flip_data_byte, replicate, run_python
 
@@ -23,7 +28,11 @@ _SAMPLE = re.compile(r"^(\w+)(?:\{(.*)\})? (\S+)$")
 def scrape(port):
     """``{(name, frozenset(labels)): value}`` of one scrape."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-        text = r.read().decode()
+        return parse(r.read().decode())
+
+
+def parse(text):
+    """``{(name, frozenset(labels)): value}`` of an exposition."""
     out = {}
     for line in text.splitlines():
         m = _SAMPLE.match(line)
@@ -179,7 +188,9 @@ def test_a_forked_worker_serves_its_own_port_and_loaders(tmp_path):
 
 
 def test_the_environment_variable_does_not_make_dataloader_workers_serve(tmp_path):
-    """Processes started through multiprocessing (DataLoader workers) would all ask for the same port."""
+    """Processes started through multiprocessing (DataLoader workers) would all ask for the same port. The
+    main process serves it (its Dataset, made first, starts the exporter); a worker asking for it too would
+    find it taken and warn."""
     pytest.importorskip("torch")
     generate_bert(str(tmp_path), shards=2, records_per_shard=16, progress=False)
     script = ("import torch, dlstore\n"
@@ -193,4 +204,139 @@ def test_the_environment_variable_does_not_make_dataloader_workers_serve(tmp_pat
         port = probe.getsockname()[1]
     out = run_python(script, DLSTORE_METRICS_PORT=str(port))
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["32", "None"]
+    assert out.stdout.split() == ["32", str(port)]
+    assert "no metrics are served" not in out.stderr, out.stderr
+
+
+def of(series, name):
+    """The samples of the series labelled ``loader=name``: ``{sample name: value}`` (labels beyond it dropped
+    where one sample name has one series)."""
+    return {n: v for (n, labels), v in series.items() if ("loader", name) in labels}
+
+
+@pytest.mark.filterwarnings("ignore:bad copy on mount:RuntimeWarning")  # the record is bad on every copy, on purpose
+def test_a_dataset_read_directly_scraped_agrees_with_its_stats(tmp_path, served):
+    # Read through ds.batches() (no Loader) a Dataset was not exported at all: nothing to scrape.
+    src = tmp_path / "src"
+    src.mkdir()
+    generate_bert(str(src), shards=3, records_per_shard=40, progress=False)
+    shards = sorted(p for p in os.listdir(src) if not p.startswith("."))
+    offsets = dlstore.sources.indexing.scan_offsets(str(src / shards[0]))[1]
+    flip_data_byte(src / shards[0], 7, offsets)  # corrupt on every mount: skipped
+    mounts = replicate(src, tmp_path, 2)
+    ds = dlstore.Dataset("part-*", mounts=mounts, world=World(rank=0, size=1), shuffle="block", seed=1,
+                         remainder="uneven", on_error="skip", batch_size=8)
+    os.unlink(os.path.join(mounts[0], shards[2]))  # gone from the rank's mount: a failover to the replica
+    name = metrics.series_name(ds)
+    assert name is not None and name.startswith("dataset-")
+    labels = dict(loader=name, rank="0", mount=mounts[0], engine=ds.engine)
+    records = nbytes = 0
+    for epoch in range(2):
+        for step, batch in enumerate(ds.batches()):
+            records += batch.num_records
+            nbytes += int(batch.nbytes)
+            if step == 3:  # mid-pass: what was handed out so far; the failovers of the passes that ended
+                series, life = scrape(served), ds.stats()["life"]
+                assert value(series, "dlstore_records_total", **labels) == life["records"] == records
+                assert value(series, "dlstore_read_bytes_total", **labels) == life["bytes"] == nbytes
+                assert value(series, "dlstore_failovers_total", **labels) == life["failovers"] == epoch
+        series, stats = scrape(served), ds.stats()
+        life = stats["life"]
+        assert life["passes"] == epoch + 1 and life["records"] == records == (epoch + 1) * (3 * 40 - 1)
+        assert stats["records"] == 3 * 40 - 1 and stats["payload_bytes"] * (epoch + 1) == life["bytes"] == nbytes
+        assert value(series, "dlstore_records_total", **labels) == records
+        assert value(series, "dlstore_read_bytes_total", **labels) == nbytes
+        assert value(series, "dlstore_skipped_records_total", stage="source", **labels) == \
+            value(series, "dlstore_corrupt_records_total", **labels) == life["skipped"] == epoch + 1
+        assert value(series, "dlstore_failovers_total", **labels) == life["failovers"] == epoch + 1
+        assert value(series, "dlstore_retries_total", **labels) == life["retries"]
+        assert value(series, "dlstore_engine_info", reason=stats["engine_reason"], **labels) == 1
+    # A Dataset hands batches to no training loop: none of the loop's series, no pipeline stage.
+    assert set(of(series, name)) == {"dlstore_records_total", "dlstore_read_bytes_total", "dlstore_engine_info",
+                                      "dlstore_skipped_records_total", "dlstore_corrupt_records_total",
+                                      "dlstore_failovers_total", "dlstore_retries_total"}
+    assert [dict(ls)["stage"] for (n, ls) in series if n == "dlstore_skipped_records_total"
+            and ("loader", name) in ls] == ["source"]
+
+
+def test_a_dataset_a_loader_reads_is_counted_once(tmp_path):
+    """A Dataset and the Loader over it both exported would count each record twice in a sum by rank: the
+    Dataset is left out while a Loader reads it (directly or through a SourceWrapper), and is back, with its
+    whole life, once none does."""
+    generate_bert(str(tmp_path), shards=2, records_per_shard=16, progress=False)
+    ds = dlstore.Dataset(str(tmp_path), batch_size=4)
+    name = metrics.series_name(ds)
+    assert of(parse(metrics.exposition()), name)["dlstore_records_total"] == 0  # made, not read yet: exported
+    loader = Loader(ds, Bert(), 4)
+    assert sum(1 for _ in loader) == 8
+    wrapped = Loader(SourceWrapper(ds), Bert(), 4, epochs=1)
+    assert sum(1 for _ in wrapped) == 8
+    series = parse(metrics.exposition())
+    assert of(series, name) == {}  # not even its engine: every figure of it is in the loaders'
+    assert of(series, metrics.series_name(loader))["dlstore_records_total"] == 32
+    assert of(series, metrics.series_name(wrapped))["dlstore_records_total"] == 32
+    assert ds.stats()["life"]["records"] == 64
+    del loader, wrapped
+    gc.collect()
+    assert of(parse(metrics.exposition()), name)["dlstore_records_total"] == 64
+
+
+def test_the_torch_adapter_counts_its_dataset_once(tmp_path):
+    pytest.importorskip("torch")
+    from dlstore.adapters.torch import DlstoreIterableDataset
+
+    generate_bert(str(tmp_path), shards=1, records_per_shard=30, progress=False)
+    batches = DlstoreIterableDataset(str(tmp_path), Bert(), batch_size=4)
+    assert sum(1 for _ in batches) == 8
+    series = parse(metrics.exposition())
+    assert of(series, metrics.series_name(batches))["dlstore_records_total"] == 30
+    assert of(series, metrics.series_name(batches.dataset)) == {}  # its passes' figures are the adapter's
+    # Without a pipeline the user decodes the records: nothing but the Dataset counts them.
+    records = DlstoreIterableDataset(str(tmp_path))
+    assert sum(1 for _ in records) == 30
+    assert metrics.series_name(records) is None
+    series = parse(metrics.exposition())
+    assert of(series, metrics.series_name(records.dataset))["dlstore_records_total"] == 30
+
+
+def test_a_collected_dataset_leaves_the_scrape(tmp_path):
+    generate_bert(str(tmp_path), shards=1, records_per_shard=16, progress=False)
+    ds = dlstore.Dataset(str(tmp_path), batch_size=4)
+    assert sum(b.num_records for b in ds.batches()) == 16
+    name = metrics.series_name(ds)
+    assert of(parse(metrics.exposition()), name)["dlstore_records_total"] == 16
+    gone = weakref.ref(ds)
+    del ds
+    gc.collect()
+    assert gone() is None  # tracking holds it weakly: it never keeps a Dataset alive
+    assert of(parse(metrics.exposition()), name) == {}
+
+
+def test_a_worker_copy_is_exported_when_it_reads_with_its_own_counts(tmp_path):
+    """A DataLoader worker's Dataset is a copy (for_worker): exported once it reads, counting from zero, not
+    the rank's Dataset's counts it was copied with; copies made only to plan (never read) are not exported."""
+    generate_bert(str(tmp_path), shards=2, records_per_shard=16, progress=False)
+    ds = dlstore.Dataset(str(tmp_path), batch_size=4)
+    assert sum(b.num_records for b in ds.batches()) == 32
+    copy = ds.for_worker(1, 2)
+    assert metrics.series_name(copy) is None
+    assert sum(b.num_records for b in copy.batches()) == 16
+    series = parse(metrics.exposition())
+    assert of(series, metrics.series_name(copy))["dlstore_records_total"] == 16 == copy.stats()["life"]["records"]
+    assert of(series, metrics.series_name(ds))["dlstore_records_total"] == 32
+
+
+def test_the_environment_variable_alone_serves_a_dataset(tmp_path):
+    """DLSTORE_METRICS_PORT started the exporter from the first Loader only: a job reading Datasets
+    directly served nothing."""
+    generate_bert(str(tmp_path), shards=1, records_per_shard=16, progress=False)
+    script = ("import urllib.request, dlstore\n"
+              f"ds = dlstore.Dataset({str(tmp_path)!r}, batch_size=4)\n"
+              "n = sum(b.num_records for b in ds.batches())\n"
+              "port = dlstore.metrics.serving()\n"
+              "body = urllib.request.urlopen(f'http://127.0.0.1:{port}/metrics', timeout=10).read().decode()\n"
+              "print(n, [l for l in body.splitlines() if l.startswith('dlstore_records_total')])\n")
+    out = run_python(script, DLSTORE_METRICS_PORT="0")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("16 ['dlstore_records_total{") and 'loader="dataset-0"' in out.stdout
+    assert out.stdout.rstrip().endswith("16.0']"), out.stdout
