@@ -208,8 +208,9 @@ SETTINGS: Dict[str, Setting] = {
                 "Set (to anything but 0, false, no or off): no progress bars or progress lines, even on a "
                 "terminal.", _flag),
         Setting("metrics_port", None, "DLSTORE_METRICS_PORT",
-                "Set: the first loader of a process serves Prometheus metrics of every loader on this port "
-                "plus the local rank (0: a free port); see dlstore.metrics.", _port,
+                "Set: the first Loader or Dataset of a process serves Prometheus metrics of every Loader and "
+                "Dataset on this port plus the local rank (0: a free port; not in DataLoader workers); a "
+                "Dataset a Loader reads is counted in the Loader's series only; see dlstore.metrics.", _port,
                 lambda v: v is None or 0 <= v <= 65535, "a port number, 0..65535"),
     ]
 }
