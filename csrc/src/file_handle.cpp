@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <fcntl.h>
+#include <linux/capability.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -161,6 +162,21 @@ struct Cachestat {
   uint64_t nr_cache, nr_dirty, nr_writeback, nr_evicted, nr_recently_evicted;
 };
 std::atomic<bool> cachestat_missing{false};  // ENOSYS once: mincore from then on
+
+// Whether mincore tells this process the truth about the file open as `fd`. The kernel (since 5.0) answers
+// only for a file the process owns or may write, or with CAP_FOWNER, as cachestat does; for any other
+// file it reports every page resident, cached or not. Write access is asked as access(2) sees it, so a
+// read-only mount counts as no access (the kernel may answer there: such a file's reads go to the device).
+bool mincore_tells(int fd) {
+  struct stat st;
+  if (::fstat(fd, &st) != 0) return false;
+  if (st.st_uid == ::geteuid()) return true;  // the kernel compares the fsuid, which follows the euid
+  __user_cap_header_struct head{_LINUX_CAPABILITY_VERSION_3, 0};
+  __user_cap_data_struct caps[_LINUX_CAPABILITY_U32S_3] = {};
+  if (::syscall(SYS_capget, &head, caps) == 0 && (caps[CAP_FOWNER / 32].effective & (1u << (CAP_FOWNER % 32))) != 0)
+    return true;
+  return ::faccessat(AT_FDCWD, ("/proc/self/fd/" + std::to_string(fd)).c_str(), W_OK, AT_EACCESS) == 0;
+}
 }  // namespace
 
 bool page_cache_holds(int fd, uint64_t offset, size_t n, CacheProbe how) {
@@ -171,10 +187,11 @@ bool page_cache_holds(int fd, uint64_t offset, size_t n, CacheProbe how) {
     CachestatRange range{offset, n};
     Cachestat cs{};
     if (::syscall(kCachestat, fd, &range, &cs, 0) == 0) return cs.nr_cache == last - first + 1;
-    // EPERM: the kernel keeps this file's cache state from this process (mincore would see nothing either).
+    // EPERM: the kernel keeps this file's cache state from this process (mincore would say every page is held).
     if (errno != ENOSYS || how == CacheProbe::Cachestat) return false;
     cachestat_missing.store(true, std::memory_order_relaxed);
   }
+  if (!mincore_tells(fd)) return false;
   const uint64_t start = first * page;
   const size_t len = static_cast<size_t>(offset + n - start);
   void* p = ::mmap(nullptr, len, PROT_READ, MAP_SHARED, fd, static_cast<off_t>(start));

@@ -209,3 +209,53 @@ def test_file_renamed_over_is_not_read_from_the_cache(direct_dir, engine):
         os.close(keep)
     assert got == old
     assert reader.stats()["cache_bytes_read"] == 0
+
+
+def _probe_as_nobody(path, how):
+    """page_cache_holds(path, whole file, how) as the user nobody (a forked child of this root process),
+    through a descriptor opened before: the test's directories are private to root."""
+    from dlstore import _C
+
+    fd, size = os.open(path, os.O_RDONLY), os.path.getsize(path)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover (the child)
+        try:
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+            held = _C.page_cache_holds(f"/proc/self/fd/{fd}", 0, size, how)
+            os.write(w, b"1" if held else b"0")
+        except BaseException as e:
+            os.write(w, repr(e).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    os.close(fd)
+    answer = os.read(r, 4096)
+    os.close(r)
+    os.waitpid(pid, 0)
+    assert answer in (b"0", b"1"), f"the child could not probe: {answer!r}"
+    return answer == b"1"
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="needs root, to become another user")
+@pytest.mark.parametrize("how", ["mincore", "auto"])
+def test_page_cache_check_of_a_file_the_kernel_does_not_describe(direct_dir, how):
+    # For a file a process neither owns nor may write, mincore reports every page resident (cachestat
+    # refuses): such a file is "not held" (its reads go to the device), never held because mincore says so.
+    path = str(direct_dir / "theirs.bin")
+    with open(path, "wb") as f:
+        f.write(os.urandom(256 << 10))
+    os.chmod(path, 0o644)
+    _evicted([path])
+    assert not _probe_as_nobody(path, how)  # cold: mincore said held
+    make_warm([path])
+    assert not _probe_as_nobody(path, how)  # the kernel does not say
+    os.chmod(path, 0o666)  # a file it may write: the kernel tells it the truth
+    assert _probe_as_nobody(path, how)
+    os.chmod(path, 0o644)
+    os.chown(path, 65534, 65534)  # its own file: the same
+    assert _probe_as_nobody(path, how)
+    _evicted([path])
+    assert not _probe_as_nobody(path, how)

@@ -53,8 +53,8 @@ class FileHandle {
 // cachestat(2) where the kernel has it (6.5+), else mincore over a mapping of just that range, made and
 // dropped here (nothing is read or faulted in). False when it cannot say: n is 0, the range cannot be
 // mapped, or the kernel keeps this file's page-cache state from this process (both calls report it only
-// for files the process owns or may write, or with CAP_FOWNER: cachestat refuses with EPERM, mincore
-// sees only the process's own mapped pages, none here).
+// for files the process owns or may write, or with CAP_FOWNER: cachestat refuses with EPERM, and mincore
+// reports every page resident, so it is not asked about such a file).
 // `how` forces one call (for tests: Cachestat is false where the kernel lacks it).
 enum class CacheProbe { Auto, Cachestat, Mincore };
 bool page_cache_holds(int fd, uint64_t offset, size_t n, CacheProbe how = CacheProbe::Auto);
