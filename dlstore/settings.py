@@ -169,11 +169,11 @@ SETTINGS: Dict[str, Setting] = {
                 "most 64 (deeper only queues in the block layer), or 64 where there is no block device.",
                 int, lambda v: v >= 0, "0 (the device's limit) or a positive integer"),
         Setting("direct_cache", True, "DLSTORE_DIRECT_CACHE",
-                "O_DIRECT engines (direct, io_uring) read what the page cache already holds from it (a read "
-                "whose pages are all resident, by mincore), not from the device again; the reader's "
-                "cache_bytes_read stat counts those bytes. Off (0, false, no or off): every read goes to the "
-                "device, to measure it. The kernel tells a process the page cache's state only for files it "
-                "owns or may write (or as root): for others every read goes to the device.", _flag),
+                "O_DIRECT engines (direct, io_uring) read what the page cache already holds from it (a read whose"
+                " pages are all resident, by cachestat(2), or mincore before Linux 6.5), not from the device "
+                "again; the reader's cache_bytes_read stat counts those bytes. Off (0, false, no or off): every "
+                "read goes to the device, to measure it. The kernel tells a process the page cache's state only "
+                "for files it owns or may write (or as root): for others every read goes to the device.", _flag),
         Setting("read_timeout", 120.0, "DLSTORE_READ_TIMEOUT",
                 "Seconds an open or a read may take before it counts as failed (a hung mount) and is "
                 "retried on a replica mount; 0 waits forever.", float, lambda v: 0 <= v <= 1e7,
