@@ -27,20 +27,19 @@ void Engine::check_read(ReadRequest& r, size_t got) {
 bool Engine::read_cached(ReadRequest& r) {
   const OpenedFile& f = *r.file;
   if (!f.cache_first || !page_cache_holds(f.fh->fd(), r.offset, r.len)) return false;
+  // A buffered descriptor for this read alone, opened by path: the files a plan holds open (a chunk's,
+  // the least recently used kept) then need one descriptor each, not two. It is used only if it is
+  // the file the O_DIRECT descriptor reads (not one renamed over its path since, nor a path gone).
+  std::unique_ptr<FileHandle> buffered;
   try {
-    // Opened by path: kept only if it is the file the O_DIRECT descriptor reads (not one renamed over
-    // its path since), else every read of this file goes to the device.
-    std::call_once(f.cached_once, [&f] {
-      auto fh = std::make_shared<FileHandle>(f.path, false);
-      if (fh->same_file(*f.fh)) f.cached_fh = std::move(fh);
-    });
+    buffered.reset(new FileHandle(f.path, false));
   } catch (const Error&) {
     return false;  // the path no longer opens: the O_DIRECT descriptor still reads the file
   }
-  if (!f.cached_fh) return false;
+  if (!buffered->same_file(*f.fh)) return false;
   // Pages evicted since the check are read from the device through the cache: the same bytes.
   try {
-    check_read(r, f.cached_fh->pread_full(r.slot, f.slot_bytes(r.offset, r.len), align_down(r.offset, f.offset_align)));
+    check_read(r, buffered->pread_full(r.slot, f.slot_bytes(r.offset, r.len), align_down(r.offset, f.offset_align)));
   } catch (const Error&) {
     r.error = std::current_exception();
   }

@@ -40,6 +40,8 @@ FileHandle::FileHandle(const std::string& path, bool direct) : path_(path), dire
   }
   size_ = static_cast<uint64_t>(st.st_size);
   mtime_ns_ = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000LL + st.st_mtim.tv_nsec;
+  dev_ = static_cast<uint64_t>(st.st_dev);
+  ino_ = static_cast<uint64_t>(st.st_ino);
 }
 
 FileHandle::~FileHandle() {
@@ -53,6 +55,8 @@ FileHandle& FileHandle::operator=(FileHandle&& o) noexcept {
   std::swap(path_, o.path_);
   std::swap(size_, o.size_);
   std::swap(mtime_ns_, o.mtime_ns_);
+  std::swap(dev_, o.dev_);
+  std::swap(ino_, o.ino_);
   std::swap(direct_, o.direct_);
   return *this;
 }
@@ -111,10 +115,7 @@ static uint32_t block_queue_value(dev_t dev, const char* name) {
 
 static uint32_t logical_block_size(dev_t dev) { return block_queue_value(dev, "logical_block_size"); }
 
-bool FileHandle::same_file(const FileHandle& other) const {
-  struct stat a, b;
-  return ::fstat(fd_, &a) == 0 && ::fstat(other.fd_, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino;
-}
+bool FileHandle::same_file(const FileHandle& other) const { return dev_ == other.dev_ && ino_ == other.ino_; }
 
 uint32_t FileHandle::device_requests() const {
   struct stat st;

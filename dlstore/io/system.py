@@ -10,7 +10,7 @@ from typing import Dict, Optional, TypedDict
 
 __all__ = [
     "available_cores", "cpuinfo_field", "Mount", "filesystem_of", "unescape_mount_field", "meminfo",
-    "available_page_cache_bytes", "format_bytes",
+    "available_page_cache_bytes", "format_bytes", "open_files_budget",
 ]
 
 _PROC_MOUNTS = "/proc/mounts"
@@ -177,3 +177,21 @@ def format_bytes(n: float) -> str:
             value = n / scale
             return f"{value:.{2 if abs(value) < 10 else 1 if abs(value) < 100 else 0}f} {unit}"
     return f"{n:.0f} B"
+
+
+def open_files_budget() -> int:
+    """Files one read plan may keep open at once besides those its reads in flight hold (its C++
+    ``max_open_files``, least recently used closed first), within this process's soft ``RLIMIT_NOFILE``:
+    ``(soft - 128) // 2``, at least 16 and at most 1024.
+
+    Two plan readers can be alive at once (a window's and the next one's, read ahead), and 128
+    descriptors are left to the rest of the process and to the reads in flight. At the common soft
+    limit of 1024 a plan keeps 448 files open, where 1024 ran out of descriptors ("Too many open
+    files") before the plan's own limit was reached.
+    """
+    import resource
+
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY:
+        return 1024
+    return max(16, min(1024, (int(soft) - 128) // 2))

@@ -139,6 +139,10 @@ class ReadOptions:
         out.direct_cache = settings.get("direct_cache")
         out.verify = self.verify
         out.on_error = "skip" if self.on_error == "warn" else self.on_error
+        if not in_order:
+            from dlstore.io.system import open_files_budget
+
+            out.max_open_files = open_files_budget()
         if in_order:
             out.headroom = settings.get("headroom")
             out.verify_threads = settings.effective("verify_threads", self.verify_threads, case)

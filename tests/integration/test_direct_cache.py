@@ -259,3 +259,43 @@ def test_page_cache_check_of_a_file_the_kernel_does_not_describe(direct_dir, how
     assert _probe_as_nobody(path, how)
     _evicted([path])
     assert not _probe_as_nobody(path, how)
+
+
+@pytest.mark.parametrize("engine", O_DIRECT_ENGINES)
+@pytest.mark.parametrize("direct_cache", ["1", "0"])
+def test_cached_reads_take_no_descriptor_of_their_own(direct_dir, engine, direct_cache):
+    # A chunk of a global shuffle holds every file its records lie in open at once: here all 300, as one
+    # descriptor each (300 + the interpreter's ~30 within a soft limit of 450). A buffered descriptor kept
+    # per file for the cached reads made that 600 ("Too many open files"); one opened per read does not.
+    import subprocess
+    import sys
+
+    from tests.helpers import REPO
+
+    _engine(engine)
+    for k in range(300):
+        write_tfrecord(direct_dir / f"s{k:03d}.tfrecord", [bytes([k % 256]) * 200] * 4)
+    code = f"""
+import resource, dlstore
+resource.setrlimit(resource.RLIMIT_NOFILE, (450, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+ds = dlstore.Dataset({str(direct_dir)!r}, io={engine!r}, shuffle="global", batch_size=25, seed=3)
+n = sum(b.num_records for b in ds.batches())
+s = ds.stats()
+print(n, s["cache_bytes_read"] == s["file_bytes_read"] > 0)
+"""
+    env = dict(os.environ, PYTHONPATH=REPO, DLSTORE_DIRECT_CACHE=direct_cache)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.split() == ["1200", "True" if direct_cache == "1" else "False"]
+
+
+def test_open_files_budget_follows_the_soft_limit(monkeypatch):
+    import resource
+
+    from dlstore.io.system import open_files_budget
+
+    for soft, files in [(1024, 448), (256, 64), (100, 16), (1 << 20, 1024)]:
+        monkeypatch.setattr(resource, "getrlimit", lambda _which, s=soft: (s, 1 << 20))
+        assert open_files_budget() == files, soft
+    monkeypatch.setattr(resource, "getrlimit", lambda _which: (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    assert open_files_budget() == 1024

@@ -9,7 +9,6 @@
 #include <exception>
 #include <future>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -84,10 +83,8 @@ struct OpenedFile {
   uint32_t memory_align = 1;               // O_DIRECT: buffer addresses are multiples of this
   uint32_t queue_depth = 1;                // reads in flight one call keeps on this file's device
   // O_DIRECT engines: a request whose bytes the page cache holds already is read from it, through a
-  // buffered descriptor opened on the first such request (Engine::read_cached), not again from the device.
+  // buffered descriptor opened for that read (Engine::read_cached), not again from the device.
   bool cache_first = false;
-  mutable std::once_flag cached_once;
-  mutable std::shared_ptr<FileHandle> cached_fh;
 
   // Bytes a slot needs to receive [offset, offset + len): O_DIRECT reads the whole aligned blocks
   // around the range. A slot's address is a multiple of memory_align.

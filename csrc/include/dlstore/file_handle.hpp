@@ -38,7 +38,8 @@ class FileHandle {
   // Requests the file's block device queues at once (sysfs queue/nr_requests); 0 when the file lies
   // on no block device (tmpfs, NFS, an overlay) or sysfs does not say.
   uint32_t device_requests() const;
-  // Whether `other` is open on the same file (device and inode), not one since renamed over its path.
+  // Whether `other` is open on the same file (device and inode, as each was when opened), not one since
+  // renamed over its path.
   bool same_file(const FileHandle& other) const;
 
  private:
@@ -46,6 +47,7 @@ class FileHandle {
   std::string path_;
   uint64_t size_ = 0;
   int64_t mtime_ns_ = 0;
+  uint64_t dev_ = 0, ino_ = 0;  // what fstat said when opened
   bool direct_ = false;
 };
 
