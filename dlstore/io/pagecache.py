@@ -143,8 +143,23 @@ def _mincore_libc():
     return _libc
 
 
+def _kernel_tells(path: str) -> bool:
+    """Whether mincore reports ``path``'s page-cache state to this process: since Linux 5.2 only for a
+    file it owns or may write, or as root (``CAP_FOWNER``); for others it reports every page resident."""
+    euid = os.geteuid()
+    return euid == 0 or os.stat(path).st_uid == euid or os.access(path, os.W_OK)
+
+
 def _resident_pages(path: str) -> tuple:
-    """``(resident pages, pages)`` of one file, by ``mincore`` over a read-only shared mapping."""
+    """``(resident pages, pages)`` of one file, by ``mincore`` over a read-only shared mapping.
+
+    Raises
+    ------
+    OSError
+        Where the kernel keeps the file's page-cache state from this process (:func:`_kernel_tells`).
+    """
+    if not _kernel_tells(path):
+        raise OSError(f"the kernel reports the page cache of {path} only to its owner, a writer or root")
     size = os.path.getsize(path)
     page = mmap.PAGESIZE
     pages = (size + page - 1) // page
@@ -170,7 +185,8 @@ def _resident_pages(path: str) -> tuple:
 
 
 def resident_fraction(paths: Iterable[str]) -> Optional[float]:
-    """Fraction of the files' pages in the page cache now (0.0 cold, 1.0 warm); None when unknown."""
+    """Fraction of the files' pages in the page cache now (0.0 cold, 1.0 warm); None when unknown (no
+    mincore, a file that cannot be mapped, or one of another user's that this process may not write)."""
     resident = total = 0
     try:
         for p in paths:

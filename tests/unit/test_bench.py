@@ -63,6 +63,14 @@ def test_evict_files_empties_the_cache_of_that_file(cached_file):
     assert cache.resident_fraction([cached_file]) < 0.05
 
 
+def test_residency_of_another_users_file_is_unknown(cached_file, monkeypatch):
+    # mincore reports every page of a file the process neither owns nor may write as resident: unknown.
+    assert cache.resident_fraction([cached_file]) is not None
+    monkeypatch.setattr(cache.os, "geteuid", lambda: 4242)  # not root, not the owner
+    monkeypatch.setattr(cache.os, "access", lambda path, mode: False)
+    assert cache.resident_fraction([cached_file]) is None
+
+
 def test_make_cold_says_which_method_ran(cached_file):
     if _on_memory_fs(cached_file):
         pytest.skip("on tmpfs the page cache is the file: nothing to evict")
