@@ -156,8 +156,10 @@ def _sources(reader: Any) -> Iterator[Any]:
     """The sources ``reader`` (a Loader, an adapter) reads: its ``source`` or ``dataset``, and what a
     :class:`~dlstore.sources.source.SourceWrapper` among them wraps."""
     for attr in ("source", "dataset"):
-        source = getattr(reader, attr, None)
-        while source is not None:
+        source, seen = getattr(reader, attr, None), set()
+        # At most 16 deep, and never round a cycle: a scrape must end whatever a source's __getattr__ does.
+        while source is not None and id(source) not in seen and len(seen) < 16:
+            seen.add(id(source))
             yield source
             source = getattr(source, "wrapped", None)
 

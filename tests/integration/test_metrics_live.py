@@ -340,3 +340,18 @@ def test_the_environment_variable_alone_serves_a_dataset(tmp_path):
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("16 ['dlstore_records_total{") and 'loader="dataset-0"' in out.stdout
     assert out.stdout.rstrip().endswith("16.0']"), out.stdout
+
+
+def test_a_scrape_ends_whatever_a_source_wraps(tmp_path):
+    # The scrape follows each loader's source through SourceWrapper.wrapped to the Dataset it reads: a
+    # wrapper whose `wrapped` leads round a cycle must not keep it going for ever.
+    generate_bert(str(tmp_path), shards=1, records_per_shard=8, progress=False)
+
+    class Looping(SourceWrapper):
+        @property
+        def wrapped(self):
+            return self
+
+    loader = Loader(Looping(dlstore.Dataset(str(tmp_path), batch_size=4)), Bert(), 4, epochs=1)
+    assert sum(1 for _ in loader) == 2
+    assert of(parse(metrics.exposition()), metrics.series_name(loader))["dlstore_records_total"] == 8
