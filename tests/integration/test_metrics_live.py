@@ -55,18 +55,25 @@ def served():
     metrics.stop()
 
 
-@pytest.mark.filterwarnings("ignore:bad copy on mount:RuntimeWarning")  # the record is bad on every copy, on purpose
-def test_a_training_loop_scraped_agrees_with_stats(tmp_path, served):
+def _two_mounts_a_fault_and_a_gap(tmp_path, **kw):
+    """A block-shuffled Dataset over 3 BERT shards on 2 mounts: a record corrupt on every copy (skipped) and
+    a shard gone from the rank's mount (a failover to the replica). Returns ``(ds, mounts)``."""
     src = tmp_path / "src"
     src.mkdir()
     generate_bert(str(src), shards=3, records_per_shard=40, progress=False)
     shards = sorted(p for p in os.listdir(src) if not p.startswith("."))
     offsets = dlstore.sources.indexing.scan_offsets(str(src / shards[0]))[1]
-    flip_data_byte(src / shards[0], 7, offsets)  # corrupt on every mount: skipped
+    flip_data_byte(src / shards[0], 7, offsets)
     mounts = replicate(src, tmp_path, 2)
     ds = dlstore.Dataset("part-*", mounts=mounts, world=World(rank=0, size=1), shuffle="block", seed=1,
-                         remainder="uneven", on_error="skip")
-    os.unlink(os.path.join(mounts[0], shards[2]))  # gone from the rank's mount: a failover to the replica
+                         remainder="uneven", on_error="skip", **kw)
+    os.unlink(os.path.join(mounts[0], shards[2]))
+    return ds, mounts
+
+
+@pytest.mark.filterwarnings("ignore:bad copy on mount:RuntimeWarning")  # the record is bad on every copy, on purpose
+def test_a_training_loop_scraped_agrees_with_stats(tmp_path, served):
+    ds, mounts = _two_mounts_a_fault_and_a_gap(tmp_path)
     loader = Loader(ds, Bert(), 8, last_batch="PARTIAL", epochs=2, prefetch=1)
     checked = 0
     for step, _ in enumerate(loader):
@@ -217,16 +224,7 @@ def of(series, name):
 @pytest.mark.filterwarnings("ignore:bad copy on mount:RuntimeWarning")  # the record is bad on every copy, on purpose
 def test_a_dataset_read_directly_scraped_agrees_with_its_stats(tmp_path, served):
     # Read through ds.batches() (no Loader) a Dataset was not exported at all: nothing to scrape.
-    src = tmp_path / "src"
-    src.mkdir()
-    generate_bert(str(src), shards=3, records_per_shard=40, progress=False)
-    shards = sorted(p for p in os.listdir(src) if not p.startswith("."))
-    offsets = dlstore.sources.indexing.scan_offsets(str(src / shards[0]))[1]
-    flip_data_byte(src / shards[0], 7, offsets)  # corrupt on every mount: skipped
-    mounts = replicate(src, tmp_path, 2)
-    ds = dlstore.Dataset("part-*", mounts=mounts, world=World(rank=0, size=1), shuffle="block", seed=1,
-                         remainder="uneven", on_error="skip", batch_size=8)
-    os.unlink(os.path.join(mounts[0], shards[2]))  # gone from the rank's mount: a failover to the replica
+    ds, mounts = _two_mounts_a_fault_and_a_gap(tmp_path, batch_size=8)
     name = metrics.series_name(ds)
     assert name is not None and name.startswith("dataset-")
     labels = dict(loader=name, rank="0", mount=mounts[0], engine=ds.engine)
