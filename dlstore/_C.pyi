@@ -84,7 +84,8 @@ class ReadSchedule:
     # record met once the good records before it went out. arrived() answers a "wait".
     def __init__(self, paths: List[str], file: np.ndarray, offset: np.ndarray, size: np.ndarray,
                  emit: Optional[np.ndarray], device: Optional[np.ndarray] = ..., *, chunk_size: int, depth: int,
-                 batch_size: int, first_batch: int = ..., hold_bytes: int = ..., on_error: str = ...) -> None: ...
+                 batch_size: int, first_batch: int = ..., hold_bytes: int = ..., on_error: str = ...,
+                 max_chunk_files: int = ...) -> None: ...
     def next(self) -> Optional[Tuple[Any, ...]]: ...
     def arrived(self, chunk: int, bytes_read: int, held_bytes: int, bad: np.ndarray, bad_at: np.ndarray,
                 bad_what: List[str], failed_from: int = ..., failure: str = ..., failure_path: str = ...,

@@ -78,7 +78,7 @@ void register_schedule(py::module_& m) {
   py::class_<dlstore::ReadSchedule>(m, "ReadSchedule")
       .def(py::init([](std::vector<std::string> paths, py::handle file, py::handle offset, py::handle size,
                        py::handle emit, py::handle device, uint64_t chunk_size, size_t depth, size_t batch_size,
-                       size_t first_batch, uint64_t hold_bytes, const std::string& on_error) {
+                       size_t first_batch, uint64_t hold_bytes, const std::string& on_error, size_t max_chunk_files) {
              dlstore::ReadPlan plan;
              plan.paths = std::move(paths);
              plan.file = as_vector<uint32_t>(file);
@@ -93,11 +93,13 @@ void register_schedule(py::module_& m) {
              o.first_batch = first_batch;
              o.hold_bytes = hold_bytes;
              o.on_error = on_error == "raise" ? dlstore::OnError::Raise : dlstore::OnError::Skip;
+             o.max_chunk_files = max_chunk_files;
              return new dlstore::ReadSchedule(std::move(plan), o);
            }),
            py::arg("paths"), py::arg("file"), py::arg("offset"), py::arg("size"), py::arg("emit"),
            py::arg("device") = py::none(), py::arg("chunk_size"), py::arg("depth"), py::arg("batch_size"),
-           py::arg("first_batch") = 0, py::arg("hold_bytes") = 0, py::arg("on_error") = "raise")
+           py::arg("first_batch") = 0, py::arg("hold_bytes") = 0, py::arg("on_error") = "raise",
+           py::arg("max_chunk_files") = 0)
       .def("next", [](dlstore::ReadSchedule& s) { return step_tuple(s, s.next()); })
       .def("arrived",
            [](dlstore::ReadSchedule& s, size_t chunk, uint64_t bytes_read, uint64_t held_bytes, py::handle bad,

@@ -259,6 +259,9 @@ ScheduleOptions schedule_options(const PlanOptions& o) {
   s.first_batch = o.first_batch;
   s.hold_bytes = o.hold_bytes;
   s.on_error = o.on_error;
+  // Each I/O thread holds the files of the chunk it reads open; with the files kept open (max_open_files)
+  // that stays within what the process may open.
+  s.max_chunk_files = std::max<size_t>(16, o.max_open_files / std::max<size_t>(1, 2 * o.engine.threads));
   return s;
 }
 

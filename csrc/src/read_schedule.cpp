@@ -56,24 +56,51 @@ void ReadSchedule::plan_chunks(const std::vector<uint8_t>& needed) {
   left_.clear();
   uint64_t bytes = 0;
   uint32_t count = 0;
+  // The distinct files of the chunk being formed: in_chunk[f] == chunk_mark for each of them.
+  const size_t cap = opts_.max_chunk_files;
+  std::vector<uint32_t> in_chunk(cap ? plan.paths.size() : 0, 0);
+  uint32_t chunk_mark = 1;
+  size_t files = 0;
   auto cut = [&](size_t at) {
     begin_.push_back(at);
     left_.push_back(count);
     bytes = 0;
     count = 0;
+    ++chunk_mark;
+    files = 0;
   };
   if (emit_.empty()) {
     // Read order is emission order: chunks end on batch boundaries, so every batch lies in one chunk
     // and is handed out as a view. A chunk takes whole batches up to chunk_size (at least one).
     const size_t batch = opts_.batch_size;
     const size_t head = opts_.first_batch > 0 ? std::min(opts_.first_batch, batch) : batch;
+    std::vector<uint32_t> in_batch(cap ? plan.paths.size() : 0, 0);
+    uint32_t batch_mark = 0;
     for (size_t first = 0; first < n; first += (first == 0 ? head : batch)) {
       const size_t last = std::min(n, first + (first == 0 ? head : batch));
       uint64_t batch_bytes = 0;
       for (size_t i = first; i < last; ++i) batch_bytes += plan.size[i];
-      if (count > 0 && bytes + batch_bytes > limit) cut(first);
+      size_t distinct = 0, fresh = 0;  // the batch's files, and those the chunk does not read yet
+      if (cap) {
+        ++batch_mark;
+        for (size_t i = first; i < last; ++i) {
+          const uint32_t f = plan.file[i];
+          if (in_batch[f] == batch_mark) continue;
+          in_batch[f] = batch_mark;
+          ++distinct;
+          if (in_chunk[f] != chunk_mark) ++fresh;
+        }
+      }
+      if (count > 0 && (bytes + batch_bytes > limit || (cap && files + fresh > cap))) {
+        cut(first);
+        fresh = distinct;
+      }
       bytes += batch_bytes;
       count += static_cast<uint32_t>(last - first);
+      if (cap) {
+        files += fresh;
+        for (size_t i = first; i < last; ++i) in_chunk[plan.file[i]] = chunk_mark;
+      }
     }
   } else {
     // Records are gathered from the chunks held, so chunks follow the bytes only: needed records are
@@ -84,7 +111,13 @@ void ReadSchedule::plan_chunks(const std::vector<uint8_t>& needed) {
     for (size_t i = 0; i < n; ++i) {
       if (!needed[i]) continue;
       const uint32_t d = device.empty() ? 0 : device[plan.file[i]];
-      if (count > 0 && (bytes >= limit || d != current)) cut(i);
+      const uint32_t f = plan.file[i];
+      const bool fresh = cap && in_chunk[f] != chunk_mark;
+      if (count > 0 && (bytes >= limit || d != current || (fresh && files >= cap))) cut(i);
+      if (cap && in_chunk[f] != chunk_mark) {
+        in_chunk[f] = chunk_mark;
+        ++files;
+      }
       current = d;
       bytes += plan.size[i];
       ++count;

@@ -170,3 +170,34 @@ def test_arrivals_out_of_turn_are_refused(tmp_path):
     assert sched.next()[0] == "read"
     with pytest.raises(Exception, match="internal"):
         sched.arrived(0, 0, 0, np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.uint64), [])
+
+
+@pytest.mark.parametrize("reorders", [False, True])
+def test_a_chunk_reads_at_most_max_chunk_files_files(tmp_path, reorders):
+    # A global shuffle of small records lists them in emission order, each from another file: an 8 MiB chunk
+    # would hold thousands of files open at once. max_chunk_files cuts a chunk before one file too many (a
+    # chunk that must hold whole batches still takes one batch), and the batches stay the same.
+    paths, file, offset, size, records = plan_of(tmp_path, counts=(5,) * 24)
+    order = np.random.default_rng(9).permutation(len(file))
+    file, offset, size = file[order], offset[order], size[order]
+    emit = np.random.default_rng(4).permutation(len(file)).astype(np.int64) if reorders else None
+
+    def run(cap):
+        ex = PythonExecutor(paths, file, offset, size, emit, chunk_size=8 << 20, depth=2, batch_size=4,
+                            max_chunk_files=cap)
+        files_per_chunk = []
+        read = ex.read
+
+        def counting(chunk, f, *rest):
+            files_per_chunk.append(len(set(f)))
+            read(chunk, f, *rest)
+        ex.read = counting
+        got = []
+        while (b := ex.next_batch()) is not None:
+            got.append(b)
+        return got, files_per_chunk
+
+    whole, one = run(0)
+    capped, many = run(6)
+    assert capped == whole and one == [24]  # uncapped: one chunk reads every file
+    assert max(many) <= 6 and len(many) > 4

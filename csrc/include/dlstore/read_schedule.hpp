@@ -45,6 +45,10 @@ struct ScheduleOptions {
   // remaining records spilled); 0: no limit.
   uint64_t hold_bytes = 0;
   OnError on_error = OnError::Raise;
+  // Distinct files a chunk reads, at most (0: no limit): an executor holds every file of a chunk open
+  // while it reads it, and a global shuffle of small records puts thousands in 8 MiB. A chunk that
+  // must hold whole batches still takes at least one.
+  size_t max_chunk_files = 0;
 };
 
 // The counters of a pass. The schedule keeps those it decides; an executor adds the bytes it moves.
