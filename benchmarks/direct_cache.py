@@ -29,7 +29,10 @@ from dlstore.io import pagecache  # noqa: E402
 def one_epoch(paths, engine: str, shuffle: str, cache: str, direct_cache: bool) -> dict:
     os.environ["DLSTORE_DIRECT_CACHE"] = "1" if direct_cache else "0"
     ds = dlstore.Dataset(paths, io=engine, shuffle=shuffle, batch_size=256, seed=1)
-    pagecache.drop_page_cache() if cache == "cold" else pagecache.make_warm(paths)
+    if cache == "cold":
+        pagecache.drop_page_cache()
+    else:
+        pagecache.make_warm(paths)
     t = time.perf_counter()
     for _ in ds.batches():
         pass

@@ -167,7 +167,7 @@ def check_engine(reader, engine: str) -> None:
     assert reader.engine == engine, reader.engine_reason
     stats = reader.stats()
     assert stats["notes"] == []
-    if engine in ("direct", "io_uring") and "cache_bytes_read" in stats:  # open_records and Dataset have it
+    if engine in ("direct", "io_uring"):
         assert stats["cache_bytes_read"] == 0, "an O_DIRECT engine read from the page cache with DLSTORE_DIRECT_CACHE=0"
 
 

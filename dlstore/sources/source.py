@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, Iterator, Mapping, MutableMapping, Optional, Protocol, runtime_checkable
 
 from dlstore import settings
+from dlstore.io.system import open_files_budget
 
 __all__ = ["Source", "SourceWrapper", "ReadOptions", "ON_ERROR", "state_at", "start_at"]
 
@@ -140,8 +141,6 @@ class ReadOptions:
         out.verify = self.verify
         out.on_error = "skip" if self.on_error == "warn" else self.on_error
         if not in_order:
-            from dlstore.io.system import open_files_budget
-
             out.max_open_files = open_files_budget()
         if in_order:
             out.headroom = settings.get("headroom")

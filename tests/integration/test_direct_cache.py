@@ -4,6 +4,7 @@ comes from the device. The other tests run with the setting off (tests/conftest.
 reads reach the device."""
 import os
 
+import numpy as np
 import pytest
 
 import dlstore
@@ -21,7 +22,7 @@ def direct_cache_on(monkeypatch):
 
 @pytest.fixture
 def shards(direct_dir):
-    rng = __import__("numpy").random.default_rng(3)
+    rng = np.random.default_rng(3)
     records = [[rng.bytes(int(n)) for n in rng.integers(1, 30_000, 150)] for _ in range(3)]
     paths = [write_tfrecord(direct_dir / f"part-{k}.tfrecord", recs) for k, recs in enumerate(records)]
     return paths, records
