@@ -48,6 +48,7 @@ def engine_names() -> List[str]: ...  # the engine registry, in order
 def io_uring_refusal() -> str: ...  # why io_uring cannot run here; "" when it can
 def io_uring_queue_depth(path: str, setting: int = 0) -> Tuple[int, str]: ...  # (depth, why)
 def page_cache_holds(path: str, offset: int, n: int, how: str = "auto") -> bool: ...  # direct_cache's check
+def cached_pages(path: str) -> Optional[Tuple[int, int]]: ...  # (cached, pages) of a file, None: not told
 def _simulate_io_uring_refusal(why: str) -> None: ...  # tests: io_uring refused with `why` ("" undoes)
 
 class Reader:

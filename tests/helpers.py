@@ -160,6 +160,30 @@ def direct_refused(directory):
             os.unlink(probe)
 
 
+def as_nobody(path, call):
+    """``repr(call(p))`` where ``p`` names ``path`` (``/proc/self/fd/N`` of a descriptor opened here: test
+    directories are private to root), run as the user nobody in a forked child of this root process."""
+    fd = os.open(path, os.O_RDONLY)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover (the child)
+        try:
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+            os.write(w, repr(call(f"/proc/self/fd/{fd}")).encode())
+        except BaseException as e:
+            os.write(w, b"raised " + repr(e).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    os.close(fd)
+    answer = os.read(r, 4096).decode()
+    os.close(r)
+    os.waitpid(pid, 0)
+    return answer
+
+
 def check_engine(reader, engine: str) -> None:
     """The engine asked for is the one that ran, with no per-file fallback (call after a pass)."""
     if engine == "io_uring" and probe_io_uring():

@@ -190,6 +190,18 @@ void register_reader(py::module_& m) {
       py::arg("path"), py::arg("offset"), py::arg("n"), py::arg("how") = "auto",
       "Whether the page cache holds every page of bytes [offset, offset + n) of `path`, as the O_DIRECT "
       "engines ask before a read (direct_cache); `how` forces cachestat(2) or mincore(2).");
+  m.def(
+      "cached_pages",
+      [](const std::string& path) -> py::object {
+        dlstore::FileHandle fh(path, false);
+        uint64_t pages = 0;
+        const int64_t held = dlstore::cached_pages(fh.fd(), 0, fh.size(), dlstore::CacheProbe::Auto, &pages);
+        if (held < 0) return py::none();
+        return py::make_tuple(held, pages);
+      },
+      py::arg("path"),
+      "(pages the page cache holds, pages) of the whole file `path`, by the calls page_cache_holds makes; None "
+      "where the kernel does not tell this process (not the file's owner or writer, nor CAP_FOWNER).");
   m.def("io_uring_queue_depth",
         [](const std::string& path, size_t setting) {
           std::string why;

@@ -180,35 +180,44 @@ bool mincore_tells(int fd) {
 }
 }  // namespace
 
-bool page_cache_holds(int fd, uint64_t offset, size_t n, CacheProbe how) {
-  if (n == 0) return false;
+int64_t cached_pages(int fd, uint64_t offset, uint64_t n, CacheProbe how, uint64_t* pages) {
   static const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  *pages = 0;
+  if (n == 0) return 0;
   const uint64_t first = offset / page, last = (offset + n - 1) / page;
+  *pages = last - first + 1;
   if (how == CacheProbe::Cachestat || (how == CacheProbe::Auto && !cachestat_missing.load(std::memory_order_relaxed))) {
     CachestatRange range{offset, n};
     Cachestat cs{};
-    if (::syscall(kCachestat, fd, &range, &cs, 0) == 0) return cs.nr_cache == last - first + 1;
+    if (::syscall(kCachestat, fd, &range, &cs, 0) == 0) return static_cast<int64_t>(cs.nr_cache);
     // EPERM: the kernel keeps this file's cache state from this process (mincore would say every page is held).
-    if (errno != ENOSYS || how == CacheProbe::Cachestat) return false;
+    if (errno != ENOSYS || how == CacheProbe::Cachestat) return -1;
     cachestat_missing.store(true, std::memory_order_relaxed);
   }
-  if (!mincore_tells(fd)) return false;
+  if (!mincore_tells(fd)) return -1;
   const uint64_t start = first * page;
   const size_t len = static_cast<size_t>(offset + n - start);
   void* p = ::mmap(nullptr, len, PROT_READ, MAP_SHARED, fd, static_cast<off_t>(start));
-  if (p == MAP_FAILED) return false;
-  const size_t pages = static_cast<size_t>((len + page - 1) / page);
+  if (p == MAP_FAILED) return -1;
   unsigned char small[256];
   std::vector<unsigned char> large;
   unsigned char* vec = small;
-  if (pages > sizeof small) {
-    large.resize(pages);
+  if (*pages > sizeof small) {
+    large.resize(static_cast<size_t>(*pages));
     vec = large.data();
   }
-  bool all = ::mincore(p, len, vec) == 0;
-  for (size_t i = 0; all && i < pages; ++i) all = (vec[i] & 1) != 0;
+  int64_t held = -1;
+  if (::mincore(p, len, vec) == 0) {
+    held = 0;
+    for (uint64_t i = 0; i < *pages; ++i) held += vec[i] & 1;
+  }
   ::munmap(p, len);
-  return all;
+  return held;
+}
+
+bool page_cache_holds(int fd, uint64_t offset, size_t n, CacheProbe how) {
+  uint64_t pages = 0;
+  return n > 0 && cached_pages(fd, offset, n, how, &pages) == static_cast<int64_t>(pages);
 }
 
 Mapping::Mapping(const std::string& path, bool sequential) : path_(path) {

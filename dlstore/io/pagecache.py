@@ -4,18 +4,14 @@ A *cold* read must come from the device. As root the whole page cache is dropped
 (``sync; echo 3 > /proc/sys/vm/drop_caches``); otherwise each file is written back and evicted
 with ``posix_fadvise(POSIX_FADV_DONTNEED)``, which is enough for files nobody else holds dirty.
 Either way :func:`make_cold` returns a sentence saying which method ran, for the report, and
-:func:`resident_fraction` (``mincore``) tells whether it worked.
+:func:`resident_fraction` (``cachestat``, else ``mincore``) tells whether it worked.
 """
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import mmap
 import os
 from typing import Iterable, Optional, Sequence
 
-import numpy as np
-
+from dlstore.errors import DlstoreError
 from dlstore.io.system import available_page_cache_bytes, meminfo
 
 __all__ = [
@@ -127,72 +123,21 @@ def make_cold(paths: Sequence[str]) -> str:
     return f"{evict_files(paths)} (cannot drop the page cache: {refusal})"
 
 
-_libc = None
-
-
-def _mincore_libc():
-    global _libc
-    if _libc is None:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        libc.mmap.restype = ctypes.c_void_p
-        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                              ctypes.c_long]
-        libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-        libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-        _libc = libc
-    return _libc
-
-
-def _kernel_tells(path: str) -> bool:
-    """Whether mincore reports ``path``'s page-cache state to this process: since Linux 5.2 only for a
-    file it owns or may write, or as root (``CAP_FOWNER``); for others it reports every page resident."""
-    euid = os.geteuid()
-    return euid == 0 or os.stat(path).st_uid == euid or os.access(path, os.W_OK)
-
-
-def _resident_pages(path: str) -> tuple:
-    """``(resident pages, pages)`` of one file, by ``mincore`` over a read-only shared mapping.
-
-    Raises
-    ------
-    OSError
-        Where the kernel keeps the file's page-cache state from this process (:func:`_kernel_tells`).
-    """
-    if not _kernel_tells(path):
-        raise OSError(f"the kernel reports the page cache of {path} only to its owner, a writer or root")
-    size = os.path.getsize(path)
-    page = mmap.PAGESIZE
-    pages = (size + page - 1) // page
-    if size == 0:
-        return 0, 0
-    libc = _mincore_libc()
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        # Mapping does not read anything: mincore only reports which pages the cache already holds.
-        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
-        if addr in (None, ctypes.c_void_p(-1).value):
-            raise OSError(ctypes.get_errno(), f"mmap of {path} failed")
-        try:
-            vec = (ctypes.c_ubyte * pages)()
-            if libc.mincore(addr, size, vec) != 0:
-                raise OSError(ctypes.get_errno(), f"mincore of {path} failed")
-            resident = int(np.count_nonzero(np.frombuffer(vec, np.uint8) & 1))
-        finally:
-            libc.munmap(addr, size)
-    finally:
-        os.close(fd)
-    return resident, pages
-
-
 def resident_fraction(paths: Iterable[str]) -> Optional[float]:
-    """Fraction of the files' pages in the page cache now (0.0 cold, 1.0 warm); None when unknown (no
-    mincore, a file that cannot be mapped, or one of another user's that this process may not write)."""
+    """Fraction of the files' pages in the page cache now (0.0 cold, 1.0 warm); None when unknown: a file
+    that cannot be opened or mapped, or whose cache state the kernel keeps from this process (not its owner
+    or a writer, nor ``CAP_FOWNER``). Asked as the O_DIRECT engines ask (``_C.cached_pages``: cachestat, else
+    mincore)."""
+    from dlstore import _C
+
     resident = total = 0
-    try:
-        for p in paths:
-            r, n = _resident_pages(p)
-            resident += r
-            total += n
-    except (OSError, AttributeError):  # no mincore on this platform, or a file that cannot be mapped
-        return None
+    for p in paths:
+        try:
+            counted = _C.cached_pages(p)
+        except (OSError, DlstoreError):
+            return None
+        if counted is None:
+            return None
+        resident += counted[0]
+        total += counted[1]
     return resident / total if total else 1.0

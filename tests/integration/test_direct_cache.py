@@ -9,7 +9,7 @@ import pytest
 
 import dlstore
 from dlstore.io.pagecache import evict_files, make_warm, resident_fraction
-from tests.helpers import batch_records, write_tfrecord
+from tests.helpers import as_nobody, batch_records, write_tfrecord
 
 O_DIRECT_ENGINES = ["direct", "io_uring"]
 SHUFFLES = ["none", "block", "global", "buffer"]
@@ -213,31 +213,13 @@ def test_file_renamed_over_is_not_read_from_the_cache(direct_dir, engine):
 
 
 def _probe_as_nobody(path, how):
-    """page_cache_holds(path, whole file, how) as the user nobody (a forked child of this root process),
-    through a descriptor opened before: the test's directories are private to root."""
+    """page_cache_holds(path, whole file, how) as the user nobody."""
     from dlstore import _C
 
-    fd, size = os.open(path, os.O_RDONLY), os.path.getsize(path)
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover (the child)
-        try:
-            os.setgroups([])
-            os.setgid(65534)
-            os.setuid(65534)
-            held = _C.page_cache_holds(f"/proc/self/fd/{fd}", 0, size, how)
-            os.write(w, b"1" if held else b"0")
-        except BaseException as e:
-            os.write(w, repr(e).encode())
-        finally:
-            os._exit(0)
-    os.close(w)
-    os.close(fd)
-    answer = os.read(r, 4096)
-    os.close(r)
-    os.waitpid(pid, 0)
-    assert answer in (b"0", b"1"), f"the child could not probe: {answer!r}"
-    return answer == b"1"
+    size = os.path.getsize(path)
+    answer = as_nobody(path, lambda p: _C.page_cache_holds(p, 0, size, how))
+    assert answer in ("False", "True"), f"the child could not probe: {answer}"
+    return answer == "True"
 
 
 @pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="needs root, to become another user")

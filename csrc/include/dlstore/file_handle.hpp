@@ -60,6 +60,9 @@ class FileHandle {
 // `how` forces one call (for tests: Cachestat is false where the kernel lacks it).
 enum class CacheProbe { Auto, Cachestat, Mincore };
 bool page_cache_holds(int fd, uint64_t offset, size_t n, CacheProbe how = CacheProbe::Auto);
+// The pages of bytes [offset, offset + n) the page cache holds, by the same calls, and in `pages` how many
+// pages the range spans; -1 where the kernel does not say (the cases above).
+int64_t cached_pages(int fd, uint64_t offset, uint64_t n, CacheProbe how, uint64_t* pages);
 
 // A read-only mapping of a whole file. `sequential` advises the kernel to read ahead and drop pages
 // behind (a sequential pass); otherwise the default advice suits reads in any order.
