@@ -807,7 +807,8 @@ class Dataset(ReadsWithOptions):
         self.epoch, self.sample_in_epoch = epoch, k
 
     def stats(self) -> Dict[str, Any]:
-        """Counters of the last pass (records, bytes, chunks, batches gathered by copy, records the
+        """Counters of the last pass (records, bytes, bytes read from files and, of those, what an O_DIRECT
+        engine read from the page cache: ``cache_bytes_read``; chunks, batches gathered by copy, records the
         shuffle buffer copied out, failovers, retries, ``corrupt_copies`` and ``bad_copies``: copies
         found bad and read around), the engine and why, the shuffle and this rank's mounts; with
         ``io="gds"`` also ``gds_mode`` (``gds`` or ``compat``), ``gds_backend`` and ``crc`` (where the

@@ -481,7 +481,8 @@ class RecordReader(ReadsWithOptions):
         return self.stats()
 
     def stats(self) -> dict:
-        """Counters of the last pass: records, payload bytes, bytes read from files, skipped records,
+        """Counters of the last pass: records, payload bytes, bytes read from files (of those, read by an
+        O_DIRECT engine from the page cache: ``cache_bytes_read``), skipped records,
         bytes moved to join records across reads, records assembled apart, buffers allocated; plus
         the engine, why, and per-file fallback notes."""
         last = self._snapshot()
