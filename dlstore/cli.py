@@ -17,6 +17,7 @@ from dlstore._progress import Progress
 from dlstore.errors import CorruptRecordError, DlstoreError
 from dlstore.formats.detect import FormatMismatchError
 from dlstore.formats.registry import FORMATS
+from dlstore.io import deadline
 from dlstore.io.system import existing_parent, format_bytes
 from dlstore.placement import ASSIGNMENTS, REMAINDERS, SHUFFLES
 from dlstore.sources.indexing import (find_index, index_dataset, load_index, record_manifest, scan_offsets,
@@ -181,8 +182,9 @@ class _FileCheck(NamedTuple):
 def _verify_file(path: str, fmt: str, io: Optional[str]) -> _FileCheck:
     """Reads one file with every check on and says what is wrong with it."""
 
-    try:
-        reader = open_records(path, format=fmt, io=io, on_error="skip")
+    try:  # its opening bounded by read_timeout, as its reads are in the reader
+        reader = deadline.within(settings.get("read_timeout"), "opening it for `dlstore verify`", open_records,
+                                 path, format=fmt, io=io, on_error="skip")
     except FormatMismatchError:  # --format names another format than the files': a usage error
         raise
     except (DlstoreError, ValueError) as e:  # unreadable file or unknown format: say so, go on

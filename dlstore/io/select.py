@@ -24,6 +24,7 @@ from dlstore import _C
 from dlstore.errors import GdsUnavailableError
 from dlstore.io import cuda  # cuda.cuda_facts looked up at each call: tests stand in for the machine
 from dlstore.io.cuda import gds_verdict, parse_device
+from dlstore.io.deadline import waiting_on
 from dlstore.io.system import available_page_cache_bytes, filesystem_of, format_bytes
 
 __all__ = ["ENGINES", "REQUESTS", "EngineChoice", "resolve_engine", "probe_direct", "probe_io_uring",
@@ -56,7 +57,8 @@ def probe_direct(path: str) -> Optional[str]:
     if flag is None:
         return "this platform has no O_DIRECT"
     try:
-        fd = os.open(path, os.O_RDONLY | flag)
+        with waiting_on(path, "an open"):
+            fd = os.open(path, os.O_RDONLY | flag)
     except OSError as e:
         return f"{filesystem_of(path)['fstype']} at {path} refuses O_DIRECT ({e.strerror})"
     os.close(fd)
@@ -73,7 +75,8 @@ def io_uring_depth(path: str) -> Tuple[int, str]:
     setting, else the device's nr_requests, at most 64), and why that many: what the C++ engine uses."""
     from dlstore import settings  # settings imports this module
 
-    depth, why = _C.io_uring_queue_depth(path, settings.get("queue_depth"))
+    with waiting_on(path, "a look at its device's queue"):
+        depth, why = _C.io_uring_queue_depth(path, settings.get("queue_depth"))
     return int(depth), why
 
 

@@ -37,6 +37,7 @@ from dlstore.errors import CorruptRecordError, DlstoreError, DlstoreIOError, Pla
 from dlstore.formats.registry import format_named
 from dlstore.sources import replicas
 from dlstore.sources.indexing import CHECK_SHARDS_PER_PLAN, index_dataset, open_shards
+from dlstore.io import deadline
 from dlstore.io.cuda import parse_device
 from dlstore.io.failover import MountHealth
 from dlstore.io.select import EngineChoice, resolve_engine
@@ -149,7 +150,9 @@ class Dataset(ReadsWithOptions):
                             f"{world!r:.80} (it has no {', '.join(lacks)})")
         self.world = world if world is not None else detect_world().with_torch_worker()
         gpu = parse_device(device, self.world.local_rank)  # a bad device string fails here, before any indexing
-        self._layout, self.shards, self.index = self._find_shards(shards, mounts, format, progress)
+        # The mounts' listings, manifests and stats, each call bounded by read_timeout (a stalled mount raises
+        # naming it rather than hanging the constructor).
+        self._layout, self.shards, self.index = self._watched(self._find_shards, shards, mounts, format, progress)
         self.mounts = list(self._layout.mounts) if self._layout is not None else []
         self.seed, self.shuffle_shards, self.shuffle, self.remainder = seed, shuffle_shards, shuffle, remainder
         self.interleave = interleave
@@ -160,15 +163,16 @@ class Dataset(ReadsWithOptions):
         self._take_index()
         # A rank checks its own shards against the manifest (a stat each), not every shard. Alone, it brings
         # the manifest up to date; one of several stops, since the others would plan with other counts.
-        if self.index.check(self.plan(0).piece_arrays(self.world.consumer)[0], rebuild=self.world.num_consumers == 1):
+        if self._watched(self.index.check, self.plan(0).piece_arrays(self.world.consumer)[0],
+                         rebuild=self.world.num_consumers == 1):
             self._take_index()
         first = [self._path_of(0, self._layout.holders[0][0] if self._layout is not None else 0)] if self.shards else []
         total_bytes = int(self.index.sizes.sum())
-        self.choice: EngineChoice = resolve_engine(self.options.get("io"), first, total_bytes,
-                                                   random_reads=self.shuffle_kind.random_reads,
-                                                   # gds reads TFRecord only: no GPU target for auto otherwise
-                                                   device=None if gpu is None or not self._device_reads
-                                                   else f"cuda:{gpu}")
+        self.choice: EngineChoice = self._watched(resolve_engine, self.options.get("io"), first, total_bytes,
+                                                  random_reads=self.shuffle_kind.random_reads,
+                                                  # gds reads TFRecord only: no GPU target for auto otherwise
+                                                  device=None if gpu is None or not self._device_reads
+                                                  else f"cuda:{gpu}")
         if self.engine == "gds":  # GdsUnavailableError was raised above where it cannot run
             from dlstore.io.gds import check_source
 
@@ -179,7 +183,7 @@ class Dataset(ReadsWithOptions):
         self._rank_mounts = self._assign(self.world)
         # Per set of rank mounts, which shards' copies through them were checked (Dataset._check_copies).
         self._copies_checked: Dict[Tuple[int, ...], np.ndarray] = {}
-        self._check_copies(self.plan(0).piece_arrays(self.world.consumer)[0])
+        self._watched(self._check_copies, self.plan(0).piece_arrays(self.world.consumer)[0])
         self._core_options = self.options.core(self.engine, in_order=False, mounts=len(self._rank_mounts),
                                                reorders=self.shuffle_kind.buffered)
         if self.options.chunk_size is None and self.shuffle_kind.chunk_bytes:  # how this shuffle reads
@@ -256,7 +260,7 @@ class Dataset(ReadsWithOptions):
                 if m not in mine or full == indexed[shard]:
                     continue
                 try:
-                    st = os.stat(full)
+                    st = deadline.stat(full)
                 except FileNotFoundError:
                     if os.path.islink(full):  # a dangling link listed among the copies: said, as a glob does
                         refuse_unreadable([full])
@@ -368,11 +372,21 @@ class Dataset(ReadsWithOptions):
         rank = self._rank_plan(epoch, emitted, world, health)
         if limit is not None and rank.emit is None and limit < len(rank.shards):
             rank = RankPlan(*(a[:limit] for a in rank[:4]), None)
-        if world is None:
+        return self._watched(self._checked_plan, rank, world is None)
+
+    def _checked_plan(self, rank: RankPlan, mine: bool) -> _ReaderPlan:
+        """:meth:`read_plan` of ``rank``'s records, after the checks of this rank's own (``mine``)."""
+        if mine:
             self.index.check(rank.shards)  # the shards this rank opens first, not checked yet
             self._check_copies(rank.shards)  # and their copies through its mounts
         return reader_plan(rank, self.index.frames, self._paths_of, mounts=self._layout is not None,
                            num_shards=len(self.shards))
+
+    def _watched(self, fn, *args, **kwargs):
+        """``fn(*args, **kwargs)``, each of its calls to the mounts (listings, stats, manifest reads: those
+        :mod:`dlstore.io.deadline` marks) bounded by ``read_timeout``."""
+        return deadline.within(self.options.get("read_timeout"), "opening the Dataset's shards", fn, *args,
+                               **kwargs)
 
     def _rank_plan(self, epoch: Optional[int], emitted: int, world: Optional[World],
                    health: Optional[MountHealth]) -> RankPlan:

@@ -28,6 +28,7 @@ from dlstore import settings
 from dlstore._progress import Progress
 from dlstore.errors import DlstoreError
 from dlstore.formats.registry import format_named
+from dlstore.io import deadline
 from dlstore.formats.manifest import MANIFEST_NAME, STAMP_AT, Manifest, decode_manifest, encode_manifest, encode_stamp
 from dlstore.sources.reader import (PathSpec, RecordReader, detect_files, expand_paths, list_record_files, path_list,
                                     mixed_formats, open_records, record_file_names, refuse_unreadable, split_glob)
@@ -176,12 +177,13 @@ def find_index(path: str, fmt: str = "tfrecord") -> Tuple[Optional[str], Optiona
     one found and refused (stale, damaged or foreign); ``(None, None, None)`` when there is none.
     """
     refused: Tuple[Optional[str], Optional[np.ndarray], Optional[str]] = (None, None, None)
-    for candidate in (index_path_for(path, fmt), index_path_for(path, fmt, writable=False)):
-        if os.path.isfile(candidate):
-            try:
-                return candidate, load_index(path, candidate, fmt), None
-            except ValueError as e:
-                refused = (candidate, None, str(e))
+    with deadline.waiting_on(path, "a look for its index"):
+        for candidate in (index_path_for(path, fmt), index_path_for(path, fmt, writable=False)):
+            if os.path.isfile(candidate):
+                try:
+                    return candidate, load_index(path, candidate, fmt), None
+                except ValueError as e:
+                    refused = (candidate, None, str(e))
     return refused
 
 
@@ -209,7 +211,8 @@ def manifest_path_for(directory: str, writable: Optional[bool] = None) -> str:
     ``<cache_dir>/manifests/`` when the directory is not writable."""
     directory = os.path.abspath(directory)
     if writable is None:
-        writable = os.access(directory, os.W_OK)
+        with deadline.waiting_on(directory, "an access check"):
+            writable = os.access(directory, os.W_OK)
     if writable:
         return os.path.join(directory, MANIFEST_NAME)
     digest = hashlib.sha1(directory.encode()).hexdigest()[:16]
@@ -223,7 +226,7 @@ def read_manifest(directory: str) -> Tuple[Optional[str], Optional[Manifest], Op
     refused: Tuple[Optional[str], Optional[Manifest], Optional[str]] = (None, None, None)
     for candidate in (manifest_path_for(directory), manifest_path_for(directory, writable=False)):
         try:
-            with open(candidate, "rb") as f:
+            with deadline.waiting_on(candidate, "a read of the manifest"), open(candidate, "rb") as f:
                 size = os.fstat(f.fileno()).st_size
                 # A large manifest is mapped: a rank reads its small sections whole and, of the frame
                 # offsets, the pages of its own shards' records only (no read-ahead around them), shared
@@ -251,7 +254,8 @@ _GATHER_THREADS = 8  # reads of a manifest's entries in flight at once
 def _read_runs(fd: int, path: str, starts: List[int], lengths: List[int]) -> List[bytes]:
     pieces = []
     for start, length in zip(starts, lengths):
-        piece = os.pread(fd, length, start)
+        with deadline.waiting_on(path, "a read"):
+            piece = os.pread(fd, length, start)
         if len(piece) != length:
             raise DlstoreError(f"{path}: at byte {start}: read {len(piece)} of {length} bytes of frame offsets "
                                f"(the manifest was cut short)", path=path, offset=start)
@@ -282,7 +286,8 @@ def _gather_offsets(path: str, manifest: Manifest, positions: np.ndarray) -> np.
         else:
             step = -(-len(starts_list) // _GATHER_THREADS)
             with concurrent.futures.ThreadPoolExecutor(_GATHER_THREADS) as pool:
-                parts = pool.map(lambda a: _read_runs(fd, path, starts_list[a:a + step], lengths_list[a:a + step]),
+                parts = pool.map(deadline.carried(lambda a: _read_runs(fd, path, starts_list[a:a + step],
+                                                                       lengths_list[a:a + step])),
                                  range(0, len(starts_list), step))
                 pieces = [piece for part in parts for piece in part]
     table = np.frombuffer(b"".join(pieces), dtype=manifest.offsets.dtype)
@@ -295,25 +300,26 @@ def write_manifest(dest: str, fmt: str, names: Sequence[str], sizes, mtimes, cou
                    listing: Optional[Sequence[str]] = None) -> str:
     """Writes a manifest to ``dest`` atomically (a reader sees the old one or the new one), without a
     stamp (:func:`_stamp` sets it once the listing is known to be current)."""
-    os.makedirs(os.path.dirname(dest), exist_ok=True)
-    tmp = f"{dest}.tmp{os.getpid()}"
-    with open(tmp, "wb") as f:
-        for piece in encode_manifest(fmt, names, sizes, mtimes, counts, offsets, listing):
-            f.write(piece)
-    os.replace(tmp, dest)
+    with deadline.waiting_on(dest, "a write of the manifest"):
+        os.makedirs(os.path.dirname(dest), exist_ok=True)
+        tmp = f"{dest}.tmp{os.getpid()}"
+        with open(tmp, "wb") as f:
+            for piece in encode_manifest(fmt, names, sizes, mtimes, counts, offsets, listing):
+                f.write(piece)
+        os.replace(tmp, dest)
     return dest
 
 
 def _listed(directory: str, odd: Optional[List[str]] = None) -> Tuple[int, List[str]]:
     """The directory's mtime (ns), then its record files: a change after that moment changes the mtime again.
     ``odd`` gets the names that read as record files but are no file (:func:`list_record_files`)."""
-    before = os.stat(directory).st_mtime_ns
+    before = deadline.stat(directory).st_mtime_ns
     return before, list_record_files(directory, None, odd)
 
 
 def _stamp(dest: str, stamp: int) -> None:
     """Sets the stamp of the manifest at ``dest``: the directory's mtime when its listing was taken."""
-    with open(dest, "r+b") as f:
+    with deadline.waiting_on(dest, "a write of the manifest"), open(dest, "r+b") as f:
         f.seek(STAMP_AT)
         f.write(encode_stamp(stamp))
 
@@ -378,7 +384,7 @@ def _build(directory: str, dest: str, old: Optional[Manifest], names: Sequence[s
 
     listing = list_record_files(directory)
     try:
-        stats = {n: os.stat(os.path.join(directory, n)) for n in names}
+        stats = {n: deadline.stat(os.path.join(directory, n)) for n in names}
     except FileNotFoundError as e:
         raise DlstoreError(f"{e.filename}: no such file", path=e.filename) from None
     entries: Dict[str, Tuple[int, int, np.ndarray]] = {}  # name -> (size, mtime, offsets), of the shards named
@@ -387,7 +393,7 @@ def _build(directory: str, dest: str, old: Optional[Manifest], names: Sequence[s
     if old is not None:  # unchanged entries stay, including shards of the directory not asked for now
         for i, name in enumerate(old.names):
             try:
-                st = stats.get(name) or os.stat(os.path.join(directory, name))
+                st = stats.get(name) or deadline.stat(os.path.join(directory, name))
             except FileNotFoundError:
                 continue
             if (st.st_size, st.st_mtime_ns) == (int(old.sizes[i]), int(old.mtimes[i])):
@@ -471,7 +477,7 @@ def _entries(manifest: Manifest, names: List[str], same: bool = False) -> np.nda
 
 def _current(manifest: Manifest, directory: str) -> bool:
     """Whether the directory is unchanged since the manifest's listing was taken."""
-    return manifest.stamp != 0 and os.stat(directory).st_mtime_ns == manifest.stamp
+    return manifest.stamp != 0 and deadline.stat(directory).st_mtime_ns == manifest.stamp
 
 
 class _Group(NamedTuple):
@@ -559,7 +565,7 @@ def _changed(manifest: Manifest, directory: str, names: Sequence[str], entries: 
     for name, e in zip(names, entries.tolist()):
         if e < 0:
             continue
-        st = os.stat(os.path.join(directory, name))
+        st = deadline.stat(os.path.join(directory, name))
         if (st.st_size, st.st_mtime_ns) != (int(manifest.sizes[e]), int(manifest.mtimes[e])):
             out.append(name)
     return out
@@ -723,7 +729,7 @@ class DatasetIndex:
             e = int(self._entry[s])
             path = os.path.join(group.directory, name)
             try:
-                st = os.stat(path)
+                st = deadline.stat(path)
             except FileNotFoundError:
                 raise ShardChanged(f"{path}: no such file (it is in {group.manifest_path})", path=path) from None
             if (st.st_size, st.st_mtime_ns) != (int(group.manifest.sizes[e]), int(group.manifest.mtimes[e])):

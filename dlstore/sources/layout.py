@@ -15,6 +15,7 @@ from typing import Dict, Iterator, List, Optional, Sequence, Set, Tuple
 import numpy as np
 
 from dlstore.errors import DlstoreIOError, PlacementError
+from dlstore.io import deadline
 from dlstore.placement.mounts import Layout
 from dlstore.sources.indexing import read_manifest
 from dlstore.sources.reader import (_glob_record_files, list_record_files, record_file_names, refuse_unreadable,
@@ -42,7 +43,7 @@ def _record_files_under(mount: str, refuse: bool = True) -> Iterator[str]:
             refuse_unreadable([os.path.join(here, n) for n in odd])  # as for a glob: not left out in silence
         yield from (os.path.join(rel, n) if rel else n for n in names)
         try:
-            with os.scandir(here) as entries:
+            with deadline.waiting_on(here, "a listing"), os.scandir(here) as entries:
                 subdirs = sorted(e.name for e in entries
                                  if e.is_dir(follow_symlinks=False) and not e.name.startswith("."))
         except OSError:
@@ -78,7 +79,7 @@ def _listing(mount: str, patterns: Optional[Sequence[str]]) -> List[List[str]]:
             continue
         full = os.path.join(mount, pattern)
         try:
-            out.append([pattern] if stat.S_ISREG(os.stat(full).st_mode) else [])
+            out.append([pattern] if stat.S_ISREG(deadline.stat(full).st_mode) else [])
         except FileNotFoundError:
             out.append([])
         except OSError as e:
@@ -91,7 +92,7 @@ def _manifest_listing(directory: str) -> Optional[bytes]:
     since (the manifest's stamp is its mtime); None without such a manifest."""
     try:
         _, manifest, _ = read_manifest(directory)
-        if manifest is None or manifest.stamp == 0 or os.stat(directory).st_mtime_ns != manifest.stamp:
+        if manifest is None or manifest.stamp == 0 or deadline.stat(directory).st_mtime_ns != manifest.stamp:
             return None
     except OSError:
         return None
@@ -135,9 +136,12 @@ def _lists_alike(mount: str, reference: _Reference) -> bool:
         if listed is not None and _manifest_listing(directory or ".") == listed:
             continue
         try:
-            names = set(os.listdir(directory or "."))
+            with deadline.waiting_on(directory or ".", "a listing"):
+                names = set(os.listdir(directory or "."))
             if every is None:  # the first mount's directory by name, once
-                every = set(os.listdir(os.path.dirname(os.path.join(reference.mount, pattern)) or "."))
+                first = os.path.dirname(os.path.join(reference.mount, pattern)) or "."
+                with deadline.waiting_on(first, "a listing"):
+                    every = set(os.listdir(first))
                 reference.parts[k] = (pattern, want, every, listed)
         except OSError:
             return False
@@ -154,9 +158,10 @@ def check_mounts(mounts: Sequence[str]) -> None:
     failed, and a scrub would count every copy twice."""
     seen: Dict[Tuple[int, int], str] = {}
     for m in mounts:
-        if not os.path.isdir(m):
-            raise PlacementError(f"mount point {m} is not a directory", path=m)
-        st = os.stat(m)
+        with deadline.waiting_on(m, "a stat of the mount point"):
+            if not os.path.isdir(m):
+                raise PlacementError(f"mount point {m} is not a directory", path=m)
+            st = os.stat(m)
         if (st.st_dev, st.st_ino) in seen:
             raise PlacementError(f"mount points {seen[st.st_dev, st.st_ino]} and {m} are the same directory: give "
                                  f"each mount once", path=m)
@@ -213,7 +218,7 @@ def scan_layout(mounts: Sequence[str], shards: Optional[Sequence[str]] = None,
         else _listing(mounts[0], patterns)
     reference = _Reference(mounts[0], patterns, first) if len(mounts) > 1 else None
     with ThreadPoolExecutor(max_workers=min(2, len(mounts))) as pool:  # a few listings held at a time
-        rest = list(pool.map(lambda m: None if _lists_alike(m, reference) else _listing(m, patterns),
+        rest = list(pool.map(deadline.carried(lambda m: None if _lists_alike(m, reference) else _listing(m, patterns)),
                              mounts[1:]))
     per_pattern = [first] + [first if found is None else found for found in rest]
     for p, pattern in enumerate(patterns or ()):

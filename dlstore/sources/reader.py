@@ -21,6 +21,7 @@ import numpy as np
 from dlstore.errors import DlstoreError, DlstoreIOError
 from dlstore.formats.detect import detect
 from dlstore.formats.index import INDEX_SUFFIX, MANIFEST_SUFFIX
+from dlstore.io.deadline import waiting_on
 from dlstore.io.select import EngineChoice, resolve_engine
 from dlstore.sources.source import ReadOptions, ReadsWithOptions
 
@@ -85,7 +86,7 @@ def list_record_files(directory: str, pattern: Optional[str] = None, odd: Option
     """
     others: List[str] = []
     try:
-        with os.scandir(directory or ".") as entries:
+        with waiting_on(directory or ".", "a listing"), os.scandir(directory or ".") as entries:
             files = []
             for e in entries:
                 if e.is_file():
@@ -131,11 +132,12 @@ def split_glob(path: str) -> Optional[Tuple[str, Optional[str]]]:
     """``(directory, pattern)`` when ``path`` is a glob whose wildcards are in its last part only, or
     ``(directory, None)`` for a directory: what one listing of one directory answers. None otherwise."""
     directory, name = os.path.split(path)
-    if any(ch in path for ch in _GLOB_CHARS) and not os.path.isfile(path):  # part[1].tfrecord is a file's name
-        if any(ch in directory for ch in _GLOB_CHARS) or not name or "**" in name:
-            return None
-        return directory or ".", name
-    return (path, None) if os.path.isdir(path) else None
+    with waiting_on(path, "a stat"):
+        if any(ch in path for ch in _GLOB_CHARS) and not os.path.isfile(path):  # part[1].tfrecord is a file's name
+            if any(ch in directory for ch in _GLOB_CHARS) or not name or "**" in name:
+                return None
+            return directory or ".", name
+        return (path, None) if os.path.isdir(path) else None
 
 
 def _glob_record_files(pattern: str, unreadable: Optional[List[str]] = None) -> Tuple[List[str], int]:
@@ -154,11 +156,12 @@ def _glob_record_files(pattern: str, unreadable: Optional[List[str]] = None) -> 
                 others = len(fnmatch.filter(os.listdir(directory), name))
         return kept, others
     files, odd = [], []
-    for m in glob.glob(pattern, recursive=True):
-        if os.path.isfile(m):
-            files.append(m)
-        elif not os.path.isdir(m) and _is_record_file_name(m):
-            odd.append(m)
+    with waiting_on(pattern, "a glob"):
+        for m in glob.glob(pattern, recursive=True):
+            if os.path.isfile(m):
+                files.append(m)
+            elif not os.path.isdir(m) and _is_record_file_name(m):
+                odd.append(m)
     files.sort()
     refuse(sorted(odd))
     kept = [f for f in files if _is_record_file_name(f)]
@@ -233,7 +236,10 @@ def expand_paths(paths: PathSpec, unreadable: Optional[List[str]] = None) -> Lis
         raise DlstoreError("no files to read in []: the list of paths is empty")
     out: List[str] = []
     for p in paths:
-        if any(ch in p for ch in _GLOB_CHARS) and not os.path.isfile(p):  # a file named part[1].tfrecord is itself
+        with waiting_on(p, "a stat"):
+            globbed = any(ch in p for ch in _GLOB_CHARS) and not os.path.isfile(p)  # a file part[1].tfrecord is itself
+            kind = "glob" if globbed else "dir" if os.path.isdir(p) else "file" if os.path.isfile(p) else None
+        if globbed:
             before = len(unreadable) if unreadable is not None else 0
             matches, others = _glob_record_files(p, unreadable)
             if not matches and (unreadable is None or len(unreadable) == before):
@@ -241,9 +247,9 @@ def expand_paths(paths: PathSpec, unreadable: Optional[List[str]] = None) -> Lis
                             f"file{'' if others == 1 else 's'}, which are not records)" if others else "")
                 raise DlstoreError(f"no record file matches {p!r}{left_out}", path=p)
             out.extend(matches)
-        elif os.path.isdir(p):
+        elif kind == "dir":
             out.extend(_list_directory(p, unreadable))
-        elif os.path.isfile(p):
+        elif kind == "file":
             out.append(p)
         else:
             raise DlstoreError(f"{p}: no such file or directory", path=p)
@@ -266,7 +272,7 @@ def _head(path: str, n: int = 16) -> bytes:
         When the file cannot be opened or read (permissions, a vanished file), naming it.
     """
     try:
-        with open(path, "rb") as f:
+        with waiting_on(path, "a read"), open(path, "rb") as f:
             return f.read(n)
     except OSError as e:
         raise DlstoreIOError(f"{path}: cannot read: {e.strerror} (errno {e.errno})", path=path) from e

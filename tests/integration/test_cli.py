@@ -112,6 +112,34 @@ def test_verify_reports_an_unreadable_file_and_goes_on(tmp_path, make_unreadable
     assert lines[-1] == "UNREADABLE: 3 files, 5 good records, 0 corrupt records in 0 files, 1 unreadable file"
 
 
+def test_verify_reports_a_file_that_does_not_answer_and_goes_on(tmp_path, monkeypatch, capsys):
+    """A file whose first bytes never come (a stalled mount) is reported after read_timeout; the others are
+    checked. Before, verify waited for as long as the mount stalled."""
+    import builtins
+    import threading
+
+    from dlstore import cli
+
+    write_tfrecord(tmp_path / "a.tfrecord", [b"a"] * 3)
+    hung = write_tfrecord(tmp_path / "b.tfrecord", [b"b"])
+    gate, real = threading.Event(), builtins.open
+
+    def stalled(path, *args, **kwargs):
+        if os.fspath(path) == hung:
+            gate.wait(60)
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", stalled)
+    monkeypatch.setenv("DLSTORE_READ_TIMEOUT", "0.5")
+    try:
+        assert cli.main(["verify", str(tmp_path), "--quiet"]) == 1
+    finally:
+        gate.set()
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith(f"{hung}: no answer to a read in ") and "`dlstore verify`" in lines[0]
+    assert lines[-1] == "UNREADABLE: 2 files, 3 good records, 0 corrupt records in 0 files, 1 unreadable file"
+
+
 def test_verify_counts_the_good_records_before_a_broken_gzip_stream(tmp_path):
     # A gzip shard whose trailer CRC is wrong: its 40 records were read and checked before zlib found
     # it. They count, the file is called damaged (not unreadable), and the message says where zlib
