@@ -40,11 +40,15 @@ __all__ = ["Loader"]
 class _Batch:
     """A filled slot, as the producer publishes it."""
 
-    __slots__ = ("slot", "rows", "padding", "epoch", "position", "delivered")
+    __slots__ = ("slot", "rows", "padding", "epoch", "position", "delivered", "final")
 
-    def __init__(self, slot: int, rows: int, padding: int, epoch: int, position: int, delivered: int):
+    def __init__(self, slot: int, rows: int, padding: int, epoch: int, position: int, delivered: int,
+                 final: bool = False):
         self.slot, self.rows, self.padding, self.epoch, self.position = slot, rows, padding, epoch, position
         self.delivered = delivered  # samples of the epoch handed out through it (position less skipped records)
+        # The epoch's last batch for this consumer, as the producer knew when it published it: the state after
+        # it is the next epoch's start, as after the _EpochEnd that follows.
+        self.final = final
 
 
 class _EpochEnd:
@@ -307,10 +311,13 @@ class Loader:
                     source_0, pipeline_0 = source_1 - source_0, pipeline_1 - pipeline_0
                 stalls.step(wait, time.perf_counter() - handed if handed is not None else wait, source_0, pipeline_0)
                 held = item.slot
-                self._epoch, self._position, self._delivered = item.epoch, item.position, item.delivered
+                if item.final:  # nothing of its epoch follows: a state saved on this step resumes any world
+                    self._epoch, self._position, self._delivered = item.epoch + 1, 0, 0
+                else:
+                    self._epoch, self._position, self._delivered = item.epoch, item.position, item.delivered
                 self.padding = item.padding
                 self._counts["batches"] += 1
-                self._recent.append((self._counts["batches"], item.epoch, item.position, item.delivered))
+                self._recent.append((self._counts["batches"], self._epoch, self._position, self._delivered))
                 self._counts["samples"] += item.rows - item.padding
                 self._counts["padding"] += item.padding
                 if item.rows == 0:
@@ -381,6 +388,12 @@ class Loader:
         inside a source batch that skipped records resumes that many records early. ``delivered``
         counts the samples yielded without the skipped records: a resumed rank of an uneven split
         yields as many empty batches as the ranks agreed on.
+
+        After the epoch's last batch (an uneven split's agreed ones included) the state is the next
+        epoch's start, ``sample_in_epoch`` 0, which a world of another size may resume too, as a
+        Dataset's state is. Where the loader cannot know a batch is the last when it makes it (a full
+        batch from a source that does not say its length, such as ``open_records``, or before records
+        the source skips at the end), the state says so once the consumer asks for the next batch.
         """
         return self._state(self._epoch, self._position, self._delivered)
 
@@ -530,9 +543,8 @@ class Loader:
     def batches_per_epoch(self) -> Optional[int]:
         """Batches a whole epoch yields, when the source says its length and nothing is skipped
         (``on_error="raise"`` on the loader and the source); else None."""
-        try:
-            samples = len(self.source)
-        except TypeError:
+        samples = _length(self.source)
+        if samples is None:
             return None
         if self.on_error != "raise" or getattr(self.source, "on_error", "raise") != "raise":
             return None
@@ -605,8 +617,8 @@ class _Producer:
         return source, pipeline
 
     def _publish(self, prefetcher: Prefetcher, slot: int, rows: int, padding: int, epoch: int,
-                 position: int, delivered: int) -> None:
-        prefetcher.publish(_Batch(slot, rows, padding, epoch, position, delivered))
+                 position: int, delivered: int, final: bool = False) -> None:
+        prefetcher.publish(_Batch(slot, rows, padding, epoch, position, delivered, final))
 
     def run(self, prefetcher: Prefetcher) -> None:
         epoch = self.first_epoch
@@ -644,14 +656,19 @@ class _Producer:
         skipped_here = 0  # records the source skipped in this pass, as its position showed them
         # A source that pads its epoch with repeats (a Dataset under remainder="pad") gives them last: from
         # this position on, the rows taken are padding, not samples.
+        size = _length(self.source)
         repeats = int(getattr(self.source, "repeated_records", 0) or 0)
-        fresh_until = len(self.source) - repeats if repeats else None
+        fresh_until = size - repeats if repeats and size is not None else None
         padding = 0  # rows of the batch being filled that repeat records (the source's padding)
         keys = None
         # DROP over a source whose consumers' shares differ (a Dataset under remainder="uneven"): every rank
         # stops at the full batches of the smallest share, so that all yield as many.
         full = self.loader._full_batches() if self.last_batch == "DROP" else None
         limit = full - delivered // batch_size if full is not None else None
+        agreed = full if self.last_batch == "DROP" else self.source.num_batches  # the ranks' count (_agree)
+        # Records a batch needs: once fewer are left to read (a source that says its length), no batch of the
+        # epoch's own follows.
+        needed = batch_size if self.last_batch == "DROP" else 1
         chunks = self.source.batches()
         try:
             while limit is None or published < limit:
@@ -695,7 +712,13 @@ class _Producer:
                         self.counts["skipped_source"] += after - position
                         position = after
                     if row == batch_size:
-                        self._publish(prefetcher, slot, row, padding, epoch, position, delivered)
+                        # The epoch's last batch when this pass makes no other (DROP's limit, or the source
+                        # read to its length) and the ranks agreed on no more (_agree): a source that does
+                        # not say its length, or skips records past it, leaves that to the _EpochEnd.
+                        ends = ((limit is not None and published + 1 >= limit)
+                                or (size is not None and size - position < needed))
+                        final = ends and self._owed(agreed, delivered) == 0
+                        self._publish(prefetcher, slot, row, padding, epoch, position, delivered, final)
                         published += 1
                         slot = None
                         padding = 0
@@ -710,18 +733,20 @@ class _Producer:
             if row == 0 or self.last_batch == "DROP" or prefetcher.stopping:
                 prefetcher.release(slot)
             elif self.last_batch == "PARTIAL":
-                self._publish(prefetcher, slot, row, padding, epoch, position, delivered)
+                self._publish(prefetcher, slot, row, padding, epoch, position, delivered,
+                              self._owed(agreed, delivered) == 0)
                 published += 1
             else:  # FILL: repeat the last sample
                 for a in out.values():
                     a[row:] = a[row - 1]
-                self._publish(prefetcher, slot, batch_size, batch_size - row + padding, epoch, position, delivered)
+                self._publish(prefetcher, slot, batch_size, batch_size - row + padding, epoch, position, delivered,
+                              self._owed(agreed, delivered) == 0)
                 published += 1
                 row = batch_size
         # The epoch's last sample (FILL repeats it in the batches the ranks agreed on), read before any slot is
         # taken again: the consumer only reads the slot it was given.
         last = {name: a[row - 1].copy() for name, a in out.items()} if out and row else None
-        return delivered, published + self._agree(prefetcher, epoch, position, delivered, last)
+        return delivered, published + self._agree(prefetcher, epoch, position, delivered, agreed, last)
 
     def _pass_ended(self, skipped_here: int) -> None:
         """Adds the source's counts of the pass that just ended: its failovers and retries, and the
@@ -731,31 +756,35 @@ class _Producer:
         self.counts["failovers"] += int(stats.get("failovers", 0))
         self.counts["retries"] += int(stats.get("retries", 0))
 
-    def _agree(self, prefetcher: Prefetcher, epoch: int, position: int, delivered: int,
+    def _owed(self, agreed: Optional[int], delivered: int) -> int:
+        """Batches :meth:`_agree` adds to an epoch whose own batches took ``delivered`` samples, toward the
+        ``agreed`` count (None: the ranks need not agree)."""
+        if not isinstance(agreed, int):
+            return 0
+        yielded = delivered // self.batch_size if self.last_batch == "DROP" else -(-delivered // self.batch_size)
+        return max(0, agreed - yielded)
+
+    def _agree(self, prefetcher: Prefetcher, epoch: int, position: int, delivered: int, agreed: Optional[int],
                last: Optional[Dict[str, np.ndarray]] = None) -> int:
         # A source that splits an epoch unevenly between ranks (dlstore.Dataset, remainder "uneven")
         # agrees on a batch count so that no rank waits forever in a collective: a rank whose share ran
         # out early (or lost records the source skipped) yields batches up to that count. PARTIAL and DROP:
         # empty ones (0 rows); FILL: full ones repeating the epoch's last sample, or zeros where this pass
         # has none (resumed after its last sample): padding either way. DROP's count is the full batches of
-        # the smallest share, where _epoch stops every rank.
-        if self.last_batch == "DROP":
-            agreed, yielded = self.loader._full_batches(), delivered // self.batch_size
-        else:
-            agreed, yielded = self.source.num_batches, -(-delivered // self.batch_size)
-        if not isinstance(agreed, int):
-            return 0
-        for k in range(agreed - yielded):
+        # the smallest share, where _epoch stops every rank. The last of them is the epoch's last batch.
+        owed = self._owed(agreed, delivered)
+        for k in range(owed):
             if prefetcher.stopping:
                 return k
             slot = prefetcher.acquire()
+            final = k == owed - 1
             if self.last_batch == "FILL":
                 for name, a in self.ring.slots[slot].items():
                     a[:] = last[name] if last is not None else 0
-                self._publish(prefetcher, slot, self.batch_size, self.batch_size, epoch, position, delivered)
+                self._publish(prefetcher, slot, self.batch_size, self.batch_size, epoch, position, delivered, final)
             else:
-                self._publish(prefetcher, slot, 0, 0, epoch, position, delivered)
-        return max(0, agreed - yielded)
+                self._publish(prefetcher, slot, 0, 0, epoch, position, delivered, final)
+        return owed
 
     def _process(self, chunk: Any, buffer: Any, offsets: np.ndarray, lengths: np.ndarray, start: int, count: int,
                  out: Dict[str, np.ndarray], row: int, epoch: int, position: int,
@@ -833,6 +862,14 @@ def _add_stats(counts: Dict[str, int], seconds: Dict[str, float], producer: _Pro
         seconds[k] += v
     seconds["producer_wait"] += prefetcher.producer_wait_s
     seconds["consumer_wait"] += prefetcher.consumer_wait_s
+
+
+def _length(source: Source) -> Optional[int]:
+    """Records ``source`` hands out per epoch (a Dataset: its consumer's share), or None where it does not say."""
+    try:
+        return len(source)
+    except TypeError:  # open_records: a file's records are not counted before they are read
+        return None
 
 
 def _print_stderr(line: str) -> None:

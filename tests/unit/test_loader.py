@@ -121,6 +121,13 @@ class ListSource:
             self.closed += 1
 
 
+class SizedSource(ListSource):
+    """A ListSource that says its length, as a Dataset does (its consumer's share)."""
+
+    def __len__(self):
+        return self.n
+
+
 def collect(loader, copy=True):
     return [{k: v.copy() for k, v in b.items()} if copy else b for b in loader]
 
@@ -476,6 +483,54 @@ def test_the_source_state_travels_with_the_loaders():
         Loader(Tagged(20), Bert(SEQ, PRED), 4, seed=3).load_state_dict(state)
 
 
+@pytest.mark.parametrize("last_batch,n,sized", [
+    ("PARTIAL", 10, False),  # the short batch is the last
+    ("FILL", 10, False),
+    ("PARTIAL", 8, True),  # a full batch that reaches the source's length
+    ("FILL", 8, True),
+    ("DROP", 8, True),
+    ("DROP", 10, True),  # fewer records left than a batch: dropped
+])
+def test_the_state_after_an_epochs_last_batch_is_the_next_epochs_start(last_batch, n, sized):
+    """A checkpoint taken in the loop after the epoch's last batch named that epoch and its last sample, which a
+    world of another size refuses as mid-epoch, until the consumer asked for the next batch: it is the next
+    epoch's start as soon as that batch is handed out, as a Dataset's state is."""
+    source = SizedSource(n, (3,)) if sized else ListSource(n, (3,))
+    loader = Loader(source, Bert(SEQ, PRED), 4, last_batch=last_batch, epochs=2)
+    states = [(loader.state_dict(), loader.epoch) for _ in loader]
+    boundary = {"epoch": 1, "sample_in_epoch": 0, "delivered": 0, "seed": 0,
+                "source": {"epoch": 1, "sample_in_epoch": 0}}
+    per_epoch = len(states) // 2
+    assert per_epoch == (2 if last_batch == "DROP" else -(-n // 4))
+    # After the others, the epoch and the samples yielded in it, as before.
+    assert states[:per_epoch - 1] == [(dict(boundary, epoch=0, sample_in_epoch=k, delivered=k,
+                                            source={"epoch": 0, "sample_in_epoch": k}), 0)
+                                      for k in range(4, 4 * per_epoch, 4)]
+    assert states[per_epoch - 1] == (boundary, 1)
+    assert states[-1] == (dict(boundary, epoch=2, source={"epoch": 2, "sample_in_epoch": 0}), 2)
+    assert [loader.state_after(k) for k in (per_epoch, 2 * per_epoch)] == [states[per_epoch - 1][0], states[-1][0]]
+    # A loop broken off right after the epoch's last batch goes on with the next epoch.
+    again = Loader(SizedSource(n, (3,)) if sized else ListSource(n, (3,)), Bert(SEQ, PRED), 4, last_batch=last_batch)
+    it = iter(again)
+    for _ in range(per_epoch):
+        next(it)
+    it.close()
+    assert again.state_dict() == boundary
+    assert len(collect(again)) == per_epoch and again.state_dict()["epoch"] == 2
+
+
+@pytest.mark.parametrize("last_batch", ["PARTIAL", "DROP"])
+def test_a_source_without_a_length_ends_its_epoch_when_the_consumer_asks_past_it(last_batch):
+    """A source that does not say its length may have more records after a full batch: the loader cannot tell
+    which batch is the last, and its state says the epoch's end until the consumer asks for the next one."""
+    loader = Loader(ListSource(8, (3,)), Bert(SEQ, PRED), 4, last_batch=last_batch)
+    it = iter(loader)
+    next(it), next(it)
+    assert loader.state_dict()["epoch"] == 0 and loader.state_dict()["sample_in_epoch"] == 8
+    assert next(it, None) is None
+    assert loader.state_dict()["epoch"] == 1 and loader.state_dict()["sample_in_epoch"] == 0
+
+
 # ---- seeds ---------------------------------------------------------------------------------------
 
 
@@ -539,11 +594,7 @@ def test_output_buffers_larger_than_half_the_memory_are_refused(monkeypatch):
     with pytest.raises(DlstoreError, match="lower batch_size or prefetch"):
         Loader(ListSource(1000), Bert(SEQ, PRED), 65, prefetch=2)
     # A ring larger than an epoch's batches + 2 is never needed: a tiny set with a huge prefetch takes that.
-    class Sized(ListSource):
-        def __len__(self):
-            return self.n
-
-    small = Loader(Sized(100), Bert(SEQ, PRED), 10, prefetch=10**6)
+    small = Loader(SizedSource(100), Bert(SEQ, PRED), 10, prefetch=10**6)
     sum(1 for _ in small)
     assert small.stats()["buffers_allocated"] == len(dict(Bert(SEQ, PRED).fields())) * (10 + 2)
 
@@ -610,7 +661,7 @@ def test_state_after_a_count_of_batches_resumes_there(tmp_path):
     assert loader.batches_handed == len(rows) == 10
     for n in range(len(rows) + 1):
         state = loader.state_after(n)
-        assert state == states[n] or n in (5, 10)  # after an epoch's last batch, either spelling
+        assert state == states[n]
         rest = []
         if state["epoch"] < 2:
             again = make(epochs=2 - state["epoch"])  # an iteration's epochs count from the one it starts in
