@@ -212,7 +212,8 @@ class Dataset(ReadsWithOptions):
             index = open_shards(shards, fmt, progress)
             _refuse_twice_named(index.paths)
             return None, index.paths, index
-        mounts = path_list(mounts)
+        # Absolute: the reads of a pass name the mounts' files, and the working directory may change by then.
+        mounts = [os.path.abspath(m) for m in path_list(mounts)]
         patterns = None if shards is None else [os.path.normpath(p) for p in path_list(shards)]
         # One glob in one directory: the first mount answers it from its manifest (one stat of the directory
         # while unchanged), as a Dataset without mounts does; its index is the first copies' when the first

@@ -779,7 +779,11 @@ def open_shards(spec: PathSpec, fmt: str = "auto", progress: bool = False, verif
         one = split_glob(absolute)
         if one is not None:
             directory, pattern = one
-            group, more = _directory_group(directory, pattern, None, fmt, progress, verify)
+            try:
+                group, more = _directory_group(directory, pattern, None, fmt, progress, verify)
+            except (FileNotFoundError, NotADirectoryError):  # the glob's directory is not there
+                expand_paths(item)  # raises, saying what the glob matched
+                raise
             if not group.names:
                 expand_paths(item)  # raises, saying what the glob matched
             groups.append(group)

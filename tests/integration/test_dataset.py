@@ -439,3 +439,30 @@ def test_a_shard_whose_name_holds_glob_characters_is_read_as_itself(tmp_path):
     assert read(tmp_path / "part[1].tfrecord") == [b"part[1].tfrecord"]
     assert [bytes(r) for r in dlstore.open_records(os.fspath(tmp_path / "part[1].tfrecord"))] == [b"part[1].tfrecord"]
     assert read(os.fspath(tmp_path / "part-[0]*")) == [b"part-0.tfrecord"]  # a glob is still one
+
+
+def test_a_glob_in_a_missing_directory_is_a_dlstore_error(tmp_path):
+    """As open_records says it; before, a bare FileNotFoundError from the manifest's stat of the directory."""
+    with pytest.raises(dlstore.DlstoreError, match="no record file matches") as e:
+        Dataset(os.fspath(tmp_path / "nodir" / "train-*"), world=World(rank=0, size=1))
+    assert e.value.path == os.fspath(tmp_path / "nodir" / "train-*")
+
+
+def test_relative_mounts_hold_after_the_working_directory_changes(tmp_path, monkeypatch):
+    """Frameworks that change the working directory (Hydra does) after the Dataset is made; before, every
+    read of the pass failed with ENOENT on every mount."""
+    from tests.helpers import replicate, write_tfrecord
+
+    (tmp_path / "src").mkdir()
+    records = []
+    for s in range(3):
+        rows = [f"{s}/{i}".encode() * 20 for i in range(10)]
+        write_tfrecord(tmp_path / "src" / f"train-{s}.tfrecord", rows)
+        records += rows
+    replicate(tmp_path / "src", tmp_path / "r", 2)
+    monkeypatch.chdir(tmp_path / "r")
+    ds = Dataset("train-*", mounts=["mnt0", "mnt1/"], world=World(rank=0, size=1), remainder="uneven")
+    monkeypatch.chdir(tmp_path)
+    got = [r for b in ds.batches() for r in batch_records(b)]
+    assert collections.Counter(got) == collections.Counter(records)
+    assert ds.mounts == [os.fspath(tmp_path / "r" / "mnt0"), os.fspath(tmp_path / "r" / "mnt1")]
