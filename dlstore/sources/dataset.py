@@ -50,7 +50,7 @@ from dlstore.sources.reader import (CorruptionWarnings, PathSpec, close_reader, 
 from dlstore.sources.layout import scan_layout
 from dlstore.sources.reads import ReaderPlan as _ReaderPlan
 from dlstore.sources.reads import reader_plan
-from dlstore.sources.source import ReadOptions, ReadsWithOptions, Source
+from dlstore.sources.source import ReadOptions, ReadsWithOptions, Source, SourcePosition
 
 __all__ = ["Dataset", "dataset_for"]
 
@@ -61,7 +61,7 @@ FIRST_WINDOW_BATCHES = 4
 MAX_WINDOW_RECORDS = 16384
 
 
-class Dataset(ReadsWithOptions):
+class Dataset(SourcePosition, ReadsWithOptions):
     """TFRecord or RecordIO shards, possibly on several mount points, read by this consumer: a
     :class:`~dlstore.sources.source.Source`.
 
@@ -475,16 +475,6 @@ class Dataset(ReadsWithOptions):
         batches = min(FIRST_WINDOW_BATCHES * 4 ** min(windows, 16), max(1, MAX_WINDOW_RECORDS // batch))
         return (batch - start % batch) + (batches - 1) * batch
 
-    def set_epoch(self, epoch: int) -> None:
-        """Starts ``epoch`` from its first sample."""
-        try:
-            epoch = operator.index(epoch)  # 1.5 or "1" is no epoch: it was truncated, or failed comparing
-        except TypeError:
-            raise TypeError(f"epoch must be an integer, not {epoch!r}") from None
-        if epoch < 0:
-            raise ValueError(f"epoch must be non-negative, not {epoch}")
-        self.epoch, self.sample_in_epoch = int(epoch), 0
-
     def _core(self, plan: _ReaderPlan, start: int = 0):
         # Under a shuffle buffer the records held stay in the chunks read, up to twice the buffer's
         # bytes (then the oldest chunks' remaining records are copied out and the chunks let go).
@@ -527,6 +517,7 @@ class Dataset(ReadsWithOptions):
         buffer they were copied into; either stays valid while the batch (or a view of it) is held.
         """
         metrics.track(self)  # a copy (a DataLoader worker's) is exported once it reads; tracked already: nothing
+        self._pass_starts()
         epoch = self.epoch
         names = self.mounts if self._layout is not None else [""]
         health = MountHealth(names, self.options.get("max_retries"))
@@ -775,7 +766,9 @@ class Dataset(ReadsWithOptions):
         return kept[2]
 
     def load_state_dict(self, state: Mapping[str, int]) -> None:
-        """Resumes at ``state``. A different number of consumers is accepted at an epoch boundary only.
+        """Resumes at ``state``: the next :meth:`batches` starts there, also after :meth:`set_epoch` of that
+        epoch (a loop that sets each epoch resumes); another epoch forgets it. A different number of consumers
+        is accepted at an epoch boundary only.
 
         Raises
         ------
@@ -819,7 +812,7 @@ class Dataset(ReadsWithOptions):
         n = self.plan(epoch).num_samples(self.world.consumer)
         if not 0 <= k <= n:
             raise PlacementError(f"sample_in_epoch {k} is outside 0..{n} for consumer {self.world.consumer}")
-        self.epoch, self.sample_in_epoch = epoch, k
+        self._resume_at(epoch, k)
 
     def stats(self) -> Dict[str, Any]:
         """Counters of the last pass (records, bytes, bytes read from files and, of those, what an O_DIRECT
@@ -899,6 +892,7 @@ class Dataset(ReadsWithOptions):
         clone._life = _new_life()  # the worker's own counts, not the rank's
         clone._corruptions = []
         clone.__dict__.pop("_kept_rank", None)  # the rank's plan, not the worker's
+        clone._resume_point = None  # a point in the rank's share, none in the worker's
         return clone
 
     def __repr__(self) -> str:

@@ -23,7 +23,7 @@ from dlstore.formats.detect import detect
 from dlstore.formats.index import INDEX_SUFFIX, MANIFEST_SUFFIX
 from dlstore.io.deadline import waiting_on
 from dlstore.io.select import EngineChoice, resolve_engine
-from dlstore.sources.source import ReadOptions, ReadsWithOptions
+from dlstore.sources.source import ReadOptions, ReadsWithOptions, SourcePosition
 
 __all__ = ["open_records", "RecordReader", "expand_paths", "distinct_files", "same_name", "record_file_names",
            "list_record_files", "refuse_unreadable", "unreadable_reason", "split_glob", "detect_files",
@@ -312,7 +312,7 @@ class CorruptionWarnings:
                           f"without a warning each", RuntimeWarning, stacklevel=self.stacklevel)
 
 
-class RecordReader(ReadsWithOptions):
+class RecordReader(SourcePosition, ReadsWithOptions):
     """Records of a list of files, read front to back: a :class:`~dlstore.sources.source.Source`.
 
     Iterate it for records, or call :meth:`batches` for the fast path.
@@ -320,8 +320,8 @@ class RecordReader(ReadsWithOptions):
     It keeps a position (``epoch``, ``sample_in_epoch``) as a :class:`~dlstore.Dataset` does: each
     pass of :meth:`batches` starts at it and moves it on, and a finished pass starts the next epoch
     from the first record, so one reader serves several epochs; :meth:`load_state_dict` resumes
-    mid-pass. The files are read in the same order every epoch (use :class:`~dlstore.Dataset` for
-    shuffles and ranks).
+    mid-pass (also after :meth:`set_epoch` of that epoch). The files are read in the same order every
+    epoch (use :class:`~dlstore.Dataset` for shuffles and ranks).
 
     Attributes
     ----------
@@ -384,12 +384,6 @@ class RecordReader(ReadsWithOptions):
 
     # ---- the Source protocol ----
 
-    def set_epoch(self, epoch: int) -> None:
-        """Starts ``epoch`` from its first record (the files are read in the same order every epoch)."""
-        if int(epoch) < 0:
-            raise ValueError(f"epoch must be non-negative, not {epoch}")
-        self.epoch, self.sample_in_epoch = int(epoch), 0
-
     def use_batch_size(self, batch_size: int) -> None:
         """A reader's batches are its chunks whatever the consumer's batch size: nothing to do."""
 
@@ -399,11 +393,11 @@ class RecordReader(ReadsWithOptions):
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resumes at ``state``: the next :meth:`batches` skips the records already handed out
-        (read again, not handed out)."""
+        (read again, not handed out), also after :meth:`set_epoch` of that epoch; another epoch forgets it."""
         epoch, k = int(state["epoch"]), int(state["sample_in_epoch"])
         if epoch < 0 or k < 0:
             raise ValueError(f"epoch and sample_in_epoch must be non-negative, got {epoch} and {k}")
-        self.epoch, self.sample_in_epoch = epoch, k
+        self._resume_at(epoch, k)
 
     def batches(self) -> Iterator:
         """Yields ``RecordBatch`` objects, about one per chunk read, from the current position.
@@ -428,6 +422,8 @@ class RecordReader(ReadsWithOptions):
         # positioned: start at, and move, the Source position (batches()); records start at 0.
         core = self._new_core()
         warner = CorruptionWarnings(self.on_error == "warn", warn_stacklevel + 1)
+        if positioned:
+            self._pass_starts()
         skip = self.sample_in_epoch if positioned else 0
         try:
             while True:

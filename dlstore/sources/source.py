@@ -13,13 +13,14 @@ arguments that build it; nothing re-lists its fields.
 from __future__ import annotations
 
 import dataclasses
+import operator
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, Mapping, MutableMapping, Optional, Protocol, runtime_checkable
+from typing import Any, Dict, Iterator, Mapping, MutableMapping, Optional, Protocol, Tuple, runtime_checkable
 
 from dlstore import settings
 from dlstore.io.system import open_files_budget
 
-__all__ = ["Source", "SourceWrapper", "ReadOptions", "ON_ERROR", "state_at", "start_at"]
+__all__ = ["Source", "SourceWrapper", "SourcePosition", "ReadOptions", "ON_ERROR", "state_at", "start_at"]
 
 #: What a source does with a corrupt record: raise, skip (counted), or skip with a warning each.
 ON_ERROR = ("raise", "skip", "warn")
@@ -162,6 +163,58 @@ class ReadsWithOptions:
                         doc="What a corrupt record does: ``raise``, ``skip`` or ``warn``.")
 
 
+class SourcePosition:
+    """Where one of dlstore's own sources stands, ``epoch`` and ``sample_in_epoch`` (records of the epoch
+    handed out), and the one rule :meth:`set_epoch` follows after a resume.
+
+    A point :meth:`_resume_at` set (a source's ``load_state_dict``) stays when :meth:`set_epoch` names its
+    epoch before that epoch's pass starts, so a training loop that sets each epoch, ``for epoch in
+    range(state["epoch"], n): ds.set_epoch(epoch)``, resumes where the state says rather than read the
+    epoch's first records again; another epoch forgets the point, and so does the start of a pass
+    (:meth:`_pass_starts`). Otherwise ``set_epoch`` starts the epoch from its first record, as after a
+    loop broken off mid-epoch. :class:`~dlstore.adapters.torch.DlstoreIterableDataset` keeps its own
+    resume point for the epoch it was saved in, and forgets it at another, too.
+    """
+
+    epoch: int = 0
+    sample_in_epoch: int = 0
+    #: ``(epoch, sample_in_epoch)`` loaded by ``load_state_dict`` and not yet started from, else None.
+    _resume_point: Optional[Tuple[int, int]] = None
+
+    def set_epoch(self, epoch: int) -> None:
+        """Starts ``epoch`` from its first record, or from the point ``load_state_dict`` loaded for it when
+        no pass has started since (another epoch forgets that point).
+
+        Raises
+        ------
+        TypeError
+            When ``epoch`` is not an integer.
+        ValueError
+            When it is negative.
+        """
+        try:
+            epoch = operator.index(epoch)  # 1.5 or "1" is no epoch: it was truncated, or failed comparing
+        except TypeError:
+            raise TypeError(f"epoch must be an integer, not {epoch!r}") from None
+        if epoch < 0:
+            raise ValueError(f"epoch must be non-negative, not {epoch}")
+        point = self._resume_point
+        if point is not None and point[0] == epoch:
+            self.epoch, self.sample_in_epoch = point
+        else:
+            self._resume_point = None
+            self.epoch, self.sample_in_epoch = epoch, 0
+
+    def _resume_at(self, epoch: int, sample_in_epoch: int) -> None:
+        """Puts the position at a loaded state, kept for :meth:`set_epoch` of ``epoch``."""
+        self._resume_point = (int(epoch), int(sample_in_epoch))
+        self.epoch, self.sample_in_epoch = self._resume_point
+
+    def _pass_starts(self) -> None:
+        """A pass reads from the position: a loaded point is used, and set_epoch means the epoch's start again."""
+        self._resume_point = None
+
+
 @runtime_checkable
 class Source(Protocol):
     """A consumer's records, epoch after epoch, resumable: what the loader, the adapters and the
@@ -194,7 +247,9 @@ class Source(Protocol):
         advances as they are handed out, and moves to the next epoch when this one ends."""
 
     def set_epoch(self, epoch: int) -> None:
-        """Starts ``epoch`` from its first record."""
+        """Starts ``epoch`` from its first record; dlstore's own sources from the point
+        :meth:`load_state_dict` loaded for ``epoch`` while that epoch's pass has not started
+        (:class:`SourcePosition`)."""
 
     def use_batch_size(self, batch_size: int) -> None:
         """The consumer's batch size: a source whose own was left unset reads batches of it."""
@@ -204,7 +259,8 @@ class Source(Protocol):
         needs to resume exactly."""
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Resumes at ``state``: the next :meth:`batches` starts there."""
+        """Resumes at ``state``: the next :meth:`batches` starts there (also after :meth:`set_epoch` of
+        that epoch)."""
 
     def stats(self) -> Dict[str, Any]:
         """Counters of the last pass, with ``engine`` and ``engine_reason``."""
@@ -276,8 +332,14 @@ def state_at(source: Source, epoch: int, sample_in_epoch: int) -> Dict[str, Any]
 
 def start_at(source: Source, epoch: int, sample_in_epoch: int = 0) -> None:
     """Puts ``source`` at sample ``sample_in_epoch`` of ``epoch``: its next :meth:`~Source.batches`
-    starts there (the epoch's start through ``set_epoch``, mid-epoch through ``load_state_dict``)."""
+    starts there (the epoch's start through ``set_epoch``, mid-epoch through ``load_state_dict``).
+
+    The consumer that calls it (a loader, an adapter) counts its own position: at sample 0 the source starts
+    there also where ``set_epoch`` kept a point loaded into the source for that epoch
+    (:class:`SourcePosition`)."""
     if sample_in_epoch:
         source.load_state_dict(state_at(source, epoch, sample_in_epoch))
-    else:
-        source.set_epoch(epoch)
+        return
+    source.set_epoch(epoch)
+    if getattr(source, "sample_in_epoch", 0):  # a kept point; the epoch as set_epoch set it (a wrapper may map it)
+        source.load_state_dict(state_at(source, getattr(source, "epoch", epoch), 0))

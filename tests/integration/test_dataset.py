@@ -100,6 +100,65 @@ def test_every_shuffle_resumes_exactly(tmp_path, shuffle, io):
     assert_resumes_exactly(make, stops=[0, 1, 2, 5, 9, 13], run=lambda ds: ds.batches(), values=batch_records)
 
 
+@pytest.mark.parametrize("shuffle", ["none", "global"])
+def test_a_loop_that_sets_each_epoch_resumes_where_the_state_says(tmp_path, shuffle):
+    """The README's loop, ``for epoch in range(state["epoch"], n): ds.set_epoch(epoch)``, after
+    ``load_state_dict``: set_epoch of the loaded epoch threw the resume point away, and the epoch's first
+    samples were read again, without a word."""
+    _write_shards(tmp_path / "d")
+
+    def make():
+        return Dataset(tmp_path / "d", shuffle=shuffle, batch_size=8, seed=0)
+
+    def run(ds):  # one epoch of the loop
+        ds.set_epoch(ds.epoch)
+        return ds.batches()
+
+    epoch_batches = -(-len(make()) // 8)
+    assert_resumes_exactly(make, stops=[1, 5, epoch_batches, epoch_batches + 5], run=run, values=batch_records,
+                           epochs=3)
+
+
+def test_set_epoch_keeps_a_loaded_point_for_its_epoch_only_until_the_pass_starts(tmp_path):
+    """A loaded point stays for its epoch and is forgotten at another; once a pass has started, set_epoch is the
+    epoch's start again, as it is without a loaded state (a loop broken off mid-epoch starts it over)."""
+    _write_shards(tmp_path / "d")
+    ds = Dataset(tmp_path / "d", shuffle="global", batch_size=4, seed=0)
+    ds.load_state_dict({"epoch": 1, "sample_in_epoch": 12, "seed": 0})
+    ds.set_epoch(1)
+    ds.set_epoch(1)
+    assert ds.state_dict()["sample_in_epoch"] == 12
+    ds.set_epoch(2)
+    ds.set_epoch(1)  # forgotten at another epoch
+    assert (ds.epoch, ds.sample_in_epoch) == (1, 0)
+    ds.load_state_dict({"epoch": 1, "sample_in_epoch": 12, "seed": 0})
+    ds.set_epoch(1)
+    batches = ds.batches()
+    next(batches)
+    batches.close()  # a loop broken off mid-epoch
+    assert ds.sample_in_epoch == 16
+    ds.set_epoch(1)
+    assert (ds.epoch, ds.sample_in_epoch) == (1, 0)
+    for _ in ds.batches():  # and without a loaded state, as before
+        break
+    ds.set_epoch(1)
+    assert (ds.epoch, ds.sample_in_epoch) == (1, 0)
+
+
+def test_a_consumer_starting_an_epoch_starts_it_at_its_first_sample(tmp_path):
+    """start_at (how the Loader and the adapters put their source where they are) means the epoch's start at
+    sample 0, also over a point loaded into the Dataset for that epoch, which set_epoch alone keeps: the
+    consumer counts its position from there."""
+    from dlstore.sources.source import start_at
+
+    _write_shards(tmp_path / "d")
+    ds = Dataset(tmp_path / "d", shuffle="global", batch_size=4, seed=0)
+    whole = _read(ds)
+    ds.load_state_dict({"epoch": 0, "sample_in_epoch": 12, "seed": 0})
+    start_at(ds, 0)
+    assert _read(ds) == whole
+
+
 @pytest.mark.parametrize("shuffle", ["none", "block", "buffer", "global"])
 def test_two_mounts_per_rank_read_every_record_once_and_resume_exactly(tmp_path, shuffle):
     """A rank reading two mounts at once (their blocks in turns) under every shuffle: every record once

@@ -399,6 +399,19 @@ def test_open_records_resumes_exactly_through_the_shared_harness(engine, engine_
     assert_resumes_exactly(make, stops=[0, 1, 3, 7], run=lambda source: source.batches(), values=batch_records)
 
 
+def test_open_records_resumes_in_a_loop_that_sets_each_epoch(tmp_path, payloads):
+    """set_epoch of the epoch a state was loaded for keeps its resume point, as a Dataset's does: it was
+    thrown away, and the epoch read again from its first record."""
+    paths = [write_tfrecord(tmp_path / f"part-{i}", payloads[i::3]) for i in range(3)]
+
+    def run(reader):  # one epoch of a loop that sets each epoch
+        reader.set_epoch(reader.epoch)
+        return reader.batches()
+
+    assert_resumes_exactly(lambda: dlstore.open_records(paths, chunk_size=1 << 16), stops=[1, 3, 7], run=run,
+                           values=batch_records)
+
+
 _FORK_AFTER_READ = """
 import gc, multiprocessing, sys
 import dlstore
