@@ -1,7 +1,8 @@
 """``open_records``: records from TFRecord or RecordIO files, through one of the I/O engines.
 
 The C++ core reads big chunks, splits them into records and checks CRCs; Python only sees batches
-(one per chunk). Iterating a reader record by record is a convenience built on those batches. A
+(one per chunk). Iterating a reader record by record is a convenience built on those batches, with the
+same position. A
 :class:`RecordReader` is the no-placement :class:`~dlstore.sources.source.Source`: files read in order, for
 one consumer; :class:`dlstore.Dataset` places records over ranks, workers and mounts, and shuffles.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import fnmatch
 import glob
+import operator
 import os
 import re
 import stat
@@ -318,7 +320,8 @@ class RecordReader(SourcePosition, ReadsWithOptions):
     Iterate it for records, or call :meth:`batches` for the fast path.
 
     It keeps a position (``epoch``, ``sample_in_epoch``) as a :class:`~dlstore.Dataset` does: each
-    pass of :meth:`batches` starts at it and moves it on, and a finished pass starts the next epoch
+    pass of :meth:`batches`, or over its records, starts at it and moves it on (by the batch, or by the
+    record), and a finished pass starts the next epoch
     from the first record, so one reader serves several epochs; :meth:`load_state_dict` resumes
     mid-pass (also after :meth:`set_epoch` of that epoch). The files are read in the same order every
     epoch (use :class:`~dlstore.Dataset` for shuffles and ranks).
@@ -349,6 +352,9 @@ class RecordReader(SourcePosition, ReadsWithOptions):
         self.options = options
         #: The CUDA device records are read into (``io="gds"``), else None.
         self.device_index: Optional[int] = None
+        # The offsets of the records of the batch under way that an iteration over records has not handed
+        # out yet (a list iterator: its length is their number), else None.
+        self._batch_left: Optional[Iterator[int]] = None
         self.epoch = 0
         self.sample_in_epoch = 0
         self._core = None
@@ -384,6 +390,18 @@ class RecordReader(SourcePosition, ReadsWithOptions):
 
     # ---- the Source protocol ----
 
+    @property
+    def sample_in_epoch(self) -> int:
+        """Records of the epoch handed out: by :meth:`batches` a batch at a time, by iteration a record at a
+        time (a pass counts a batch's records when it hands the batch out, less those an iteration over
+        records still holds back)."""
+        left = self._batch_left
+        return self._sample_in_epoch - (operator.length_hint(left) if left is not None else 0)
+
+    @sample_in_epoch.setter
+    def sample_in_epoch(self, k: int) -> None:
+        self._sample_in_epoch, self._batch_left = k, None
+
     def use_batch_size(self, batch_size: int) -> None:
         """A reader's batches are its chunks whatever the consumer's batch size: nothing to do."""
 
@@ -414,24 +432,21 @@ class RecordReader(SourcePosition, ReadsWithOptions):
         The reader's files and buffers are released when the pass ends, also when the consumer
         stops early (``break``, or ``close()`` on the generator); :meth:`stats` then reports that pass.
         """
-        return self._batches(warn_stacklevel=2, positioned=True)
+        return self._batches(warn_stacklevel=2)
 
-    def _batches(self, warn_stacklevel: int, positioned: bool) -> Iterator:
+    def _batches(self, warn_stacklevel: int) -> Iterator:
         # warn_stacklevel: frames from this generator to the caller a warning should name (2: the
         # one iterating batches(); 3: the one iterating the reader, through __iter__).
-        # positioned: start at, and move, the Source position (batches()); records start at 0.
         core = self._new_core()
         warner = CorruptionWarnings(self.on_error == "warn", warn_stacklevel + 1)
-        if positioned:
-            self._pass_starts()
-        skip = self.sample_in_epoch if positioned else 0
+        self._pass_starts()
+        skip = self.sample_in_epoch
         try:
             while True:
                 batch = core.next_batch()
                 warner.check(core)
                 if batch is None:
-                    if positioned:
-                        self.epoch, self.sample_in_epoch = self.epoch + 1, 0
+                    self.epoch, self.sample_in_epoch = self.epoch + 1, 0
                     return
                 if skip:
                     n = batch.num_records
@@ -439,8 +454,7 @@ class RecordReader(SourcePosition, ReadsWithOptions):
                         skip -= n
                         continue
                     batch, skip = batch.slice(skip, n), 0
-                if positioned:
-                    self.sample_in_epoch += batch.num_records
+                self.sample_in_epoch += batch.num_records
                 yield batch
         finally:
             self._finish(core)
@@ -455,22 +469,32 @@ class RecordReader(SourcePosition, ReadsWithOptions):
             self._core = None
 
     def __iter__(self) -> Iterator[memoryview]:
-        """Yields each record of the files as a read-only ``memoryview``, from the first.
+        """Yields each record of the files as a read-only ``memoryview``, from the current position, as
+        :meth:`batches` does: ``sample_in_epoch`` counts each record handed out, a pass starts at a
+        position :meth:`load_state_dict` loaded, and a finished pass starts the next epoch.
 
         A record is a view into the chunk buffer it was read into and keeps that whole buffer
         (about ``chunk_size`` bytes) alive while it is referenced: copy records kept beyond the
         loop with ``bytes(record)``. Stopping early releases the reader's files and buffers.
+
+        Raises
+        ------
+        DlstoreError
+            With ``io="gds"``, whose records are in GPU memory (read them with :meth:`batches`).
         """
-        batches = self._batches(warn_stacklevel=3, positioned=False)
+        if self.engine == "gds":
+            raise DlstoreError("io='gds' puts records in GPU memory: read them with batches() (each batch's buffer "
+                               "is a CuPy array), not record by record")
+        batches = self._batches(warn_stacklevel=3)
         try:
-            for batch in batches:
-                if getattr(batch, "on_gpu", False):
-                    raise DlstoreError("io='gds' puts records in GPU memory: read them with batches() (each "
-                                       "batch's buffer is a CuPy array), not record by record")
+            for batch in batches:  # the position counts the batch's records; those not handed out yet are taken off
                 mv = memoryview(getattr(batch, "buffer", batch))
-                for o, n in zip(batch.offsets.tolist(), batch.lengths.tolist()):
+                offsets = iter(batch.offsets.tolist())
+                self._batch_left = offsets  # the zip draws an offset per record handed out: no count of our own
+                for o, n in zip(offsets, batch.lengths.tolist()):
                     yield mv[o:o + n]
         finally:
+            self.sample_in_epoch = self.sample_in_epoch  # stopped mid-batch: the records handed out, fixed
             batches.close()  # runs _batches' finally now, not whenever the generator is collected
 
     def count(self) -> dict:

@@ -412,6 +412,34 @@ def test_open_records_resumes_in_a_loop_that_sets_each_epoch(tmp_path, payloads)
                            values=batch_records)
 
 
+def test_iterating_records_moves_the_position_and_starts_at_a_loaded_one(tmp_path):
+    """``for record in reader`` neither moved ``sample_in_epoch`` nor started at a loaded one: a resume read
+    every record again. It now counts as batches() does, exactly where a stop falls inside a chunk."""
+    records = [b"%05d|" % i * (20 + i % 100) for i in range(1200)]  # about 170 KB a file
+    paths = [write_tfrecord(tmp_path / f"part-{i}", records[i * 400:(i + 1) * 400]) for i in range(3)]
+
+    def make():
+        return dlstore.open_records(paths, chunk_size=1 << 16)  # several chunks a file
+
+    reader = make()
+    it = iter(reader)
+    assert [bytes(next(it)) for _ in range(100)] == records[:100]
+    assert reader.state_dict() == {"epoch": 0, "sample_in_epoch": 100}
+    it.close()
+    assert reader.state_dict() == {"epoch": 0, "sample_in_epoch": 100}
+    assert [bytes(r) for b in reader.batches() for r in batch_records(b)] == records[100:]  # and batches() go on
+    assert reader.state_dict() == {"epoch": 1, "sample_in_epoch": 0}
+    for _record in reader:
+        break
+    assert reader.state_dict() == {"epoch": 1, "sample_in_epoch": 1}
+
+    again = make()
+    again.load_state_dict({"epoch": 0, "sample_in_epoch": 37})
+    assert [bytes(r) for r in again] == records[37:]
+    assert again.state_dict() == {"epoch": 1, "sample_in_epoch": 0}
+    assert_resumes_exactly(make, stops=[0, 1, 37, 100, 1199, 1200, 1500], run=iter, values=lambda r: [bytes(r)])
+
+
 _FORK_AFTER_READ = """
 import gc, multiprocessing, sys
 import dlstore
