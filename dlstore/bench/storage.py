@@ -487,6 +487,9 @@ def run_storage(paths: Sequence[str], *, io: str = "auto", cache: str = "both", 
         measured = timed_passes(paths, io=io, cache=mode, repeat=repeat, verify=verify, readers=readers,
                                 sync=sync, quiet=quiet, after_pass=fio_after if k == 0 else None, log=log,
                                 sink=sink, metrics=metrics)
+        if measured["passes"][0]["records"] == 0:  # no rate to report
+            shown = ", ".join(paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
+            raise DlstoreError(f"{shown}: nothing to read: no records")
         if k == 0:  # each pass beside the fio run that followed it, for the per-pass ratio
             for p, f in zip(measured["passes"], fio_runs):
                 p["fio_gb_per_s"] = f.gb_per_s
@@ -593,6 +596,9 @@ def run(args: argparse.Namespace) -> int:
     probe = open_readers(paths, io=args.io, verify=args.verify)[0]
     info = sysinfo.collect(paths, probe.engine, probe.engine_reason)
     file_bytes = sum(os.path.getsize(p) for p in paths)
+    if file_bytes == 0:  # before the header, as the pipeline benches refuse data short of one batch
+        raise ValueError(f"--data {args.data}: nothing to read: {len(paths)} "
+                         f"{'file holds' if len(paths) == 1 else 'files hold'} 0 bytes")
     readers = min(args.readers, len(paths))  # open_readers deals whole files: at most one reader each
     sync_note = " (--sync has no effect with one reader)" if args.sync and readers == 1 else ""
     dataset_line = (f"{len(paths)} {probe.format} files, {report.fmt_bytes(file_bytes)}; "

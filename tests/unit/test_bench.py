@@ -19,6 +19,7 @@ from dlstore.bench import storage as storage_bench
 from dlstore.bench.fio import (FioError, fio_job_file, fio_missing_reason, fitting_block_size, huge_page_pool,
                                huge_pages_needed, parse_fio_json, run_fio)
 from dlstore.bench.storage import _BatchBarrier, count_records
+from dlstore.errors import DlstoreError
 
 from tests.helpers import REPO as ROOT
 from tests.helpers import direct_refused
@@ -504,6 +505,18 @@ def test_bench_storage_under_a_launcher_is_refused_in_one_line(tiny_set):
 def test_bench_storage_bad_data_exits_2(tmp_path):
     r = _bench("storage", "--data", os.fspath(tmp_path / "nothing-*.tfrecord"))
     assert r.returncode == 2 and "no record file matches" in r.stderr
+
+
+def test_bench_storage_on_empty_shards_says_there_is_nothing_to_read(tmp_path):
+    """A 0-byte shard printed the header, then a TypeError from formatting a rate of None (exit 1)."""
+    (tmp_path / "EMPTY.tfrecord").write_bytes(b"")
+    r = _bench("storage", "--data", os.fspath(tmp_path / "EMPTY.tfrecord"), "--cache", "warm", "--repeat", "1",
+               "--quiet", "--no-fio")
+    assert r.returncode == 2 and r.stdout == "" and r.stderr.count("\n") == 1, r.stderr
+    assert f"--data {tmp_path / 'EMPTY.tfrecord'}: nothing to read" in r.stderr
+    with pytest.raises(DlstoreError, match="nothing to read"):  # the library entry point, too
+        storage_bench.run_storage([os.fspath(tmp_path / "EMPTY.tfrecord")], io="buffered", cache="warm", repeat=1,
+                                  fio=False, log=lambda s: None)
 
 
 @pytest.mark.slow
