@@ -216,8 +216,8 @@ def same_name(files: Sequence[str]) -> Optional[Tuple[str, str]]:
 def expand_paths(paths: PathSpec, unreadable: Optional[List[str]] = None) -> List[str]:
     """Files named by a path, a glob, a directory or a list of them.
 
-    ``unreadable``: where a glob or directory names something that is no file (a symbolic link whose
-    target is gone, a FIFO; :func:`refuse_unreadable`), it goes there, else it raises.
+    ``unreadable``: where a path, a glob or a directory names something that is no file (a symbolic
+    link whose target is gone, a FIFO, a device; :func:`refuse_unreadable`), it goes there, else it raises.
 
     A glob gives the files it matches and a directory its files, sorted, both leaving out those
     that are not record files: dlstore's companion files (indexes, ``*.dlstore-manifest``,
@@ -230,7 +230,8 @@ def expand_paths(paths: PathSpec, unreadable: Optional[List[str]] = None) -> Lis
     Raises
     ------
     DlstoreError
-        When a path does not exist, a glob matches no record file or a directory cannot be listed;
+        When a path does not exist or is no file (DlstoreIOError, as :func:`refuse_unreadable`), a glob
+        matches no record file or a directory cannot be listed;
         when nothing is found, the message says which subfolders were not searched.
     """
     paths = path_list(paths)
@@ -241,6 +242,7 @@ def expand_paths(paths: PathSpec, unreadable: Optional[List[str]] = None) -> Lis
         with waiting_on(p, "a stat"):
             globbed = any(ch in p for ch in _GLOB_CHARS) and not os.path.isfile(p)  # a file part[1].tfrecord is itself
             kind = "glob" if globbed else "dir" if os.path.isdir(p) else "file" if os.path.isfile(p) else None
+            present = kind is None and os.path.lexists(p)  # a FIFO, a device, a link to nothing
         if globbed:
             before = len(unreadable) if unreadable is not None else 0
             matches, others = _glob_record_files(p, unreadable)
@@ -253,6 +255,8 @@ def expand_paths(paths: PathSpec, unreadable: Optional[List[str]] = None) -> Lis
             out.extend(_list_directory(p, unreadable))
         elif kind == "file":
             out.append(p)
+        elif present:  # said as a directory's listing says it
+            (refuse_unreadable if unreadable is None else unreadable.extend)([p])
         else:
             raise DlstoreError(f"{p}: no such file or directory", path=p)
     if not out and not unreadable:

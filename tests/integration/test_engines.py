@@ -150,6 +150,34 @@ def test_a_shard_name_that_is_no_file_is_an_error_not_left_out(tmp_path, odd):
     assert len(expand_paths(tmp_path)) == 2
 
 
+@pytest.mark.parametrize("odd", ["fifo", "device", "broken_link"])
+def test_a_shard_named_explicitly_that_is_no_file_is_said_as_through_its_directory(tmp_path, odd, capsys):
+    # A FIFO or device named itself was "no such file or directory"; through its directory, what it is.
+    from dlstore.cli import main
+
+    if odd == "fifo":
+        bad = os.fspath(tmp_path / "fifo.tfrecord")
+        os.mkfifo(bad)
+        words = f"{bad}: named as a shard but not a regular file (a FIFO, a socket or a device)"
+    elif odd == "device":
+        bad, words = "/dev/zero", "/dev/zero: named as a shard but not a regular file (a FIFO, a socket or a device)"
+    else:
+        bad = os.fspath(tmp_path / "link.tfrecord")
+        os.symlink(tmp_path / "gone.tfrecord", bad)
+        words = f"{bad}: named as a shard but a symbolic link to {tmp_path / 'gone.tfrecord'}, which cannot be reached"
+    for make in (expand_paths, dlstore.open_records, dlstore.Dataset):
+        with pytest.raises(dlstore.DlstoreIOError) as e:
+            make(bad)
+        assert str(e.value).startswith(words) and e.value.path == bad
+    odd_paths: list = []
+    assert expand_paths([bad], odd_paths) == [] and odd_paths == [bad]  # as a directory's listing hands it over
+    assert main(["verify", bad]) == 1  # the same lines as `dlstore verify DIR`: the file is unreadable
+    out = capsys.readouterr().out
+    assert out.startswith(f"{words}") and "UNREADABLE: 1 file" in out
+    with pytest.raises(dlstore.DlstoreError, match="no such file or directory"):  # truly absent: as before
+        expand_paths(os.fspath(tmp_path / "nothing.tfrecord"))
+
+
 def test_unreadable_file_is_a_dlstore_error_naming_it(tmp_path, make_unreadable):
     path = write_tfrecord(tmp_path / "locked.tfrecord", [b"x"])
     make_unreadable(path)
