@@ -113,15 +113,17 @@ def load_document(path: str) -> Dict[str, Any]:
 def main(argv: Optional[List[str]] = None) -> int:
     """``python -m dlstore.bench.plot RESULTS.json OUT.png``."""
 
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 2:
-        print("usage: python -m dlstore.bench.plot RESULTS.json OUT.png", file=sys.stderr)
-        return 2
+    parser = _console.Parser(prog="python -m dlstore.bench.plot",
+                             description="The per-step rates of a saved bench result as one PNG.")
+    parser.add_argument("results", metavar="RESULTS.json",
+                        help="what 'python -m dlstore.bench resnet50|bert --json' wrote")
+    parser.add_argument("out", metavar="OUT.png", help="the PNG to write (.png added to a name without a suffix)")
+    args = parser.parse_args(argv)
 
     def plot() -> int:
-        doc = load_document(argv[0])
+        doc = load_document(args.results)
         try:
-            print(f"wrote {plot_document(doc, argv[1])}")
+            print(f"wrote {plot_document(doc, args.out)}")
         except MatplotlibMissing as e:
             print(f"python -m dlstore.bench.plot: {e}", file=sys.stderr)
             return 2

@@ -394,6 +394,25 @@ def test_plot_refuses_what_is_not_a_bench_result(tmp_path):
     assert not (tmp_path / "o.png").exists()
 
 
+def test_plot_help_exits_0_and_a_wrong_call_is_one_line_exit_2(capsys):
+    # --help printed the usage on stderr and exited 2, as a mistake does.
+    from dlstore.bench.plot import main
+
+    def status(argv):
+        try:
+            return main(argv)
+        except SystemExit as e:
+            return e.code
+
+    assert status(["--help"]) == 0
+    out = capsys.readouterr()
+    assert out.out.startswith("usage: python -m dlstore.bench.plot") and "RESULTS.json" in out.out and out.err == ""
+    for wrong in ([], ["r.json"], ["r.json", "o.png", "more"]):
+        assert status(wrong) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("python -m dlstore.bench.plot: ") and err.count("\n") == 1, err
+
+
 def test_a_closed_pipe_ends_plan_quietly(tmp_path):
     (tmp_path / "m").mkdir()
     for i in range(2):
