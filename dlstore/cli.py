@@ -27,7 +27,7 @@ from dlstore.tools.commands import (add_expand_arguments, add_testbed_arguments,
                                      run_testbed)
 from dlstore.tools.convert import convert_tree
 from dlstore.tools.info import collect_info, format_info
-from dlstore.tools.simulate import parse_simulate, run_simulate
+from dlstore.tools.simulate import parse_simulate, parse_throughput, run_simulate
 
 __all__ = ["main", "COMMANDS"]
 
@@ -428,7 +428,8 @@ def _add_plan_parser(sub) -> None:
                                                 "files under them)")
     pl.add_argument("--policy", default="rank", choices=sorted(ASSIGNMENTS), help="how ranks get mounts")
     pl.add_argument("--mounts-per-rank", type=positive_int, default=1, help="mounts one rank reads at once")
-    pl.add_argument("--throughput", help="per-mount throughput, comma-separated, for --policy weighted")
+    pl.add_argument("--throughput", type=parse_throughput, metavar="T1,T2,...",
+                    help="per-mount throughput, comma-separated, for --policy weighted")
     pl.add_argument("--local-size", type=positive_int, help="ranks per host (default: all on one host)")
     pl.add_argument("--workers", type=positive_int, default=1, help="DataLoader workers per rank")
     pl.add_argument("--seed", type=int, default=0)

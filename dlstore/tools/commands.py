@@ -219,7 +219,6 @@ def plan_document(args: argparse.Namespace) -> Dict[str, Any]:
     from dlstore.sources.dataset import Dataset
     from dlstore.sources.reads import merged_reads
 
-    throughput = [float(x) for x in args.throughput.split(",")] if args.throughput else None
     local_size = args.local_size or args.world_size
 
     def world(rank: int, worker: int) -> World:
@@ -229,7 +228,7 @@ def plan_document(args: argparse.Namespace) -> Dict[str, Any]:
     ds = Dataset(args.shards, mounts=args.mounts, world=world(0, 0), seed=args.seed,
                  shuffle_shards=not args.no_shard_shuffle, shuffle=args.shuffle, remainder=args.remainder or "pad",
                  batch_size=args.batch_size, mount_policy=args.policy, mounts_per_rank=args.mounts_per_rank,
-                 throughput=throughput)
+                 throughput=args.throughput)
     plan = ds.plan(args.epoch)
     ranks = [args.rank] if args.rank is not None else range(args.world_size)
     consumers = []

@@ -23,7 +23,7 @@ from dlstore.placement.rank import plan_rank
 from dlstore.placement.sharding import EpochPlan, shuffle_sizes
 from dlstore.sources.reads import merged_reads, read_runs, reader_plan
 
-__all__ = ["parse_simulate", "SimulatedManifest", "simulate", "run_simulate"]
+__all__ = ["parse_simulate", "parse_throughput", "SimulatedManifest", "simulate", "run_simulate"]
 
 
 def parse_simulate(text: str) -> Tuple[int, int]:
@@ -36,6 +36,15 @@ def parse_simulate(text: str) -> Tuple[int, int]:
     if shards < 1 or records < 1:
         raise argparse.ArgumentTypeError(f"--simulate needs at least 1 shard and 1 record per shard, not {text!r}")
     return shards, records
+
+
+def parse_throughput(text: str) -> List[float]:
+    """``"1.5,2,0"`` -> one throughput figure per mount (the weighted policy checks their count and range)."""
+    try:
+        return [float(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected numbers separated by commas (one per mount), "
+                                         f"not {text!r}") from None
 
 
 class SimulatedManifest:
@@ -97,10 +106,9 @@ def run_simulate(args: argparse.Namespace) -> int:
     if not 0 <= rank < args.world_size:
         print(f"dlstore plan: --rank {rank} is outside 0..{args.world_size - 1}", file=sys.stderr)
         return 2
-    throughput = [float(x) for x in args.throughput.split(",")] if args.throughput else None
     out = simulate(shards, per_shard, args.world_size, rank, mounts=args.mounts_count,
                    record_bytes=args.record_bytes, mounts_per_rank=args.mounts_per_rank, policy=args.policy,
-                   throughput=throughput, num_workers=args.workers, seed=args.seed, epoch=args.epoch,
+                   throughput=args.throughput, num_workers=args.workers, seed=args.seed, epoch=args.epoch,
                    shuffle_shards=not args.no_shard_shuffle, shuffle=args.shuffle,
                    remainder=args.remainder or "pad", batch_size=args.batch_size, list_reads=args.list_reads)
     if args.json == "-":

@@ -342,6 +342,20 @@ def test_unknown_command_and_bad_option_values_are_one_line():
         assert f"argument {option}: expected a positive integer, not 0" in err
 
 
+@pytest.mark.parametrize("where", ["simulate", "mounts"])
+def test_a_throughput_that_is_not_numbers_is_a_usage_error_naming_the_option(tmp_path, where, capsys):
+    # It was "could not convert string to float: 'abc'", naming no option.
+    from dlstore.cli import main
+
+    write_tfrecord(tmp_path / "a.tfrecord", [b"a"] * 3)
+    data = ["--simulate", "10:10", "--mounts-count", "2"] if where == "simulate" else ["--mounts", str(tmp_path)]
+    with pytest.raises(SystemExit) as e:
+        main(["plan", *data, "--world-size", "2", "--policy", "weighted", "--throughput", "1.5,abc"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1, err
+    assert "argument --throughput: expected numbers separated by commas (one per mount), not '1.5,abc'" in err
+
+
 def test_an_engine_that_cannot_run_here_is_a_usage_error_not_corrupt_files(tmp_path):
     from dlstore.io import cuda
 
