@@ -16,8 +16,8 @@ from dlstore.build_settings import BUILD_VARIABLES
 from dlstore.io.select import REQUESTS as _IO_REQUESTS
 from dlstore.io.system import available_cores
 
-__all__ = ["Setting", "Default", "Adjust", "Case", "SETTINGS", "get", "is_default", "effective", "markdown_table",
-           "MAX_THREADS"]
+__all__ = ["Setting", "Default", "Adjust", "Case", "SETTINGS", "IO_HOST_HELP", "get", "is_default", "effective",
+           "markdown_table", "MAX_THREADS"]
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -113,6 +113,10 @@ class Setting:
         return self.default.formula if isinstance(self.default, Default) else str(self.default)
 
 
+#: The ``io`` setting's help on the host engines alone, for a command that offers no gds (the pipeline benches).
+IO_HOST_HELP = "I/O engine: auto, buffered, mmap, direct or io_uring. auto picks and says why."
+
+
 def _positive(v: Any) -> bool:
     return v > 0
 
@@ -121,8 +125,8 @@ SETTINGS: Dict[str, Setting] = {
     s.name: s
     for s in [
         Setting("io", "auto", "DLSTORE_IO",
-                "I/O engine: auto, buffered, mmap, direct or io_uring. auto picks and says why. gds "
-                "(GPUDirect Storage into GPU memory through kvikio) names what is missing where it cannot run.",
+                IO_HOST_HELP + " gds (GPUDirect Storage into GPU memory through kvikio) names what is missing "
+                "where it cannot run.",
                 str, lambda v: v in _IO_REQUESTS, "one of " + ", ".join(_IO_REQUESTS)),
         Setting("chunk_size", 8 * MiB, "DLSTORE_CHUNK_SIZE",
                 "Bytes per read. Large reads keep O_DIRECT streaming; records are split out in C++.",

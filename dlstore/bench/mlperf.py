@@ -380,7 +380,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="epochs per run (default: %(default)s; MLPerf Storage runs 5 over a dataset that outgrows "
                         "memory; here a cold run drops the cache once, before the first)")
     p.add_argument("--io", choices=("auto",) + ENGINES, default=None,
-                   help=settings.SETTINGS["io"].help + f" Default: ${settings.SETTINGS['io'].env}, else auto.")
+                   help=settings.IO_HOST_HELP + " gds (into GPU memory): bench storage --io gds. "
+                        f"Default: ${settings.SETTINGS['io'].env}, else auto.")
     p.add_argument("--shuffle", choices=tuple(SHUFFLES), default="block",
                    help="the Dataset's record shuffle (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, metavar="S", help="seed of the shuffle")

@@ -100,8 +100,9 @@ def add_common_arguments(p: argparse.ArgumentParser, workload: Workload) -> None
                    help=f"comma-separated tiers to run, of {', '.join(TIERS)} (default: page-cache,local-cold, "
                         "and target with --data)")
     p.add_argument("--io", choices=("auto",) + ENGINES, default=None,
-                   help=settings.SETTINGS["io"].help + " The page-cache tier reads with buffered (or mmap) I/O. "
-                        f"Default: ${settings.SETTINGS['io'].env}, else auto.")
+                   help=settings.IO_HOST_HELP + " gds (into GPU memory): bench storage --io gds; "
+                        "--device copies these batches to a GPU. The page-cache tier reads with buffered (or mmap) "
+                        f"I/O. Default: ${settings.SETTINGS['io'].env}, else auto.")
     p.add_argument("--device", metavar="cuda:N",
                    help="deliver the batches to this GPU: the loader assembles them in pinned memory and copies "
                         "them on a stream (Loader(device=...)); each step's clock stops after its copies have "

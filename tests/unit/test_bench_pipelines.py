@@ -504,6 +504,21 @@ def test_scenarios_are_registered():
         load_scenario("planned")
 
 
+def test_each_benchs_io_help_offers_only_the_engines_it_accepts():
+    # resnet50, bert and mlperf said "gds ... names what is missing" while --io gds was an invalid choice.
+    from dlstore.bench.__main__ import build_parser
+
+    scenarios = build_parser()._subparsers._group_actions[0].choices
+    for name in ("storage", "resnet50", "bert", "mlperf"):
+        io, = [a for a in scenarios[name]._actions if "--io" in a.option_strings]
+        gds_offered = "names what is missing where it cannot run" in io.help
+        assert gds_offered == ("gds" in io.choices), (name, io.help, io.choices)
+        if "gds" not in io.choices:
+            assert "bench storage --io gds" in io.help, (name, io.help)  # where it is, then
+        else:
+            assert name == "storage"  # the bench that reads into GPU memory (docs/gpu.md)
+
+
 @pytest.mark.slow
 def test_plot_writes_a_png(tmp_path):
     pytest.importorskip("matplotlib", reason="--plot needs matplotlib")
