@@ -6,6 +6,7 @@ is an array of ``flag`` float32 values stored right after the header.
 """
 from __future__ import annotations
 
+import math
 import numbers
 import struct
 from typing import List, NamedTuple, Optional, Tuple, Union
@@ -23,6 +24,7 @@ _HEADER = struct.Struct("<IfQQ")
 IRHEADER_BYTES = _HEADER.size  # 24: flag, label, id, id2
 _U32x2 = struct.Struct("<II")
 _MAX_PART = (1 << 29) - 1
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 class IRHeader(NamedTuple):
@@ -45,11 +47,30 @@ def pack(flag: int, label, id: int, id2: int, data: bytes) -> bytes:
     >>> header, data = unpack(pack(0, 3.0, 7, 0, b"jpeg"))
     >>> (header.label, header.id, data)
     (3.0, 7, b'jpeg')
+
+    Raises
+    ------
+    ValueError
+        When ``id`` or ``id2`` is not an integer in uint64's range, or a label is outside float32's.
     """
-    if isinstance(label, numbers.Number):
-        return _HEADER.pack(0, float(label), id, id2) + bytes(data)
-    labels = np.asarray(label, dtype="<f4").ravel()
+    for name, value in (("id", id), ("id2", id2)):
+        if not (isinstance(value, numbers.Integral) and 0 <= value < 1 << 64):
+            raise ValueError(f"{name} must be an integer from 0 to 2**64-1 (uint64), not {value!r}")
+    if isinstance(label, numbers.Number):  # per record in a writer: no numpy on this path
+        value = float(label)
+        if math.isfinite(value) and abs(value) > _FLOAT32_MAX:  # inf and nan are float32 values
+            raise ValueError(_label_out_of_range(value))
+        return _HEADER.pack(0, value, id, id2) + bytes(data)
+    values = np.asarray(label, dtype=np.float64).ravel()
+    too_large = np.flatnonzero(np.isfinite(values) & (np.abs(values) > _FLOAT32_MAX))
+    if too_large.size:
+        raise ValueError(_label_out_of_range(float(values[too_large[0]])))
+    labels = values.astype("<f4")
     return _HEADER.pack(labels.size, 0.0, id, id2) + labels.tobytes() + bytes(data)
+
+
+def _label_out_of_range(value: float) -> str:
+    return f"label {value!r} is outside float32's range (magnitude at most {_FLOAT32_MAX:.2g})"
 
 
 def unpack(payload) -> Tuple[IRHeader, bytes]:

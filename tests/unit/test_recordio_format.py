@@ -26,6 +26,21 @@ def test_pack_unpack_extra_labels():
     assert header.flag == 3 and np.allclose(header.label, [1.5, 2.5, 3.5]) and data == b"img"
 
 
+@pytest.mark.parametrize("args, words", [
+    ((0, 1.0, -1, 0, b"a"), "id must be an integer from 0 to 2**64-1 (uint64), not -1"),
+    ((0, 1.0, 0, 1 << 64, b"a"), f"id2 must be an integer from 0 to 2**64-1 (uint64), not {1 << 64}"),
+    ((0, 1.0, 1.5, 0, b"a"), "id must be an integer from 0 to 2**64-1 (uint64), not 1.5"),
+    ((0, 1e39, 0, 0, b"a"), "label 1e+39 is outside float32's range (magnitude at most 3.4e+38)"),
+    ((0, [1.0, -1e39], 0, 0, b"a"), "label -1e+39 is outside float32's range (magnitude at most 3.4e+38)"),
+])
+def test_pack_names_the_argument_out_of_range(args, words):
+    # A bare struct.error: argument out of range, naming nothing.
+    with pytest.raises(ValueError) as e:
+        dlstore.recordio.pack(*args)
+    assert str(e.value) == words
+    assert dlstore.recordio.pack(0, 1.0, (1 << 64) - 1, np.uint64(5), b"a")  # the ends of the range, numpy integers
+
+
 def test_unpack_rejects_short_payload():
     with pytest.raises(ValueError, match="shorter than an IRHeader"):
         dlstore.recordio.unpack(b"abc")
