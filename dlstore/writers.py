@@ -95,8 +95,20 @@ class RecordIOWriter:
     def __init__(self, path, idx_path=None):
         self.path = os.fspath(path)
         self.idx_path = os.fspath(idx_path) if idx_path is not None else None
-        self._f = open(self.path, "wb")
-        self._idx = open(self.idx_path, "w") if self.idx_path else None
+        # The index first, neither emptied nor kept until the .rec opens too: a writer that fails to
+        # start leaves no empty file behind and empties none that was there.
+        existed = self.idx_path is not None and os.path.lexists(self.idx_path)
+        self._idx = open(self.idx_path, "a") if self.idx_path else None
+        try:
+            self._f = open(self.path, "wb")
+        except BaseException:
+            if self._idx is not None:
+                self._idx.close()
+                if not existed:
+                    os.remove(self.idx_path)
+            raise
+        if self._idx is not None:
+            self._idx.truncate(0)
         self._offset = 0
         self.records = 0
 

@@ -85,6 +85,24 @@ def test_round_trip(tmp_path_factory, payloads):
     assert [bytes(r) for r in dlstore.open_records(path)] == payloads
 
 
+def test_a_writer_that_cannot_open_both_files_leaves_neither_behind(tmp_path):
+    # An index path in a missing folder raised FileNotFoundError but left an empty .rec behind.
+    with pytest.raises(FileNotFoundError) as e:
+        dlstore.RecordIOWriter(tmp_path / "r1.rec", idx_path=tmp_path / "nodir" / "r1.idx")
+    assert e.value.filename == str(tmp_path / "nodir" / "r1.idx")
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(FileNotFoundError) as e:  # the .rec cannot be made: the index made for it goes
+        dlstore.RecordIOWriter(tmp_path / "nodir" / "r1.rec", idx_path=tmp_path / "r1.idx")
+    assert e.value.filename == str(tmp_path / "nodir" / "r1.rec") and list(tmp_path.iterdir()) == []
+    (tmp_path / "r1.idx").write_text("0\t0\n1\t99999\n")  # one there before is neither emptied nor removed
+    with pytest.raises(FileNotFoundError):
+        dlstore.RecordIOWriter(tmp_path / "nodir" / "r1.rec", idx_path=tmp_path / "r1.idx")
+    assert (tmp_path / "r1.idx").read_text() == "0\t0\n1\t99999\n"
+    with dlstore.RecordIOWriter(tmp_path / "r1.rec", idx_path=tmp_path / "r1.idx") as w:  # rewritten when both open
+        w.write(b"abcd")
+    assert (tmp_path / "r1.idx").read_text() == "0\t0\n"
+
+
 def test_idx_offsets_point_at_records(tmp_path):
     path, idx = tmp_path / "d.rec", tmp_path / "d.idx"
     payloads = [bytes([i]) * (i * 7) for i in range(20)]
