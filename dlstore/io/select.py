@@ -105,7 +105,7 @@ def resolve_engine(requested: str, paths: Sequence[str], total_bytes: int,
     random_reads : bool
         Records are read one by one in random order (a global shuffle) rather than in large runs.
     device : str, optional
-        Where the records go: ``cuda:N`` makes ``auto`` consider ``gds``.
+        Where the records go: ``cuda:N`` makes ``auto`` consider ``gds``; ``None`` or ``"cpu"``: host memory.
     probe : callable, optional
         Returns the :class:`~dlstore.io.cuda.CudaFacts` (default: :func:`~dlstore.io.cuda.cuda_facts`).
 
@@ -119,12 +119,15 @@ def resolve_engine(requested: str, paths: Sequence[str], total_bytes: int,
         For ``gds`` where it cannot run, naming what is missing (no CUDA driver, no GPU, kvikio not
         installed, libcufile not found...).
     ValueError
-        For any other name.
+        For any other name, or ``gds`` with ``device="cpu"``.
     """
     if requested not in REQUESTS:
         raise ValueError(f"io must be one of {', '.join(REQUESTS)}, not {requested!r}")
 
     gpu = parse_device(device)
+    if requested == "gds" and device is not None and gpu is None:
+        raise ValueError(f"io='gds' reads into GPU memory, but device={str(device)!r} asks for host memory: pass "
+                         "device='cuda:N', or omit it for cuda:0")
     not_gds = ""
     if requested == "gds" or (requested == "auto" and gpu is not None):
         verdict = gds_verdict((probe or cuda.cuda_facts)(), gpu or 0)

@@ -125,6 +125,7 @@ class Dataset(SourcePosition, ReadsWithOptions):
         lets ``io="auto"`` pick ``gds`` (true GPUDirect Storage only), and is the device ``io="gds"``
         reads into (default ``cuda:0``). With
         ``io="gds"`` batches are :class:`~dlstore.io.gds.DeviceBatch` objects (TFRecord only).
+        ``None`` or ``"cpu"``: host memory (with ``io="gds"``, ``"cpu"`` is a ValueError).
     options : ReadOptions, optional
         How to read: engine, CRC checks, ``on_error``, read sizes, threads, ``read_timeout`` and
         ``max_retries``. Or pass those as keyword arguments (``io="direct"``, ...); see
@@ -171,8 +172,8 @@ class Dataset(SourcePosition, ReadsWithOptions):
         self.choice: EngineChoice = self._watched(resolve_engine, self.options.get("io"), first, total_bytes,
                                                   random_reads=self.shuffle_kind.random_reads,
                                                   # gds reads TFRecord only: no GPU target for auto otherwise
-                                                  device=None if gpu is None or not self._device_reads
-                                                  else f"cuda:{gpu}")
+                                                  device=device if gpu is None  # "cpu" contradicts gds
+                                                  else f"cuda:{gpu}" if self._device_reads else None)
         if self.engine == "gds":  # GdsUnavailableError was raised above where it cannot run
             from dlstore.io.gds import check_source
 

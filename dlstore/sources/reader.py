@@ -558,6 +558,7 @@ def open_records(paths: PathSpec, *, format: str = "auto", compression: Optional
     device : str, optional
         Where the records are going: ``cuda:N`` lets ``io="auto"`` pick ``gds`` (true GPUDirect
         Storage only), and is the device ``io="gds"`` reads into (default ``cuda:0``).
+        ``None`` or ``"cpu"``: host memory (with ``io="gds"``, ``"cpu"`` is a ValueError).
     **read_options
         Or the same as keyword arguments: ``io``, ``verify``, ``on_error``, ``chunk_size``, ``depth``,
         ``io_threads``, ``verify_threads``, ``read_timeout``; see :class:`~dlstore.ReadOptions`.

@@ -195,6 +195,23 @@ def test_loader_on_a_gpu_without_cuda_names_what_is_missing(tmp_path, monkeypatc
     assert Loader(dlstore.open_records(path), Bert(16, 4), 2, device="cpu").stats().get("device") is None
 
 
+def test_cpu_is_host_memory_for_a_dataset_and_a_reader_and_contradicts_gds(tmp_path, monkeypatch):
+    # Dataset(device="cpu") was taken without a word while its docs named cuda:N only; with io="gds" it read
+    # into cuda:0 (Dataset) or left the GPU reader without a device (open_records).
+    path = write_tfrecord(tmp_path / "a.tfrecord", [b"a", b"bb", b"ccc"])
+    for device in ("cpu", "CPU", None):
+        ds = dlstore.Dataset(path, device=device, batch_size=3)
+        assert ds.device_index is None and [b.num_records for b in ds.batches()] == [3]
+        assert dlstore.open_records(path, device=device).device_index is None
+    for doc in (dlstore.Dataset.__doc__, dlstore.open_records.__doc__):
+        assert "``None`` or ``\"cpu\"``: host memory" in doc
+    monkeypatch.setattr(cuda, "cuda_facts", lambda init=False: cuda.CudaFacts(driver="13.0", devices=["GPU"]))
+    for make in (dlstore.Dataset, dlstore.open_records):  # said before whatever gds lacks here
+        with pytest.raises(ValueError, match=r"^io='gds' reads into GPU memory, but device='cpu' asks for host "
+                                             r"memory: pass device='cuda:N', or omit it for cuda:0"):
+            make(path, io="gds", device="cpu")
+
+
 class TorchLikeDevice:
     """What a torch.device's str gives."""
 
