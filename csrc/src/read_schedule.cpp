@@ -301,9 +301,11 @@ Step ReadSchedule::next() {
           pending_error_ = e;
           break;
         }
-        ++stats_.skipped;
-        if (corruptions_.size() < RecordScanner::kMaxReports)
-          corruptions_.push_back({plan_->file[pos], at, bad->second.what});
+        if (skipped_frames_.emplace(plan_->file[pos], plan_->offset[pos]).second) {
+          ++stats_.skipped;
+          if (corruptions_.size() < RecordScanner::kMaxReports)
+            corruptions_.push_back({plan_->file[pos], at, bad->second.what});
+        }
         bad_.erase(bad);
         ++k_;
         done_with(pos);

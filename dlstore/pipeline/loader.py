@@ -707,9 +707,12 @@ class _Producer:
                     position += take
                     delivered += take
                     if start == n and isinstance(after, int) and after > position:
-                        # records the source skipped before or within this chunk
-                        skipped_here += after - position
-                        self.counts["skipped_source"] += after - position
+                        # records the source skipped before or within this chunk; a source that counts them
+                        # (a Dataset: a record padded in again and skipped again is one) says how many
+                        counted = getattr(self.source, "skipped_this_pass", None)
+                        gone = after - position if counted is None else max(0, counted - skipped_here)
+                        skipped_here += gone
+                        self.counts["skipped_source"] += gone
                         position = after
                     if row == batch_size:
                         # The epoch's last batch when this pass makes no other (DROP's limit, or the source

@@ -200,6 +200,10 @@ class Dataset(SourcePosition, ReadsWithOptions):
         self.sample_in_epoch = 0
         self._last: Dict[str, Any] = {}
         self._life = _new_life()
+        #: Corrupt records the pass under way (else the last) skipped so far, each once: one padded into the
+        #: epoch again (``remainder="pad"``) moves the position again but is no second record. A Loader counts
+        #: the source's skipped records by it.
+        self.skipped_this_pass = 0
         self._corruptions: List[Tuple[str, int, str]] = []
         metrics.track(self)  # exported while it lives, unless a Loader reads it; DLSTORE_METRICS_PORT: serves
 
@@ -524,21 +528,25 @@ class Dataset(SourcePosition, ReadsWithOptions):
         health = MountHealth(names, self.options.get("max_retries"))
         totals: Dict[str, int] = {}
         # Life counts (stats()["life"], what dlstore.metrics exports), per batch handed out, never per record.
-        # Under skip/warn the records the reader skipped as corrupt show as the position moving past more
-        # records than were handed out (under raise none is skipped: a pass that ends in an error may stand
-        # past the record it raised for); the pass's end sets them exactly, with its failovers and retries.
+        # Under skip/warn, when the position moved past more records than were handed out, the readers'
+        # counts of records skipped as corrupt are taken: the positions overcount them, as a record padded
+        # into the epoch again is skipped again (under raise none is skipped: a pass that ends in an error may
+        # stand past the record it raised for); the pass's end sets them exactly, with its failovers and retries.
         life, begun, skipped_before = self._life, self.sample_in_epoch, self._life["skipped"]
         life["passes"] += 1
-        handed = 0
+        handed = passed = self.skipped_this_pass = 0
         skips = self.options.on_error != "raise"
+        live = None  # the reader under way, until its counts are in totals
 
         def hand_out(batch: Any) -> Any:
-            nonlocal handed
+            nonlocal handed, passed
             handed += batch.num_records
             life["records"] += batch.num_records
             life["bytes"] += int(batch.nbytes)
-            if skips:
-                life["skipped"] = max(life["skipped"], skipped_before + self.sample_in_epoch - begun - handed)
+            if skips and self.sample_in_epoch - begun - handed > passed:
+                passed = self.sample_in_epoch - begun - handed
+                self.skipped_this_pass = totals.get("skipped", 0) + (live.stats()["skipped"] if live is not None else 0)
+                life["skipped"] = max(life["skipped"], skipped_before + self.skipped_this_pass)
             return batch
 
         warner = CorruptionWarnings(self.options.on_error == "warn", stacklevel=2)
@@ -562,7 +570,7 @@ class Dataset(SourcePosition, ReadsWithOptions):
                     except _NoPlace as gone:
                         raise self._gave_up(gone.shard, gone.block, health, None) from None
                     core = self._core(plan, start)
-                ahead, tried = None, False
+                ahead, tried, live = None, False, core
                 total = len(plan.file) if plan.emit is None else len(plan.emit)
                 more = limit is not None and start + total < samples  # a window: the pass goes on after it
                 # The next window is planned, and its reads started, once this one's last reads are in
@@ -597,6 +605,7 @@ class Dataset(SourcePosition, ReadsWithOptions):
                     error = e
                 finally:
                     _add_counts(totals, core.stats())
+                    live = None
                     self._corruptions += core.corruptions()
                     notes += [n for n in core.notes() if n not in notes]
                 if error is None:
@@ -627,7 +636,8 @@ class Dataset(SourcePosition, ReadsWithOptions):
             core = ahead = None  # their files, mappings and buffers go now
             self.__dict__.pop("_kept_rank", None)
             self._last = {**totals, **health.stats.as_dict(), "notes": notes}
-            life["skipped"] = max(life["skipped"], skipped_before + totals.get("skipped", 0))
+            self.skipped_this_pass = totals.get("skipped", 0)
+            life["skipped"] = max(life["skipped"], skipped_before + self.skipped_this_pass)
             life["failovers"] += health.stats.failovers
             life["retries"] += health.stats.retries
 
@@ -825,8 +835,9 @@ class Dataset(SourcePosition, ReadsWithOptions):
 
         Under ``life``, counts over this dataset's life, the pass under way included (what
         :mod:`dlstore.metrics` exports): ``passes``, ``records`` and ``bytes`` (payload) handed out,
-        counted per batch; ``skipped`` (corrupt records left out: as the position moves past them, and
-        exactly at each pass's end), ``failovers`` and ``retries`` (at each pass's end)."""
+        counted per batch; ``skipped`` (corrupt records left out, each once even where ``remainder="pad"``
+        reads it again: as the position moves past them, and exactly at each pass's end), ``failovers``
+        and ``retries`` (at each pass's end)."""
         out = dict(self._last)
         out["life"] = dict(self._life)
         if self.engine == "gds":  # before a pass: what the verdict says (the pass's backend says more)

@@ -69,6 +69,42 @@ def test_corrupt_records_can_be_skipped_counted_and_listed(tmp_path, policy):
     assert sorted((p, o) for p, o, _ in ds.corruptions()) == [(path, offsets[0]), (path, offsets[1])]
 
 
+@pytest.mark.parametrize("policy", ["skip", "warn"])
+def test_a_corrupt_record_padded_into_an_epoch_again_is_skipped_and_counted_once(tmp_path, policy):
+    # One corrupt record, batch_size=4, remainder="pad": the record and its three padded repeats counted as 4
+    # skipped, listed and warned of 4 times; the life count (what dlstore.metrics exports) too.
+    path = write_tfrecord(tmp_path / "junk.tfrecord", [b"a" * 100])
+    flip_data_byte(path, 0, ensure_index(path)[1])
+    ds = Dataset(path, batch_size=4, on_error=policy)
+    assert ds.plan(0).num_samples(0) == 4  # the record and three repeats
+    if policy == "warn":
+        with pytest.warns(RuntimeWarning, match="bad data CRC") as caught:
+            assert _read(ds) == []
+        assert len(caught) == 1
+    else:
+        assert _read(ds) == []
+    assert ds.stats()["skipped"] == 1 and ds.stats()["life"]["skipped"] == 1 and len(ds.corruptions()) == 1
+    # Two bad records of five, padded to 8 (three repeats: the first three records again); a Loader's count too.
+    from dlstore.formats.example import encode_example
+    from dlstore.pipeline.bert import Bert
+    from dlstore.pipeline.loader import Loader
+
+    rows = [encode_example({"input_ids": np.arange(8) + i, "input_mask": np.ones(8, np.int64),
+                            "segment_ids": np.zeros(8, np.int64), "masked_lm_positions": np.arange(2),
+                            "masked_lm_ids": np.full(2, i), "masked_lm_weights": np.ones(2, np.float32),
+                            "next_sentence_labels": np.array([i % 2])}) for i in range(5)]
+    five = write_tfrecord(tmp_path / "five.tfrecord", rows)
+    _, frames = ensure_index(five)
+    for r in (0, 3):
+        flip_data_byte(five, r, frames)
+    ds = Dataset(five, batch_size=8, shuffle="none", shuffle_shards=False, on_error="skip")
+    loader = Loader(ds, Bert(8, 2), 8, last_batch="PARTIAL")
+    got = [b["input_ids"][:, 0].tolist() for b in loader]
+    assert got == [[1, 2, 4, 1, 2]]  # records 1, 2 and 4, and the repeats of 1 and 2
+    assert ds.stats()["skipped"] == 2 and ds.stats()["life"]["skipped"] == 2 and len(ds.corruptions()) == 2
+    assert loader.stats()["skipped"] == 2
+
+
 @pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("shuffle", ["none", "block", "global"])
 def test_multipart_recordio_records_are_joined(tmp_path, engine, shuffle):

@@ -164,6 +164,20 @@ def test_corrupt_records_raise_after_the_good_ones_or_are_skipped(tmp_path, poli
         assert ex.sched.stats()["skipped"] == 1 and ex.sched.corruptions()[0][:2] == (paths[0], at)
 
 
+def test_a_corrupt_record_read_at_several_positions_is_skipped_and_reported_once(tmp_path):
+    # remainder="pad" reads a record again at another position of the plan: one record, one skip.
+    paths, file, offset, size, records = plan_of(tmp_path, counts=(10,))
+    at = flip_data_byte(paths[0], 2, offset)
+    again = np.r_[np.arange(10), [0, 1, 2, 3]]  # the first four records padded in again
+    ex = PythonExecutor(paths, file[again], offset[again], size[again], None, chunk_size=64 << 10, depth=1,
+                        batch_size=4, on_error="skip")
+    got = []
+    while (b := ex.next_batch()) is not None:
+        got += b
+    assert len(got) == 12 and ex.sched.position == 14
+    assert ex.sched.stats()["skipped"] == 1 and [c[:2] for c in ex.sched.corruptions()] == [(paths[0], at)]
+
+
 def test_arrivals_out_of_turn_are_refused(tmp_path):
     paths, file, offset, size, _ = plan_of(tmp_path, counts=(10,))
     sched = _C.ReadSchedule(paths, file, offset, size, None, chunk_size=64 << 10, depth=1, batch_size=4)

@@ -16,9 +16,11 @@
 #include <deque>
 #include <exception>
 #include <memory>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include "dlstore/record_scan.hpp"
@@ -169,6 +171,9 @@ class ReadSchedule {
   std::deque<Step> queued_;    // Spill and Release steps, handed out before anything else
   std::exception_ptr pending_error_;
   std::vector<CorruptionReport> corruptions_;
+  // (file, frame offset) of the corrupt records skipped: a record the plan reads again (remainder="pad"
+  // wraps around) is one record skipped, counted and reported once.
+  std::set<std::pair<uint32_t, uint64_t>> skipped_frames_;
   PlanStats stats_;
 };
 
