@@ -181,7 +181,8 @@ SETTINGS: Dict[str, Setting] = {
         Setting("read_timeout", 120.0, "DLSTORE_READ_TIMEOUT",
                 "Seconds an open or a read may take before it counts as failed (a hung mount) and is "
                 "retried on a replica mount; likewise a stat, a listing or a manifest read while a Dataset is "
-                "made or plans a pass, which then raises naming the path. 0 waits forever.", float, lambda v: 0 <= v <= 1e7,
+                "made or plans a pass, which then raises naming the path. 0 waits forever.", float,
+                lambda v: 0 <= v <= 1e7,
                 "0 (wait forever) or a number of seconds up to 1e7"),
         Setting("max_retries", 2, "DLSTORE_MAX_RETRIES",
                 "Retries of a failed read at the same place, once no replica mount is left to fail over to.",
