@@ -159,9 +159,12 @@ def check_mounts(mounts: Sequence[str]) -> None:
     seen: Dict[Tuple[int, int], str] = {}
     for m in mounts:
         with deadline.waiting_on(m, "a stat of the mount point"):
-            if not os.path.isdir(m):
-                raise PlacementError(f"mount point {m} is not a directory", path=m)
-            st = os.stat(m)
+            try:
+                st = os.stat(m)
+            except (OSError, ValueError):
+                st = None
+        if st is None or not stat.S_ISDIR(st.st_mode):
+            raise PlacementError(f"mount point {m} is not a directory", path=m)
         if (st.st_dev, st.st_ino) in seen:
             raise PlacementError(f"mount points {seen[st.st_dev, st.st_ino]} and {m} are the same directory: give "
                                  f"each mount once", path=m)

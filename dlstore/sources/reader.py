@@ -239,11 +239,12 @@ def expand_paths(paths: PathSpec, unreadable: Optional[List[str]] = None) -> Lis
         raise DlstoreError("no files to read in []: the list of paths is empty")
     out: List[str] = []
     for p in paths:
-        with waiting_on(p, "a stat"):
-            globbed = any(ch in p for ch in _GLOB_CHARS) and not os.path.isfile(p)  # a file part[1].tfrecord is itself
-            kind = "glob" if globbed else "dir" if os.path.isdir(p) else "file" if os.path.isfile(p) else None
-            present = kind is None and os.path.lexists(p)  # a FIFO, a device, a link to nothing
-        if globbed:
+        with waiting_on(p, "a stat"):  # one stat says what p is
+            try:
+                mode = os.stat(p).st_mode
+            except (OSError, ValueError):  # nothing there, a link to nothing, or no path at all
+                mode = 0
+        if any(ch in p for ch in _GLOB_CHARS) and not stat.S_ISREG(mode):  # a file named part[1].tfrecord is itself
             before = len(unreadable) if unreadable is not None else 0
             matches, others = _glob_record_files(p, unreadable)
             if not matches and (unreadable is None or len(unreadable) == before):
@@ -251,11 +252,11 @@ def expand_paths(paths: PathSpec, unreadable: Optional[List[str]] = None) -> Lis
                             f"file{'' if others == 1 else 's'}, which are not records)" if others else "")
                 raise DlstoreError(f"no record file matches {p!r}{left_out}", path=p)
             out.extend(matches)
-        elif kind == "dir":
+        elif stat.S_ISDIR(mode):
             out.extend(_list_directory(p, unreadable))
-        elif kind == "file":
+        elif stat.S_ISREG(mode):
             out.append(p)
-        elif present:  # said as a directory's listing says it
+        elif mode or os.path.lexists(p):  # a FIFO, a device, a link to nothing: said as a directory's listing says
             (refuse_unreadable if unreadable is None else unreadable.extend)([p])
         else:
             raise DlstoreError(f"{p}: no such file or directory", path=p)
