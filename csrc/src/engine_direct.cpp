@@ -22,7 +22,7 @@ class DirectEngine : public Engine {
     f->path = path;
     f->engine = shared_from_this();
     f->size = f->fh->size();
-    f->cache_first = hints.direct_cache;
+    f->cache_first = hints.direct_cache && page_cache_tells(f->fh->fd());  // asked once per file
     return f;
   }
 };

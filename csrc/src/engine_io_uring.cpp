@@ -233,7 +233,9 @@ class IoUringEngine : public Engine {
       *note = "io_uring without O_DIRECT for " + why;
       f->fh = std::make_shared<FileHandle>(path, false);
     } else {
-      f->cache_first = hints.direct_cache;  // what the page cache holds already is read from it (Engine::read_cached)
+      // What the page cache holds already is read from it (Engine::read_cached), where the kernel says so to
+      // this process (asked once per file).
+      f->cache_first = hints.direct_cache && page_cache_tells(f->fh->fd());
     }
     f->size = f->fh->size();
     f->queue_depth = static_cast<uint32_t>(queue_depth_for(*f->fh, queue_depth_, nullptr));

@@ -180,7 +180,18 @@ bool mincore_tells(int fd) {
 }
 }  // namespace
 
-int64_t cached_pages(int fd, uint64_t offset, uint64_t n, CacheProbe how, uint64_t* pages) {
+bool page_cache_tells(int fd) {
+  if (!cachestat_missing.load(std::memory_order_relaxed)) {
+    CachestatRange range{0, 1};
+    Cachestat cs{};
+    if (::syscall(kCachestat, fd, &range, &cs, 0) == 0) return true;
+    if (errno != ENOSYS) return false;  // EPERM: not for this process
+    cachestat_missing.store(true, std::memory_order_relaxed);
+  }
+  return mincore_tells(fd);
+}
+
+int64_t cached_pages(int fd, uint64_t offset, uint64_t n, CacheProbe how, uint64_t* pages, bool told) {
   static const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
   *pages = 0;
   if (n == 0) return 0;
@@ -194,7 +205,7 @@ int64_t cached_pages(int fd, uint64_t offset, uint64_t n, CacheProbe how, uint64
     if (errno != ENOSYS || how == CacheProbe::Cachestat) return -1;
     cachestat_missing.store(true, std::memory_order_relaxed);
   }
-  if (!mincore_tells(fd)) return -1;
+  if (!told && !mincore_tells(fd)) return -1;
   const uint64_t start = first * page;
   const size_t len = static_cast<size_t>(offset + n - start);
   void* p = ::mmap(nullptr, len, PROT_READ, MAP_SHARED, fd, static_cast<off_t>(start));
@@ -215,9 +226,9 @@ int64_t cached_pages(int fd, uint64_t offset, uint64_t n, CacheProbe how, uint64
   return held;
 }
 
-bool page_cache_holds(int fd, uint64_t offset, size_t n, CacheProbe how) {
+bool page_cache_holds(int fd, uint64_t offset, size_t n, CacheProbe how, bool told) {
   uint64_t pages = 0;
-  return n > 0 && cached_pages(fd, offset, n, how, &pages) == static_cast<int64_t>(pages);
+  return n > 0 && cached_pages(fd, offset, n, how, &pages, told) == static_cast<int64_t>(pages);
 }
 
 Mapping::Mapping(const std::string& path, bool sequential) : path_(path) {

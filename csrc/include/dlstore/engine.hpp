@@ -83,7 +83,8 @@ struct OpenedFile {
   uint32_t memory_align = 1;               // O_DIRECT: buffer addresses are multiples of this
   uint32_t queue_depth = 1;                // reads in flight one call keeps on this file's device
   // O_DIRECT engines: a request whose bytes the page cache holds already is read from it, through a
-  // buffered descriptor opened for that read (Engine::read_cached), not again from the device.
+  // buffered descriptor opened for that read (Engine::read_cached), not again from the device. Set at
+  // open where direct_cache is on and the kernel tells this process the file's page-cache state.
   bool cache_first = false;
 
   // Bytes a slot needs to receive [offset, offset + len): O_DIRECT reads the whole aligned blocks

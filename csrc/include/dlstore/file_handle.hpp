@@ -57,12 +57,16 @@ class FileHandle {
 // mapped, or the kernel keeps this file's page-cache state from this process (both calls report it only
 // for files the process owns or may write, or with CAP_FOWNER: cachestat refuses with EPERM, and mincore
 // reports every page resident, so it is not asked about such a file).
-// `how` forces one call (for tests: Cachestat is false where the kernel lacks it).
+// `how` forces one call (for tests: Cachestat is false where the kernel lacks it). `told`: the caller has
+// found page_cache_tells(fd) true, so mincore's who-may-ask check is not made again.
 enum class CacheProbe { Auto, Cachestat, Mincore };
-bool page_cache_holds(int fd, uint64_t offset, size_t n, CacheProbe how = CacheProbe::Auto);
+bool page_cache_holds(int fd, uint64_t offset, size_t n, CacheProbe how = CacheProbe::Auto, bool told = false);
 // The pages of bytes [offset, offset + n) the page cache holds, by the same calls, and in `pages` how many
 // pages the range spans; -1 where the kernel does not say (the cases above).
-int64_t cached_pages(int fd, uint64_t offset, uint64_t n, CacheProbe how, uint64_t* pages);
+int64_t cached_pages(int fd, uint64_t offset, uint64_t n, CacheProbe how, uint64_t* pages, bool told = false);
+// Whether the kernel tells this process the page cache's state of the file open as `fd` (the who-may-ask
+// rule above): what an engine asks once per file, not before every read.
+bool page_cache_tells(int fd);
 
 // A read-only mapping of a whole file. `sequential` advises the kernel to read ahead and drop pages
 // behind (a sequential pass); otherwise the default advice suits reads in any order.
