@@ -106,7 +106,7 @@ def test_setting_off_reads_the_device(shards, engine, monkeypatch):
     reader = dlstore.open_records(paths, io=_engine(engine))
     assert [bytes(r) for r in reader] == [r for recs in records for r in recs]
     assert reader.stats()["cache_bytes_read"] == 0
-    got, stats = _dataset_batches(paths, engine, "global")
+    _, stats = _dataset_batches(paths, engine, "global")
     assert stats["cache_bytes_read"] == 0 < stats["file_bytes_read"]
 
 
@@ -250,10 +250,7 @@ def test_cached_reads_take_no_descriptor_of_their_own(direct_dir, engine, direct
     # A chunk of a global shuffle holds every file its records lie in open at once: here all 300, as one
     # descriptor each (300 + the interpreter's ~30 within a soft limit of 450). A buffered descriptor kept
     # per file for the cached reads made that 600 ("Too many open files"); one opened per read does not.
-    import subprocess
-    import sys
-
-    from tests.helpers import REPO
+    from tests.helpers import run_python
 
     _engine(engine)
     for k in range(300):
@@ -266,8 +263,7 @@ n = sum(b.num_records for b in ds.batches())
 s = ds.stats()
 print(n, s["cache_bytes_read"] == s["file_bytes_read"] > 0)
 """
-    env = dict(os.environ, PYTHONPATH=REPO, DLSTORE_DIRECT_CACHE=direct_cache)
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    p = run_python(code, timeout=300, DLSTORE_DIRECT_CACHE=direct_cache)
     assert p.returncode == 0, p.stderr[-2000:]
     assert p.stdout.split() == ["1200", "True" if direct_cache == "1" else "False"]
 

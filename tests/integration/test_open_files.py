@@ -2,13 +2,9 @@
 shards put thousands of files in one 8 MiB chunk, each held open while the chunk was read ("Too many open
 files" at the common soft limit of 1024). Chunks now read at most max_chunk_files files, and the files
 kept open between chunks follow the soft RLIMIT_NOFILE (dlstore.io.system.open_files_budget)."""
-import os
-import subprocess
-import sys
-
 import pytest
 
-from tests.helpers import ENGINES, REPO, write_tfrecord
+from tests.helpers import ENGINES, run_python, write_tfrecord
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +35,6 @@ keys = sorted(bytes(b)[:5] for batch in ds.batches() for b in [memoryview(batch)
               for o, n in zip(batch.offsets.tolist(), batch.lengths.tolist())])
 print(len(keys), len(set(keys)), ds.stats()["engine"])
 """
-    env = dict(os.environ, PYTHONPATH=REPO)
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    p = run_python(code, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     assert p.stdout.split() == ["1200", "1200", engine]
