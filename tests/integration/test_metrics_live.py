@@ -123,16 +123,23 @@ def test_a_torch_dataset_is_one_series_over_its_epochs(tmp_path, served):
         assert value(series, "dlstore_batch_wait_seconds_count", loader=name) == 8 * (epoch + 1)
 
 
-def test_the_environment_variable_alone_serves_every_loader(tmp_path):
-    generate_bert(str(tmp_path), shards=1, records_per_shard=16, progress=False)
+def _served_alone(make: str, count: str, metric: str):
+    """A fresh process with DLSTORE_METRICS_PORT=0 that runs ``make`` (which names ``source``), reads it
+    through ``count``, and prints that count and the lines of ``metric`` its exporter serves."""
     script = ("import urllib.request, dlstore\n"
               "from dlstore.pipeline import bert_loader\n"
-              f"loader = bert_loader({str(tmp_path)!r}, batch_size=4)\n"
-              "n = sum(1 for _ in loader)\n"
+              f"source = {make}\n"
+              f"n = {count}\n"
               "port = dlstore.metrics.serving()\n"
               "body = urllib.request.urlopen(f'http://127.0.0.1:{port}/metrics', timeout=10).read().decode()\n"
-              "print(n, [l for l in body.splitlines() if l.startswith('dlstore_batches_total')])\n")
-    out = run_python(script, DLSTORE_METRICS_PORT="0")
+              f"print(n, [l for l in body.splitlines() if l.startswith({metric!r})])\n")
+    return run_python(script, DLSTORE_METRICS_PORT="0")
+
+
+def test_the_environment_variable_alone_serves_every_loader(tmp_path):
+    generate_bert(str(tmp_path), shards=1, records_per_shard=16, progress=False)
+    out = _served_alone(f"bert_loader({str(tmp_path)!r}, batch_size=4)", "sum(1 for _ in source)",
+                        "dlstore_batches_total")
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("4 ['dlstore_batches_total{") and out.stdout.rstrip().endswith("4.0']")
 
@@ -328,13 +335,8 @@ def test_the_environment_variable_alone_serves_a_dataset(tmp_path):
     """DLSTORE_METRICS_PORT started the exporter from the first Loader only: a job reading Datasets
     directly served nothing."""
     generate_bert(str(tmp_path), shards=1, records_per_shard=16, progress=False)
-    script = ("import urllib.request, dlstore\n"
-              f"ds = dlstore.Dataset({str(tmp_path)!r}, batch_size=4)\n"
-              "n = sum(b.num_records for b in ds.batches())\n"
-              "port = dlstore.metrics.serving()\n"
-              "body = urllib.request.urlopen(f'http://127.0.0.1:{port}/metrics', timeout=10).read().decode()\n"
-              "print(n, [l for l in body.splitlines() if l.startswith('dlstore_records_total')])\n")
-    out = run_python(script, DLSTORE_METRICS_PORT="0")
+    out = _served_alone(f"dlstore.Dataset({str(tmp_path)!r}, batch_size=4)",
+                        "sum(b.num_records for b in source.batches())", "dlstore_records_total")
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("16 ['dlstore_records_total{") and 'loader="dataset-0"' in out.stdout
     assert out.stdout.rstrip().endswith("16.0']"), out.stdout
