@@ -12,7 +12,6 @@ committed benchmarks/results/direct_cache.json. Needs root (drops the page cache
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -22,6 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import dlstore  # noqa: E402
 from benchmarks import _harness  # noqa: E402
+from dlstore.bench import report  # noqa: E402
 from dlstore.bench.storage import dataset_paths  # noqa: E402
 from dlstore.io import pagecache  # noqa: E402
 
@@ -84,10 +84,8 @@ def main() -> int:
         out[key] = {"gb_per_s": [r["gb_per_s"] for r in runs], "median": rate, "on_vs_off": ratio,
                     "from_cache": share}
         print(f"{key:48s} {rate:6.2f} {'' if ratio is None else f'{ratio:.2f}x':>7s} {100 * share:9.0f}%")
-    os.makedirs(os.path.dirname(os.path.abspath(json_path)), exist_ok=True)
-    with open(json_path, "w") as f:
-        json.dump({"bytes": total, "files": len(paths), "rounds": args.rounds, "load": loads,
-                   "cores": os.cpu_count(), "rows": out}, f, indent=1)
+    report.write_json(json_path, {"bytes": total, "files": len(paths), "rounds": args.rounds, "load": loads,
+                                  "cores": os.cpu_count(), "rows": out})
     print(f"wrote {json_path}")
     return 0
 
