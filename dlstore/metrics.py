@@ -213,24 +213,19 @@ class _Collector:
             stats = reader.stats()
             labels = list(_label_values(reader, name, stats))
             engine.add_metric(labels + [str(stats.get("engine_reason"))], 1)
-            if not loader:  # a Dataset read directly: what it took from storage, over its life
-                life = stats["life"]
-                records.add_metric(labels, life["records"])
-                read.add_metric(labels, life["bytes"])
-                skipped.add_metric(labels + ["source"], life["skipped"])
-                corrupt.add_metric(labels, life["skipped"])
-                failovers.add_metric(labels, life["failovers"])
-                retries.add_metric(labels, life["retries"])
+            # What it took from storage: a Loader's counts, or a Dataset's (read directly) over its life.
+            counts = stats if loader else dict(stats["life"], skipped_source=stats["life"]["skipped"])
+            records.add_metric(labels, counts["records"])
+            read.add_metric(labels, counts["bytes"])
+            skipped.add_metric(labels + ["source"], counts["skipped_source"])
+            corrupt.add_metric(labels, counts["skipped_source"])
+            failovers.add_metric(labels, counts["failovers"])
+            retries.add_metric(labels, counts["retries"])
+            if not loader:
                 continue
-            records.add_metric(labels, stats["records"])
-            read.add_metric(labels, stats["bytes"])
             batches.add_metric(labels, stats["batches"])
             samples.add_metric(labels, stats["samples"])
-            skipped.add_metric(labels + ["source"], stats["skipped_source"])
             skipped.add_metric(labels + ["pipeline"], stats["skipped_pipeline"])
-            corrupt.add_metric(labels, stats["skipped_source"])
-            failovers.add_metric(labels, stats["failovers"])
-            retries.add_metric(labels, stats["retries"])
             report = stats["stalls"]
             stalls.add_metric(labels + ["storage"], report["storage_wait_s"])
             stalls.add_metric(labels + ["decode"], report["decode_wait_s"])
