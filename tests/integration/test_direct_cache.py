@@ -28,15 +28,6 @@ def shards(direct_dir):
     return paths, records
 
 
-def _engine(engine):
-    if engine == "io_uring":
-        from dlstore.io.select import probe_io_uring
-
-        if probe_io_uring():
-            pytest.skip(f"io_uring cannot run here: {probe_io_uring()}")
-    return engine
-
-
 def _evicted(paths):
     evict_files(paths)
     left = resident_fraction(paths)
@@ -50,25 +41,25 @@ def _dataset_batches(paths, engine, shuffle, **kw):
     return out, ds.stats()
 
 
-@pytest.mark.parametrize("engine", O_DIRECT_ENGINES)
+@pytest.mark.parametrize("engine", O_DIRECT_ENGINES, indirect=True)  # conftest: io_uring skips where refused
 def test_warm_files_are_read_from_the_cache(shards, engine):
     paths, records = shards
     make_warm(paths)
     assert resident_fraction(paths) == 1.0
-    reader = dlstore.open_records(paths, io=_engine(engine), chunk_size=64 << 10)
+    reader = dlstore.open_records(paths, io=engine, chunk_size=64 << 10)
     assert [bytes(r) for r in reader] == [r for recs in records for r in recs]
     stats = reader.stats()
     assert reader.engine == engine and stats["notes"] == []
     assert stats["cache_bytes_read"] == stats["file_bytes_read"] > 0
 
 
-@pytest.mark.parametrize("engine", O_DIRECT_ENGINES)
+@pytest.mark.parametrize("engine", O_DIRECT_ENGINES, indirect=True)
 @pytest.mark.parametrize("shuffle", SHUFFLES)
 def test_dataset_batches_match_buffered_warm_and_cold(shards, engine, shuffle):
     paths, _ = shards
     expected, _ = _dataset_batches(paths, "buffered", shuffle)
     make_warm(paths)
-    warm, stats = _dataset_batches(paths, _engine(engine), shuffle)
+    warm, stats = _dataset_batches(paths, engine, shuffle)
     assert warm == expected
     assert stats["engine"] == engine and stats["cache_bytes_read"] == stats["file_bytes_read"] > 0
     _evicted(paths)
@@ -78,7 +69,7 @@ def test_dataset_batches_match_buffered_warm_and_cold(shards, engine, shuffle):
     assert resident_fraction(paths) == 0  # O_DIRECT left the cache as it found it
 
 
-@pytest.mark.parametrize("engine", O_DIRECT_ENGINES)
+@pytest.mark.parametrize("engine", O_DIRECT_ENGINES, indirect=True)
 def test_partly_cached_file_mixes_cache_and_device(direct_dir, engine):
     # One file of 8 reads; the cache holds its first half: those reads come from it, the rest from the device.
     records = [os.urandom(4000 + k) for k in range(400)]
@@ -92,18 +83,18 @@ def test_partly_cached_file_mixes_cache_and_device(direct_dir, engine):
     finally:
         os.close(fd)
     assert 0.3 < resident_fraction([path]) < 0.7
-    reader = dlstore.open_records(path, io=_engine(engine), chunk_size=(size // 8 + 4095) // 4096 * 4096)
+    reader = dlstore.open_records(path, io=engine, chunk_size=(size // 8 + 4095) // 4096 * 4096)
     assert [bytes(r) for r in reader] == records
     stats = reader.stats()
     assert 0 < stats["cache_bytes_read"] < stats["file_bytes_read"]
 
 
-@pytest.mark.parametrize("engine", O_DIRECT_ENGINES)
+@pytest.mark.parametrize("engine", O_DIRECT_ENGINES, indirect=True)
 def test_setting_off_reads_the_device(shards, engine, monkeypatch):
     paths, records = shards
     monkeypatch.setenv("DLSTORE_DIRECT_CACHE", "off")
     make_warm(paths)
-    reader = dlstore.open_records(paths, io=_engine(engine))
+    reader = dlstore.open_records(paths, io=engine)
     assert [bytes(r) for r in reader] == [r for recs in records for r in recs]
     assert reader.stats()["cache_bytes_read"] == 0
     _, stats = _dataset_batches(paths, engine, "global")
@@ -135,10 +126,10 @@ def test_buffered_fallback_counts_no_cache_bytes(tmp_path, payloads):
             shutil.rmtree(where, ignore_errors=True)
 
 
-@pytest.mark.parametrize("engine", O_DIRECT_ENGINES)
+@pytest.mark.parametrize("engine", O_DIRECT_ENGINES, indirect=True)
 def test_file_cut_after_indexing_names_file_and_offset(shards, engine):
     paths, _ = shards
-    ds = dlstore.Dataset(paths, io=_engine(engine), shuffle="none", batch_size=32)
+    ds = dlstore.Dataset(paths, io=engine, shuffle="none", batch_size=32)
     make_warm(paths)
     size = os.path.getsize(paths[1])
     os.truncate(paths[1], size // 2)
@@ -189,14 +180,14 @@ def test_setting_is_parsed_and_documented():
     assert "DLSTORE_DIRECT_CACHE" in doc
 
 
-@pytest.mark.parametrize("engine", O_DIRECT_ENGINES)
+@pytest.mark.parametrize("engine", O_DIRECT_ENGINES, indirect=True)
 def test_file_renamed_over_is_not_read_from_the_cache(direct_dir, engine):
     # The buffered descriptor is opened by path at the first cached read. A file renamed over that path
     # since the reader opened it is another file: its bytes must not stand in for the open one's.
     old = [os.urandom(3000 + k) for k in range(600)]
     path = write_tfrecord(direct_dir / "r.tfrecord", old)
     _evicted([path])
-    reader = dlstore.open_records(path, io=_engine(engine), chunk_size=64 << 10)
+    reader = dlstore.open_records(path, io=engine, chunk_size=64 << 10)
     batches = reader.batches()
     got = batch_records(next(batches))  # the file is open, read O_DIRECT so far (nothing cached)
     keep = os.open(path, os.O_RDONLY)
@@ -244,7 +235,7 @@ def test_page_cache_check_of_a_file_the_kernel_does_not_describe(direct_dir, how
     assert not _probe_as_nobody(path, how)
 
 
-@pytest.mark.parametrize("engine", O_DIRECT_ENGINES)
+@pytest.mark.parametrize("engine", O_DIRECT_ENGINES, indirect=True)
 @pytest.mark.parametrize("direct_cache", ["1", "0"])
 def test_cached_reads_take_no_descriptor_of_their_own(direct_dir, engine, direct_cache):
     # A chunk of a global shuffle holds every file its records lie in open at once: here all 300, as one
@@ -252,7 +243,6 @@ def test_cached_reads_take_no_descriptor_of_their_own(direct_dir, engine, direct
     # per file for the cached reads made that 600 ("Too many open files"); one opened per read does not.
     from tests.helpers import run_python
 
-    _engine(engine)
     for k in range(300):
         write_tfrecord(direct_dir / f"s{k:03d}.tfrecord", [bytes([k % 256]) * 200] * 4)
     code = f"""
