@@ -132,6 +132,62 @@ def test_every_kvikio_error_becomes_a_dlstore_io_error_naming_file_and_offset(tm
     assert e.value.path == path
 
 
+def test_many_files_stay_within_the_open_file_budget(tmp_path, gpu_libraries, monkeypatch):
+    """A global shuffle over many small files: files no read in flight holds are closed, least recently used
+    first, once more than ``max_open_files`` are open, and a chunk reads at most max(16, budget // (2 * depth))
+    files (the host reader's cap), so the reader never holds every file of the pass open."""
+    kvikio, state = gpu_libraries.kvikio, {"open": 0, "most": 0}
+    opened_as = kvikio.CuFile
+
+    class Counted(opened_as):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            state["open"] += 1
+            state["most"] = max(state["most"], state["open"])
+
+        def close(self):
+            if not self.closed:
+                state["open"] -= 1
+            super().close()
+
+    monkeypatch.setattr(kvikio, "CuFile", Counted)
+    recs = [[b"%02d-%d" % (k, i) * 40 for i in range(3)] for k in range(60)]
+    paths = [write_tfrecord(tmp_path / f"s{k:02d}.tfrecord", r) for k, r in enumerate(recs)]
+    order = np.random.default_rng(5).permutation(180)
+    want = [r for rs in recs for r in rs]
+    reader = plan_reader(paths, recs, order=order, max_open_files=4, chunk_size=1 << 20, batch_size=8)
+    assert read_all(reader) == [want[i] for i in order]
+    assert 16 < state["most"] <= 4 + 2 * 16  # the budget, and the files of the two chunks in flight
+    assert state["open"] == 0  # the end of the pass closed the rest
+
+
+def test_pieces_after_a_failed_one_are_waited_before_their_buffer_goes(tmp_path, gpu_libraries, monkeypatch):
+    """A chunk whose first piece fails: the pieces issued after it still write into the chunk's buffer, so
+    each is waited (once) before the error is raised and the buffer and files are let go."""
+    kvikio, futures = gpu_libraries.kvikio, []
+    issue = kvikio.CuFile.pread
+
+    def tracked(self, *a, **k):
+        futures.append(issue(self, *a, **k))
+        return futures[-1]
+
+    real_get = kvikio.IOFuture.get
+
+    def get(self):
+        if self is futures[0]:
+            real_get(self)
+            raise RuntimeError("Input/output error")
+        return real_get(self)
+
+    monkeypatch.setattr(kvikio.CuFile, "pread", tracked)
+    monkeypatch.setattr(kvikio.IOFuture, "get", get)
+    recs = [[b"%d" % k * 3000] for k in range(6)]
+    paths = [write_tfrecord(tmp_path / f"p{k}.tfrecord", r) for k, r in enumerate(recs)]
+    with pytest.raises(dlstore.DlstoreIOError, match=f"^{paths[0]}: read failed at byte 0: "):
+        read_all(plan_reader(paths, recs, chunk_size=1 << 20, batch_size=6))
+    assert len(futures) == 6 and all(f._future is None for f in futures)  # each waited, none twice
+
+
 def test_batches_gathered_across_reads_and_files_in_emission_order(tmp_path, gpu_libraries, payloads):
     paths = [write_tfrecord(tmp_path / "a.tfrecord", payloads), write_tfrecord(tmp_path / "b.tfrecord",
                                                                               payloads[::-1])]

@@ -282,8 +282,8 @@ DLSTORE_DEVICE int dlstore_frame_step(const dlstore_u32* tables, dlstore_u32* pa
 }
 
 #ifndef DLSTORE_HOST
-/* dlstore_tfrecord_frames(buf, rel, size, n, verify, status): status[r] for the frame of size[r] bytes
- * at buf + rel[r], r < n. Blocks of at most DLSTORE_FRAME_THREADS threads, each block taking records
+/* dlstore_tfrecord_frames(buf, rel, size, n, verify, status): status[r], a DLSTORE_FRAME_* code, for the
+ * frame of size[r] bytes (the index's) at buf + rel[r], r < n; verify 1 checks the CRCs, 0 the length only. Blocks of at most DLSTORE_FRAME_THREADS threads, each block taking records
  * blockIdx.x, blockIdx.x + gridDim.x, ...; any grid size is correct (kernels.py: frames_launch). */
 extern "C" __global__ void __launch_bounds__(DLSTORE_FRAME_THREADS)
 dlstore_tfrecord_frames(const dlstore_u8* buf, const dlstore_i64* rel, const dlstore_i64* size, int n, int verify,

@@ -1,19 +1,8 @@
 """The CUDA kernels of io="gds" as Python sees them: their source (``kernels.cu``, shipped beside this
-module), their names, frame status codes and launch configurations.
-
-Kernels, launched with CuPy's ``RawModule(code=CUDA_SOURCE).get_function(name)(grid, block, args,
-shared_mem=...)``; every pointer is a device array (``unsigned char*``: uint8, ``long long*``: int64,
-``unsigned long long*``: uint64), every scalar a numpy scalar of the type named:
-
-``dlstore_tfrecord_frames(buf, rel, size, n, verify, status)``
-    ``buf`` (uint8*) a read; ``rel``, ``size`` (int64*, n each) where each frame starts in ``buf`` and its
-    frame size from the index; ``n`` (np.int32) the number of frames; ``verify`` (np.int32) 1 to check
-    the CRCs, 0 for the length only; ``status`` (uint8*, n) gets one of the ``FRAME_*`` codes. Launch:
-    :func:`frames_launch`.
-``dlstore_gather(sources, src_buf, src_at, len, dst_at, n, dst)``
-    ``sources`` (uint64*) the device addresses of the source buffers; record r, r < ``n`` (np.int64):
-    ``len[r]`` bytes at ``src_at[r]`` of buffer ``src_buf[r]`` go to ``dst + dst_at[r]`` (int64* each;
-    ``dst`` uint8*). Launch: :func:`gather_launch`.
+module, whose comments give each kernel's arguments), their names, frame status codes and launch
+configurations. Launched with CuPy's ``RawModule(code=CUDA_SOURCE).get_function(name)(grid, block, args,
+shared_mem=...)``: pointers as device arrays (``unsigned char*``: uint8, ``long long*``: int64, ``unsigned
+long long*``: uint64), scalars as numpy scalars of the C type (``int``: np.int32, ``long long``: np.int64).
 """
 from __future__ import annotations
 

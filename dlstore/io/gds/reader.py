@@ -11,14 +11,18 @@ rare flagged frame is copied back and named by the C++ frame check, in the host 
 from __future__ import annotations
 
 import os
+from collections import OrderedDict
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from dlstore import _C
 from dlstore.errors import GdsUnavailableError
 from dlstore.formats.tfrecord import FOOTER_BYTES, HEADER_BYTES
+from dlstore.io.cuda import kvikio_backends, kvikio_monitor
 from dlstore.io.gds import kernels
 from dlstore.io.gds.batch import DeviceBatch, Quarantine
+from dlstore.io.system import open_files_budget
 
 __all__ = ["ALIGN", "GdsPlanReader"]
 
@@ -31,6 +35,16 @@ def _packed(lengths: np.ndarray) -> np.ndarray:
     out = np.zeros(len(lengths), dtype=np.int64)
     np.cumsum(lengths[:-1], out=out[1:])
     return out
+
+
+def _wait_rest(issued: List[Tuple[Any, int, str, int]]) -> None:
+    """Waits once for each piece in flight: the device must not write into memory let go, nor a file close
+    under a read. Their errors are not the one raised."""
+    for future, *_ in issued:
+        try:
+            None if isinstance(future, Exception) else future.get()
+        except Exception:  # noqa: BLE001 - the first error was raised
+            pass
 
 
 class GdsPlanReader:
@@ -54,43 +68,43 @@ class GdsPlanReader:
         Check the length and data CRCs (the length against the index always).
     mode : str
         What :func:`dlstore.io.cuda.gds_verdict` said (``gds`` or ``compat``), until kvikio says per file.
+    max_open_files : int, optional
+        As the host reader's (default :func:`dlstore.io.system.open_files_budget`), and so is the files' cap per chunk.
     """
 
     def __init__(self, paths: Sequence[str], file: np.ndarray, offset: np.ndarray, size: np.ndarray,
                  emit: Optional[np.ndarray] = None, *, device: int = 0, mounts: Optional[np.ndarray] = None,
                  batch_size: int, first_batch: int = 0, chunk_size: int, depth: int = 2, hold_bytes: int = 0,
-                 verify: bool = True, on_error: str = "raise", mode: str = "gds"):
+                 verify: bool = True, on_error: str = "raise", mode: str = "gds",
+                 max_open_files: Optional[int] = None):
         try:
             import cupy
             import kvikio
         except ImportError as e:
             raise GdsUnavailableError(f"io='gds' needs kvikio and CuPy: {e} (pip install 'dlstore[gpu]')") from e
-        from dlstore import _C
-
         self._cp, self._kvikio, self._mode, self._verify = cupy, kvikio, mode, bool(verify)
         self.paths = list(paths)
         self._offset = np.asarray(offset, dtype=np.int64)
         self._size = np.asarray(size, dtype=np.int64)
         self._file = np.asarray(file, dtype=np.int64)
+        self._max_open, depth = max(1, int(max_open_files or open_files_budget())), max(1, int(depth))
         self._sched = _C.ReadSchedule(self.paths, self._file, self._offset, self._size, emit, mounts,
-                                      chunk_size=chunk_size, depth=max(1, int(depth)),
+                                      chunk_size=chunk_size, depth=depth,
                                       batch_size=max(1, int(batch_size)), first_batch=int(first_batch),
-                                      hold_bytes=int(hold_bytes), on_error=on_error)
+                                      hold_bytes=int(hold_bytes), on_error=on_error,
+                                      max_chunk_files=max(16, self._max_open // (2 * depth)))
         self._device = cupy.cuda.Device(int(device))
         with self._device:
             module = cupy.RawModule(code=kernels.CUDA_SOURCE)
             self._frames = module.get_function(kernels.FRAMES_KERNEL_NAME)
             self._gather = module.get_function(kernels.GATHER_KERNEL_NAME)
         self._quarantine = Quarantine(cupy)
-        from dlstore.io.cuda import kvikio_monitor
-
         self._monitor = kvikio_monitor()  # kvikio counts by backend what it moves while this lives
-        self._handles: Dict[int, Any] = {}
+        self._handles: "OrderedDict[int, Any]" = OrderedDict()  # least recently used first
         self._file_sizes: Dict[int, int] = {}
-        # chunk -> (buffer, per piece (future or its error, bytes, path, offset), positions, frame starts in
-        # the buffer, piece of each position, first position of each piece), from its read to its arrival
-        self._reads: Dict[int, Tuple[Any, List[Tuple[Any, int, str, int]], np.ndarray, np.ndarray, np.ndarray,
-                                     np.ndarray]] = {}
+        # chunk -> (buffer, per piece (future or its error, bytes, path, offset), positions, frame starts in the
+        # buffer, piece of each position, first position of each piece, files held open), from read to arrival
+        self._reads: Dict[int, tuple] = {}
         n = len(self._file)
         self._src = np.zeros(n, dtype=np.int64)  # per read position: the buffer its payload is in ...
         self._at = np.zeros(n, dtype=np.int64)   # ... and where in it
@@ -139,7 +153,14 @@ class GdsPlanReader:
         if f not in self._handles:
             self._handles[f] = self._kvikio.CuFile(self.paths[f], "r")
             self._file_sizes[f] = os.fstat(self._handles[f].fileno()).st_size
+        self._handles.move_to_end(f)
         return self._handles[f]
+
+    def _trim(self) -> None:
+        """Closes the least recently used files no read in flight holds, down to ``max_open_files``."""
+        busy = {f for read in self._reads.values() for f in read[-1]}
+        for f in [f for f in self._handles if f not in busy][:max(0, len(self._handles) - self._max_open)]:
+            self._handles.pop(f).close()
 
     def _read(self, chunk: int, file: np.ndarray, start: np.ndarray, end: np.ndarray, first: np.ndarray,
               last: np.ndarray) -> None:
@@ -178,10 +199,10 @@ class GdsPlanReader:
             issued.append(failure)
         shift = np.zeros(len(first), dtype=np.int64)
         shift[:opened] = slot - lo
-        self._reads[chunk] = (buf, issued, pos, self._offset[pos] + shift[piece], piece, first)
+        self._reads[chunk] = (buf, issued, pos, self._offset[pos] + shift[piece], piece, first, file[:opened].tolist())
 
     def _arrive(self, chunk: int) -> None:
-        buf, issued, pos, rel, piece, first = self._reads.pop(chunk)
+        buf, issued, pos, rel, piece, first, _ = self._reads.pop(chunk)
         got_bytes, failed, why, path, at = 0, -1, "", "", -1
         for i, (future, n, p, a) in enumerate(issued):
             try:
@@ -197,6 +218,8 @@ class GdsPlanReader:
                                                         f"shrank, or the index is stale)"), p, a
                 break
             got_bytes += got
+        _wait_rest(issued[i + 1:] if failed >= 0 else [])  # pieces after a failed one still write into buf
+        self._trim()
         if failed >= 0:  # the pieces read before the failure still count
             keep = piece < i
             pos, rel = pos[keep], rel[keep]
@@ -219,8 +242,6 @@ class GdsPlanReader:
             self._frames(grid, block, (buf, cp.asarray(rel), cp.asarray(self._size[pos]), np.int32(len(pos)),
                                        np.int32(self._verify), status), shared_mem=shared)
             flagged = np.flatnonzero(cp.asnumpy(status))
-        from dlstore import _C
-
         bad_at, bad_what = [], []
         for i in flagged.tolist():
             frame = cp.asnumpy(buf[int(rel[i]):int(rel[i] + self._size[pos[i]])])
@@ -278,8 +299,6 @@ class GdsPlanReader:
         ``gds_backend`` and ``crc`` (where the CRC ran)."""
         out = dict(self._sched.stats())
         out.update(self._moved)
-        from dlstore.io.cuda import kvikio_backends
-
         moved = kvikio_backends(self._monitor)
         out.update(gds_mode=moved["gds_mode"] if moved["gds_mode"] not in ("unknown", "none") else self._mode,
                    gds_moved=moved["reason"], gds_backend="kvikio CuFile",
@@ -297,18 +316,13 @@ class GdsPlanReader:
             pass
 
     def close(self) -> None:
-        """Waits for reads in flight (the device must not write into memory let go) and closes the files."""
+        """Waits for reads in flight and closes the files."""
         for _, issued, *_ in self._reads.values():
-            for future, *_ in issued:
-                if not isinstance(future, Exception):
-                    try:
-                        future.get()
-                    except Exception:  # noqa: BLE001 - closing after an error: the first one was raised
-                        pass
+            _wait_rest(issued)
         self._reads = {}
         for h in self._handles.values():
             h.close()
-        self._handles, self._buffers = {}, {}
+        self._handles, self._buffers = OrderedDict(), {}
 
     def __del__(self):
         try:
