@@ -43,7 +43,6 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 
 import numpy as np
 
-from dlstore import settings
 from dlstore._progress import Progress
 from dlstore.bench import report, sysinfo
 from dlstore.bench.mlperf_au import FIRST_STEP_READ_LIMIT_PCT, aggregate, decide, rank_epoch, search_accelerators
@@ -52,7 +51,7 @@ from dlstore.bench.mlperf_records import (DlioExample, files_to_outgrow_cache, g
 from dlstore.bench.mlperf_workloads import MlperfWorkload, accelerator_names, workload, workload_names
 from dlstore.bench.ranks import mean_known
 from dlstore.bench.steps import CountingSource, run_steps
-from dlstore.bench.tiers import close_loader
+from dlstore.bench.tiers import HOST_IO_HELP, close_loader, host_io
 from dlstore.distributed import mpi_comm
 from dlstore.io import pagecache as cache_control
 from dlstore.io.select import ENGINES
@@ -380,8 +379,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="epochs per run (default: %(default)s; MLPerf Storage runs 5 over a dataset that outgrows "
                         "memory; here a cold run drops the cache once, before the first)")
     p.add_argument("--io", choices=("auto",) + ENGINES, default=None,
-                   help=settings.IO_HOST_HELP + " gds (into GPU memory): bench storage --io gds. "
-                        f"Default: ${settings.SETTINGS['io'].env}, else auto.")
+                   help=HOST_IO_HELP)
     p.add_argument("--shuffle", choices=tuple(SHUFFLES), default="block",
                    help="the Dataset's record shuffle (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, metavar="S", help="seed of the shuffle")
@@ -492,7 +490,7 @@ def run(args: argparse.Namespace) -> int:
                                  computation_time=wl.computation_time * args.batch_size / wl.batch_size,
                                  source=f"--batch-size {args.batch_size}: computation_time scaled from "
                                         f"{wl.computation_time:g} s per {wl.batch_size}; " + wl.source)
-    args.io = settings.get("io", args.io)
+    args.io = host_io(args.io)
     for name in ("repeat", "epochs", "prefetch", "max_accelerators"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1")

@@ -53,7 +53,6 @@ import socket
 import sys
 from typing import Dict, List, NamedTuple, Optional, Sequence
 
-from dlstore import settings
 from dlstore.bench import report, sysinfo
 from dlstore.bench.compute import COMPUTE_PRESETS, resolve_compute
 from dlstore.bench.jobs import run_jobs
@@ -62,7 +61,7 @@ from dlstore.bench.plot import MatplotlibMissing, plot_document
 from dlstore.bench.ranks import aggregate_ranks
 from dlstore.bench.steps import DEFAULT_STEPS, fit_batch_size, plan_steps
 from dlstore.bench.storage import dataset_paths
-from dlstore.bench.tiers import TIERS, LoaderSpec, Workload, run_tier, warm_up
+from dlstore.bench.tiers import HOST_IO_HELP, TIERS, LoaderSpec, Workload, host_io, run_tier, warm_up
 from dlstore.distributed import mpi_comm
 from dlstore.io import pagecache as cache_control
 from dlstore.io.memory import check_device
@@ -100,9 +99,8 @@ def add_common_arguments(p: argparse.ArgumentParser, workload: Workload) -> None
                    help=f"comma-separated tiers to run, of {', '.join(TIERS)} (default: page-cache,local-cold, "
                         "and target with --data)")
     p.add_argument("--io", choices=("auto",) + ENGINES, default=None,
-                   help=settings.IO_HOST_HELP + " gds (into GPU memory): bench storage --io gds; "
-                        "--device copies these batches to a GPU. The page-cache tier reads with buffered (or mmap) "
-                        f"I/O. Default: ${settings.SETTINGS['io'].env}, else auto.")
+                   help=HOST_IO_HELP + " --device copies these batches to a GPU. The page-cache tier reads with "
+                        "buffered (or mmap) I/O.")
     p.add_argument("--device", metavar="cuda:N",
                    help="deliver the batches to this GPU: the loader assembles them in pinned memory and copies "
                         "them on a stream (Loader(device=...)); each step's clock stops after its copies have "
@@ -213,10 +211,7 @@ def run_workload(workload: Workload, args: argparse.Namespace) -> int:
     if args.mounts_per_rank is not None and not 1 <= args.mounts_per_rank <= len(args.mounts):
         raise ValueError(f"--mounts-per-rank must be 1..{len(args.mounts)} (the number of --mounts), not "
                          f"{args.mounts_per_rank}")
-    args.io = settings.get("io", args.io)
-    if args.io not in ("auto",) + ENGINES:
-        raise ValueError(f"io={args.io!r} (from {settings.SETTINGS['io'].env}) is for bench storage; "
-                         f"this bench reads with one of auto, {', '.join(ENGINES)}")
+    args.io = host_io(args.io)
     wanted = _tiers_wanted(args)
     # What is missing is said before any data is made; cuda:local is this rank's GPU among its host's.
     gpu = sysinfo.device_fields(check_device(args.device, detect_world().local_rank))

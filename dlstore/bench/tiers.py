@@ -8,15 +8,38 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
+from dlstore import settings
 from dlstore._progress import Progress
 from dlstore.bench.steps import CountingSource, run_steps
 from dlstore.io import pagecache as cache_control
+from dlstore.io.select import ENGINES
 from dlstore.pipeline import Loader
 from dlstore.sources.dataset import Dataset
 
-__all__ = ["TIERS", "Workload", "LoaderSpec", "close_loader", "warm_up", "run_tier", "read_share"]
+__all__ = ["TIERS", "HOST_IO_HELP", "host_io", "Workload", "LoaderSpec", "close_loader", "warm_up", "run_tier",
+           "read_share"]
 
 TIERS = ("page-cache", "local-cold", "target")
+
+#: ``--io``'s help in the benches whose loaders read into host memory (all but bench storage).
+HOST_IO_HELP = (settings.IO_HOST_HELP + " gds (into GPU memory): bench storage --io gds. "
+                f"Default: ${settings.SETTINGS['io'].env}, else auto.")
+
+
+def host_io(given: Optional[str]) -> str:
+    """The engine a bench reading into host memory runs: ``--io`` (``given``), else ``$DLSTORE_IO``, else auto.
+
+    Raises
+    ------
+    ValueError
+        gds from the environment (``--io``'s choices refuse it on the command line): only bench storage
+        reads into GPU memory.
+    """
+    io = settings.get("io", given)
+    if io not in ("auto",) + ENGINES:
+        raise ValueError(f"io={io!r} (from {settings.SETTINGS['io'].env}) is for bench storage; "
+                         f"this bench reads with one of auto, {', '.join(ENGINES)}")
+    return io
 
 
 @dataclass(frozen=True)

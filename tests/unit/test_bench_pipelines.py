@@ -519,6 +519,18 @@ def test_each_benchs_io_help_offers_only_the_engines_it_accepts():
             assert name == "storage"  # the bench that reads into GPU memory (docs/gpu.md)
 
 
+@pytest.mark.parametrize("name", ["resnet50", "bert", "mlperf"])
+def test_gds_from_the_environment_is_refused_by_the_host_benches(tmp_path, monkeypatch, capsys, name):
+    # --io's choices refuse gds on the command line; DLSTORE_IO=gds reached mlperf's loaders unchecked.
+    from dlstore.bench.__main__ import main as bench_main
+
+    monkeypatch.setenv("DLSTORE_IO", "gds")
+    assert bench_main([name, "--data", str(tmp_path / "none-*"), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "io='gds' (from DLSTORE_IO) is for bench storage" in err and len(err.splitlines()) == 1, err
+    assert not os.listdir(tmp_path)  # said before any data is made
+
+
 @pytest.mark.slow
 def test_plot_writes_a_png(tmp_path):
     pytest.importorskip("matplotlib", reason="--plot needs matplotlib")
