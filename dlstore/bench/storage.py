@@ -33,9 +33,9 @@ from dlstore.bench.fio import FioError, fio_missing_reason, run_fio
 from dlstore.errors import DlstoreError, GdsUnavailableError
 from dlstore.io import pagecache as cache_control
 from dlstore.io import cuda  # cuda.cuda_facts looked up at each call: tests stand in for the machine
-from dlstore.io.cuda import gds_verdict, parse_device
+from dlstore.io.cuda import gds_verdict
 from dlstore.io.memory import PinnedPool, check_device
-from dlstore.io.select import ENGINES
+from dlstore.io.select import ENGINES, gds_device
 from dlstore.placement.world import detect_world
 from dlstore.sources.reader import expand_paths, open_records
 from dlstore.synthetic import (
@@ -347,7 +347,7 @@ def check_gpu_request(io: str, device: Optional[str]) -> Optional[int]:
     """
     local_rank = detect_world().local_rank
     if io == "gds":
-        index = parse_device(device, local_rank) or 0
+        index = gds_device(device, local_rank)  # --device cpu asks for host memory: refused
         verdict = gds_verdict(cuda.cuda_facts(), index)
         if verdict.missing:
             raise GdsUnavailableError(verdict.missing)

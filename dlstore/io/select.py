@@ -27,7 +27,7 @@ from dlstore.io.cuda import gds_verdict, parse_device
 from dlstore.io.deadline import waiting_on
 from dlstore.io.system import available_page_cache_bytes, filesystem_of, format_bytes
 
-__all__ = ["ENGINES", "REQUESTS", "EngineChoice", "resolve_engine", "probe_direct", "probe_io_uring",
+__all__ = ["ENGINES", "REQUESTS", "EngineChoice", "resolve_engine", "gds_device", "probe_direct", "probe_io_uring",
            "io_uring_depth"]
 
 #: The engines that read into host memory: the C++ core's registry (csrc/src/engine_registry.cpp).
@@ -124,10 +124,7 @@ def resolve_engine(requested: str, paths: Sequence[str], total_bytes: int,
     if requested not in REQUESTS:
         raise ValueError(f"io must be one of {', '.join(REQUESTS)}, not {requested!r}")
 
-    gpu = parse_device(device)
-    if requested == "gds" and device is not None and gpu is None:
-        raise ValueError(f"io='gds' reads into GPU memory, but device={str(device)!r} asks for host memory: pass "
-                         "device='cuda:N', or omit it for cuda:0")
+    gpu = gds_device(device) if requested == "gds" else parse_device(device)
     not_gds = ""
     if requested == "gds" or (requested == "auto" and gpu is not None):
         verdict = gds_verdict((probe or cuda.cuda_facts)(), gpu or 0)
@@ -141,6 +138,22 @@ def resolve_engine(requested: str, paths: Sequence[str], total_bytes: int,
         not_gds = (f"GPU target cuda:{gpu}, but not gds ({verdict.reason}): read into host memory and copied; ")
     choice = _resolve_host(requested, paths, total_bytes, available, random_reads)
     return EngineChoice(choice.engine, requested, not_gds + choice.reason) if not_gds else choice
+
+
+def gds_device(device: object, local_rank: int = 0) -> int:
+    """The GPU ``io="gds"`` reads into: ``device`` (as :func:`~dlstore.io.cuda.parse_device` reads it), cuda:0
+    when None.
+
+    Raises
+    ------
+    ValueError
+        ``"cpu"``, which asks for host memory, or a device name that is not one.
+    """
+    gpu = parse_device(device, local_rank)
+    if device is not None and gpu is None:
+        raise ValueError(f"io='gds' reads into GPU memory, but device={str(device)!r} asks for host memory: pass "
+                         "device='cuda:N', or omit it for cuda:0")
+    return gpu or 0
 
 
 def _resolve_host(requested: str, paths: Sequence[str], total_bytes: int, available: Optional[int],

@@ -31,6 +31,8 @@ NO_DRIVER = cuda.CudaFacts(driver_error="no CUDA driver (libcuda.so.1 cannot be 
     (["--device", "cuda:0"], "device='cuda:0' needs a CUDA GPU and CuPy: no CUDA driver"),
     (["--io", "direct", "--device", "cuda:0"], "device='cuda:0' needs a CUDA GPU and CuPy: no CUDA driver"),
     (["--device", "gpu"], "device must be 'cpu', 'cuda', 'cuda:N' or 'cuda:local'"),
+    # cpu asks for host memory: it read into cuda:0
+    (["--io", "gds", "--device", "cpu"], "io='gds' reads into GPU memory, but device='cpu' asks for host memory"),
 ])
 def test_gpu_requests_without_a_gpu_exit_2_with_the_reason(monkeypatch, capsys, args, line):
     monkeypatch.setattr(cuda, "cuda_facts", lambda init=False: NO_DRIVER)
