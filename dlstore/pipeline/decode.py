@@ -48,6 +48,7 @@ __all__ = [
     "IMAGENET_MEAN",
     "IMAGENET_STD",
     "ON_ERROR",
+    "check_eval_resize",
     "native_jpeg_available",
     "decode_path",
     "crop_windows",
@@ -182,6 +183,21 @@ def _native_decoder(threads: int):
     return decoder
 
 
+def check_eval_resize(train: bool, size: Any, eval_resize: int) -> None:
+    """Refuses an evaluation resize smaller than the output (``size``: an int or (height, width)); training
+    crops at random, so ``eval_resize`` is evaluation's alone.
+
+    Raises
+    ------
+    ValueError
+        Naming both sizes and the least ``eval_resize`` that works.
+    """
+    least = max(size) if isinstance(size, (tuple, list)) else int(size)
+    if not train and int(eval_resize) < least:
+        raise ValueError(f"eval_resize ({int(eval_resize)}) must be at least the output size ({least}) to evaluate: "
+                         f"the centre crop is taken from the image resized to it; pass eval_resize={least} or more")
+
+
 def decode_batch(buffer: Any, offsets: np.ndarray, lengths: np.ndarray, out: np.ndarray, *, train: bool,
                  seeds: Optional[np.ndarray] = None, mean: Sequence[float] = IMAGENET_MEAN,
                  std: Sequence[float] = IMAGENET_STD, threads: int = 2, on_error: str = "raise",
@@ -255,8 +271,7 @@ def decode_batch(buffer: Any, offsets: np.ndarray, lengths: np.ndarray, out: np.
         raise ValueError(f"on_error must be one of {', '.join(ON_ERROR)}, got {on_error!r}")
     if int(threads) < 1:
         raise ValueError(f"threads must be >= 1, got {threads}")
-    if not train and int(eval_resize) < max(size):  # training crops at random: eval_resize is eval's alone
-        raise ValueError(f"eval_resize ({eval_resize}) must be at least the output size {size}")
+    check_eval_resize(train, size, eval_resize)
     if not 0.0 <= float(flip_probability) <= 1.0:
         raise ValueError(f"flip_probability must be in [0, 1], got {flip_probability}")
     mean = [float(v) for v in mean]

@@ -25,7 +25,8 @@ import numpy as np
 from dlstore.errors import CorruptRecordError
 from dlstore.formats.recordio import IRHEADER_BYTES
 from dlstore.io.system import available_cores
-from dlstore.pipeline.decode import FALLBACK, IMAGENET_MEAN, IMAGENET_STD, decode_batch, decode_path
+from dlstore.pipeline.decode import (FALLBACK, IMAGENET_MEAN, IMAGENET_STD, check_eval_resize, decode_batch,
+                                     decode_path)
 from dlstore.pipeline.loader import Loader
 from dlstore.sources.dataset import dataset_for
 from dlstore.pipeline.stages import Field, Pipeline, PipelineRun, naming_missing_features, sample_seeds
@@ -92,10 +93,7 @@ class ResNet50(Pipeline):
         self.label_offset = int(label_offset)
         self.scale, self.ratio = (float(scale[0]), float(scale[1])), (float(ratio[0]), float(ratio[1]))
         self.eval_resize = int(eval_resize)
-        if not self.train and self.eval_resize < self.size:  # train crops at random: eval_resize is eval's alone
-            raise ValueError(f"eval_resize ({self.eval_resize}) must be at least the output size ({self.size}) to "
-                             f"evaluate: the centre crop is taken from the image resized to it; pass "
-                             f"eval_resize={self.size} or more")
+        check_eval_resize(self.train, self.size, self.eval_resize)
         self.image_feature, self.label_feature = str(image_feature), str(label_feature)
         self._counts = {"fallback_decodes": 0}
 

@@ -442,8 +442,13 @@ def test_argument_errors():
         decode_batch(buffer, offsets, lengths, np.empty((1, 224, 448, 3), np.uint8)[:, :, ::2], train=False)
     with pytest.raises(ValueError, match="on_error"):
         decode_batch(buffer, offsets, lengths, out, train=False, on_error="ignore")
-    with pytest.raises(ValueError, match="eval_resize"):
+    with pytest.raises(ValueError, match="eval_resize") as direct:
         decode_batch(buffer, offsets, lengths, out, train=False, eval_resize=200)
+    from dlstore.pipeline.resnet50 import ResNet50
+
+    with pytest.raises(ValueError) as pipeline:
+        ResNet50(train=False, size=224, eval_resize=200)
+    assert str(direct.value) == str(pipeline.value)  # one check, one message (they differed)
     with pytest.raises(ValueError, match="backend"):
         decode_batch(buffer, offsets, lengths, out, train=False, backend="gpu")
     if NATIVE:
