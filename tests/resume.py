@@ -5,13 +5,14 @@ A *resumable* has ``state_dict()`` / ``load_state_dict()`` and is read one epoch
 ``run(obj)`` function given to the check (``obj.batches()`` for a source, ``iter(obj)`` for a loader or
 an adapter). The check reads ``epochs`` epochs straight through; then, for each stop, it reads that
 many items in a fresh object, saves its state (through JSON, as a checkpoint would), loads it into
-another fresh object and reads on to the same epoch. Both runs must give the same samples in the same
-order, with nothing lost or repeated across the stop, in whatever batches they come.
+another fresh object (by its ``load_state_dict``, or as ``load`` says) and reads on to the same epoch.
+Both runs must give the same samples in the same order, with nothing lost or repeated across the stop, in
+whatever batches they come.
 """
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, Iterable, List, Sequence
+from typing import Any, Callable, Iterable, List, Optional, Sequence
 
 
 def loader_rows(batch) -> List[bytes]:
@@ -27,7 +28,8 @@ def _epoch_of(obj) -> int:
 
 
 def assert_resumes_exactly(make: Callable[[], Any], stops: Sequence[int], *, run: Callable[[Any], Iterable],
-                           values: Callable[[Any], List[Any]], epochs: int = 2) -> None:
+                           values: Callable[[Any], List[Any]], epochs: int = 2,
+                           load: Optional[Callable[[Any, Any], None]] = None) -> None:
     """Fails unless every stop resumes to exactly the samples of an uninterrupted run.
 
     Parameters
@@ -42,6 +44,9 @@ def assert_resumes_exactly(make: Callable[[], Any], stops: Sequence[int], *, run
     values : callable
         ``values(item)``: the samples of one item as comparable values (copies: buffers are reused).
     epochs : int
+    load : callable, optional
+        ``load(obj, state)``: how the saved state reaches the fresh object (default:
+        ``obj.load_state_dict(state)``), e.g. into the source a loader reads.
     """
     reference: List[Any] = []
     straight = make()
@@ -66,7 +71,10 @@ def assert_resumes_exactly(make: Callable[[], Any], stops: Sequence[int], *, run
                 close()
         state = json.loads(json.dumps(first.state_dict()))
         resumed = make()
-        resumed.load_state_dict(state)
+        if load is None:
+            resumed.load_state_dict(state)
+        else:
+            load(resumed, state)
         for _ in range(epochs + 1):  # bounded: a resumable that never moves on fails below, not hangs
             if _epoch_of(resumed) >= end:
                 break

@@ -262,6 +262,7 @@ class Loader:
     @property
     def epoch(self) -> int:
         """The epoch the next batch comes from (the one under way, if any)."""
+        self._take_resume_point()
         return self._epoch
 
     def __iter__(self) -> Iterator[Dict[str, np.ndarray]]:
@@ -274,6 +275,7 @@ class Loader:
 
     def _consume(self) -> Iterator[Dict[str, np.ndarray]]:
         # The thread starts at the first next(), so an iterator never advanced holds nothing.
+        self._take_resume_point()
         if self._ring is None:
             self._ring = BatchRing(self._fields, self.batch_size, self._ring_slots(), self._allocator)
         ring = self._ring
@@ -395,6 +397,7 @@ class Loader:
         batch from a source that does not say its length, such as ``open_records``, or before records
         the source skips at the end), the state says so once the consumer asks for the next batch.
         """
+        self._take_resume_point()
         return self._state(self._epoch, self._position, self._delivered)
 
     def _state(self, epoch: int, position: int, delivered: int) -> Dict[str, Any]:
@@ -420,6 +423,7 @@ class Loader:
             For a count not among the last 256 batches handed out, or before the last
             :meth:`load_state_dict` (whose state is the first one kept).
         """
+        self._take_resume_point()
         for count, epoch, position, delivered in reversed(self._recent):
             if count == batches_handed:
                 return self._state(epoch, position, delivered)
@@ -433,6 +437,13 @@ class Loader:
         The source state is handed to the source, whose next ``batches()`` starts at that
         ``sample_in_epoch``. Random augmentation continues as it would have: sample seeds depend on
         positions only.
+
+        A source resumed on its own (``dataset.load_state_dict(state)``, a :class:`~dlstore.Dataset`'s or
+        ``open_records``' reader's, before or after this loader was made) is resumed the same way: the
+        loader takes the point the source keeps (its ``resume_point``) as its position before it next
+        iterates or says its state, and yields what this method given that point would. Such a state says
+        nothing of records the source skipped before it as corrupt (this method's ``delivered``): under
+        ``remainder="uneven"`` with skipped records, resume through this method.
 
         Raises
         ------
@@ -454,9 +465,27 @@ class Loader:
                              f"its samples would differ")
         delivered = int(state.get("delivered", position))  # a state saved before it was kept: as before
         self.source.load_state_dict(state.get("source") or state_at(self.source, epoch, position))
+        self._restart(epoch, position, delivered)
+
+    def _restart(self, epoch: int, position: int, delivered: int) -> None:
+        """Puts the consumer at ``position`` of ``epoch``, ``delivered`` samples of it handed out, as after a
+        load: the states of batches handed out before are forgotten."""
         self._epoch, self._position, self._delivered = epoch, position, delivered
         self._recent.clear()
         self._recent.append((self.batches_handed, epoch, position, delivered))
+
+    def _take_resume_point(self) -> None:
+        """Takes the point a source resumed on its own keeps (its ``resume_point``: loaded, no pass started from
+        it, :class:`~dlstore.sources.source.SourcePosition`) as the consumer's position, where it is another:
+        the next iteration starts there. Between iterations only: during one the producer puts the source
+        where it reads, and that point is its own."""
+        if self._active is not None:
+            return
+        point = getattr(self.source, "resume_point", None)
+        if point is None or tuple(point) == (self._epoch, self._position):  # ours (load_state_dict), or none
+            return
+        epoch, position = point
+        self._restart(epoch, position, position)  # a source's state does not count skipped records apart
 
     # ---- what happened ----
 

@@ -172,8 +172,9 @@ class SourcePosition:
     range(state["epoch"], n): ds.set_epoch(epoch)``, resumes where the state says rather than read the
     epoch's first records again; another epoch forgets the point, and so does the start of a pass
     (:meth:`_pass_starts`). Otherwise ``set_epoch`` starts the epoch from its first record, as after a
-    loop broken off mid-epoch. :class:`~dlstore.adapters.torch.DlstoreIterableDataset` keeps its own
-    resume point for the epoch it was saved in, and forgets it at another, too.
+    loop broken off mid-epoch. A :class:`~dlstore.pipeline.Loader` over the source starts its next iteration
+    at the point (:attr:`resume_point`), whoever loaded it. :class:`~dlstore.adapters.torch.DlstoreIterableDataset`
+    keeps its own resume point for the epoch it was saved in, and forgets it at another, too.
     """
 
     epoch: int = 0
@@ -204,6 +205,12 @@ class SourcePosition:
         else:
             self._resume_point = None
             self.epoch, self.sample_in_epoch = epoch, 0
+
+    @property
+    def resume_point(self) -> Optional[Tuple[int, int]]:
+        """``(epoch, sample_in_epoch)`` that ``load_state_dict`` loaded and no pass has started from, else None:
+        where the next pass starts (also after :meth:`set_epoch` of that epoch)."""
+        return self._resume_point
 
     def _resume_at(self, epoch: int, sample_in_epoch: int) -> None:
         """Puts the position at a loaded state, kept for :meth:`set_epoch` of ``epoch``."""
@@ -336,7 +343,8 @@ def start_at(source: Source, epoch: int, sample_in_epoch: int = 0) -> None:
 
     The consumer that calls it (a loader, an adapter) counts its own position: at sample 0 the source starts
     there also where ``set_epoch`` kept a point loaded into the source for that epoch
-    (:class:`SourcePosition`)."""
+    (:class:`SourcePosition`). A :class:`~dlstore.pipeline.Loader` first takes such a point as its own
+    position (the source's :attr:`~SourcePosition.resume_point`), so that it starts there."""
     if sample_in_epoch:
         source.load_state_dict(state_at(source, epoch, sample_in_epoch))
         return

@@ -91,6 +91,35 @@ def test_resume_mid_epoch_through_the_loader(bert_dir):
     assert_resumes_exactly(make, stops=[1, 5, 9], run=iter, values=loader_rows)
 
 
+def test_a_loader_over_a_dataset_loaded_directly_resumes_there(bert_dir):
+    """``dataset.load_state_dict(state)`` rather than the loader's: the loader started its first epoch from the
+    start (its own position, sample 0 of epoch 0, put the Dataset back there), reading the records before the
+    point again. It starts at the point the Dataset was loaded with, in that epoch: every record once across the
+    stop (stop 9 lies in epoch 1), and the batches a loader given the equivalent state yields."""
+    def dataset():
+        return Dataset(bert_dir, world=World(rank=1, size=2), shuffle="global", remainder="pad", batch_size=4, seed=3)
+
+    def make():
+        return bert_loader(dataset(), batch_size=4, copy=True)
+
+    def into_the_dataset(loader, state):
+        loader.source.load_state_dict(state["source"])
+
+    assert_resumes_exactly(make, stops=[1, 5, 9], run=iter, values=loader_rows, load=into_the_dataset)
+
+    read = dataset()  # a state the Dataset saved itself, after 3 of its batches
+    for _, _ in zip(range(3), read.batches()):
+        pass
+    saved = read.state_dict()
+    loaded = dataset()
+    loaded.load_state_dict(saved)  # before the loader is made
+    loader = bert_loader(loaded, batch_size=4, copy=True)
+    assert (loader.epoch, loader.state_dict()["sample_in_epoch"]) == (0, 12)
+    given = make()
+    given.load_state_dict({"epoch": 0, "sample_in_epoch": 12, "seed": 0, "source": saved})
+    assert [loader_rows(b) for b in loader] == [loader_rows(b) for b in given]
+
+
 @pytest.mark.parametrize("last_batch", ["DROP", "PARTIAL", "FILL"])
 @pytest.mark.filterwarnings("ignore:dlstore loader.*empty batch:RuntimeWarning")  # rank 0 owes one under PARTIAL
 def test_a_loader_state_saved_on_an_epochs_last_step_resumes_with_another_world(bert_dir, last_batch):
