@@ -178,7 +178,8 @@ class _IterableRecords:
         """Chooses the epoch whose order and augmentation seeds the next pass uses.
 
         Call it before creating the epoch's DataLoader iterator: workers take a copy of the dataset then.
-        Another epoch than a loaded state's forgets that state's resume point.
+        Another epoch than a loaded state's forgets that state's resume point; the same epoch keeps it while
+        no pass has started from it (see :meth:`load_state_dict`).
         """
         self._take_epoch(epoch)
         self._board.write(self.epoch)
@@ -228,6 +229,14 @@ class _IterableRecords:
         any world size; mid-epoch the world must be the same, and so must the DataLoader's ``num_workers``
         (which only its workers see: a pass with another number refuses when they start).
 
+        The resume point serves one pass, as a :class:`~dlstore.Dataset`'s does
+        (:class:`~dlstore.sources.source.SourcePosition`): :meth:`set_epoch` of the state's epoch keeps it
+        until a pass starts (its workers, when it has any, all take it), another epoch forgets it, and any
+        later pass of the epoch reads it whole from its start, as a Dataset does after ``set_epoch`` of that
+        epoch (this dataset does not move on to the next epoch by itself: :meth:`set_epoch` does). A pass
+        broken off is a pass. With ``persistent_workers``, load the state before the DataLoader's first pass:
+        workers that started earlier keep the copy they were given.
+
         Raises
         ------
         ValueError
@@ -262,6 +271,7 @@ class _IterableRecords:
             total = self._items_in_epoch(epoch, workers, state["records_per_batch"], seen)
             # At the end every item was handed out: nothing is left of the epoch, whatever the workers.
             self._resume = dict(state, finished=int(seen == total))
+            self._board.offer_resume()
         self.epoch = epoch
         self._board.write(self.epoch)
 
@@ -292,13 +302,12 @@ class _IterableRecords:
             items = [-(-n // per) for n in shares]
         return consumers, shares, items
 
-    def _worker_share(self, worker: int, num_workers: int) -> Tuple[Any, int, int]:
+    def _worker_share(self, worker: int, num_workers: int, state: Optional[Dict[str, int]]) -> Tuple[Any, int, int]:
         """``(its Dataset, sample, batches to drop)`` of DataLoader worker ``worker`` of ``num_workers`` (0:
-        none) this pass. After :meth:`load_state_dict` the workers take the turns of the saved pass from
-        the one whose turn was next: worker ``w`` reads the share of the saved pass's worker ``(w + next) %
-        num_workers``, from the sample that worker had reached (the batches to drop are agreed empty
-        ones it had already handed out)."""
-        state = self._resume
+        none) this pass, resumed at ``state`` (a :meth:`load_state_dict` point, or None). Resumed, the workers
+        take the turns of the saved pass from the one whose turn was next: worker ``w`` reads the share of the
+        saved pass's worker ``(w + next) % num_workers``, from the sample that worker had reached (the
+        batches to drop are agreed empty ones it had already handed out)."""
         if state is None or state["epoch"] != self.epoch:
             return self._consumer(worker, num_workers), 0, 0
         if state["num_workers"] != num_workers:
@@ -317,7 +326,7 @@ class _IterableRecords:
     def share(self) -> Any:
         """The records this process (or, in a DataLoader worker, this worker) reads this epoch."""
         info = _torch().utils.data.get_worker_info()
-        return self._worker_share(info.id if info else 0, info.num_workers if info else 0)[0]
+        return self._worker_share(info.id if info else 0, info.num_workers if info else 0, self._resume)[0]
 
     def _consumer(self, worker: int, num_workers: int, epoch: Optional[int] = None) -> Any:
         """The Dataset of DataLoader worker ``worker`` of ``num_workers`` (0: no workers) at ``epoch`` (default:
@@ -326,6 +335,22 @@ class _IterableRecords:
         ds.set_epoch(self.epoch if epoch is None else epoch)
         return ds
 
+    def _take_resume(self, info: Any) -> Optional[Dict[str, int]]:
+        """The resume point this pass starts from, if any: the loaded one of this epoch, unless an earlier pass
+        took it. It serves one pass (:meth:`load_state_dict`): this process forgets it now (a later pass here, in
+        the main process or a persistent worker, reads the epoch whole), and the board says which pass took
+        it, so that the workers of a later pass, copies of the main process's dataset that still holds it, do
+        not take it again. ``info``: the DataLoader worker's ``WorkerInfo``, None in the main process."""
+        resume, self._resume = self._resume, None
+        if resume is None or resume["epoch"] != self.epoch:
+            return None
+        # A pass's workers share torch's base seed (worker seed = base seed + worker id), drawn anew for each
+        # iterator over the DataLoader (kept by persistent workers, which forget the point themselves): the
+        # pass's name on the board. (A DataLoader made anew for each pass with a generator seeded alike draws the
+        # same seed each time: its passes look like one, and each resumes.)
+        taker = _MAIN_PASS if info is None else info.seed - info.id
+        return resume if self._board.take_resume(taker) else None
+
     def __iter__(self) -> Iterator[Any]:
         torch = _torch()
         info = torch.utils.data.get_worker_info()
@@ -333,9 +358,10 @@ class _IterableRecords:
             epoch = self._board.read()
             if epoch is not None and epoch != self.epoch:
                 self._take_epoch(epoch)  # the board already says it
-        if self._resume is not None and self._resume["epoch"] == self.epoch and self._resume["finished"]:
+        resume = self._take_resume(info)
+        if resume is not None and resume["finished"]:
             return  # a state saved after the epoch's last item: every worker's share was handed out
-        source, start, drop = self._worker_share(info.id if info else 0, info.num_workers if info else 0)
+        source, start, drop = self._worker_share(info.id if info else 0, info.num_workers if info else 0, resume)
         if self.pipeline is None:
             start_at(source, self.epoch, start)
             yield from _records(source)
@@ -370,26 +396,57 @@ class _IterableRecords:
             self._fold(loader)
 
 
+#: Who took a loaded resume point, on the board: nobody yet; a pass in the main process (a DataLoader's passes
+#: with workers are named by their base seed, which torch draws non-negative).
+_UNTAKEN, _MAIN_PASS = -2, -1
+
+
 class _EpochBoard:
-    """The epoch :meth:`_IterableRecords.set_epoch` chose, in a small file that DataLoader workers read when a
-    pass starts. A worker works on a copy of the dataset taken when it started, so with ``persistent_workers``
-    an epoch set later never reached it: every epoch had the first one's order and seeds. Only the file's
-    name is pickled, so the board crosses any start method; the process that made it removes it."""
+    """The epoch :meth:`_IterableRecords.set_epoch` chose, and which pass took the resume point
+    :meth:`_IterableRecords.load_state_dict` loaded, in a small file that DataLoader workers read when a pass
+    starts. A worker works on a copy of the dataset taken when it started, so with ``persistent_workers`` an
+    epoch set later never reached it: every epoch had the first one's order and seeds; and the workers of each
+    pass copied a resume point that an earlier pass had used. Only the file's name is pickled, so the board
+    crosses any start method; the process that made it removes it."""
+
+    _EPOCH, _TAKER = 0, 8  # byte offsets of the two little-endian int64 fields
 
     def __init__(self) -> None:
         fd, self.path = tempfile.mkstemp(prefix="dlstore-epoch-")
         os.close(fd)
         self.write(0)
+        self.offer_resume()
         weakref.finalize(self, _remove_board, self.path, os.getpid())
 
     def write(self, epoch: int) -> None:
-        with open(self.path, "r+b") as f:
-            f.write(struct.pack("<q", int(epoch)))
+        self._put(self._EPOCH, epoch)
 
     def read(self) -> Optional[int]:
         """The epoch; None when the board is gone (its dataset was collected: a copy reads its own)."""
+        return self._get(self._EPOCH)
+
+    def offer_resume(self) -> None:
+        """A resume point was loaded: no pass has taken it."""
+        self._put(self._TAKER, _UNTAKEN)
+
+    def take_resume(self, taker: int) -> bool:
+        """Whether pass ``taker`` resumes from the loaded point: the first pass to ask takes it, and its other
+        workers, asking after, resume too (two asking at once both write their one name); a later pass does not.
+        Where the board is gone, yes (a copy's own point, as it was loaded)."""
+        now = self._get(self._TAKER)
+        if now == _UNTAKEN:
+            self._put(self._TAKER, taker)
+        return now in (_UNTAKEN, taker, None)
+
+    def _put(self, offset: int, value: int) -> None:
+        with open(self.path, "r+b") as f:
+            f.seek(offset)
+            f.write(struct.pack("<q", int(value)))
+
+    def _get(self, offset: int) -> Optional[int]:
         try:
             with open(self.path, "rb") as f:
+                f.seek(offset)
                 return struct.unpack("<q", f.read(8))[0]
         except (OSError, struct.error):
             return None
@@ -514,7 +571,8 @@ def _dataset_class():
         ``records_per_batch=`` its batch size); later ``ds.load_state_dict(state)`` and a fresh
         DataLoader with the same number of workers goes on with exactly the items that came next. A
         state at an epoch boundary (after the last item it is the next epoch's start) resumes with any
-        number of workers or world size.
+        number of workers or world size. The resume point serves the next pass only, as a Dataset's
+        does: a later pass of that epoch reads it whole, from its start.
         """
 
     # Named as the module attribute it becomes, so that pickle finds it: DataLoader workers started

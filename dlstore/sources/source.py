@@ -174,7 +174,8 @@ class SourcePosition:
     (:meth:`_pass_starts`). Otherwise ``set_epoch`` starts the epoch from its first record, as after a
     loop broken off mid-epoch. A :class:`~dlstore.pipeline.Loader` over the source starts its next iteration
     at the point (:attr:`resume_point`), whoever loaded it. :class:`~dlstore.adapters.torch.DlstoreIterableDataset`
-    keeps its own resume point for the epoch it was saved in, and forgets it at another, too.
+    keeps a resume point of its own by the same rule: for the epoch it was saved in, forgotten at another,
+    and used by one pass.
     """
 
     epoch: int = 0

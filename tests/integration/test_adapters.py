@@ -248,6 +248,47 @@ def test_torch_dataset_resumes_mid_epoch_across_dataloader_workers(tmp_path, shu
         assert _batches(again, num_workers) == reference[1]
 
 
+@pytest.mark.slow  # several DataLoaders, each forking workers
+@pytest.mark.parametrize("num_workers,persistent", [(0, False), (2, False), (2, True)])
+def test_torch_dataset_resume_point_serves_one_pass(tmp_path, num_workers, persistent):
+    """After load_state_dict the first pass resumes; the next pass of the same epoch (no set_epoch) resumed from
+    the loaded point again, and so did every later one (with DataLoader workers too: each pass's workers copy the
+    main process's dataset). Any later pass reads the epoch whole, from its start, as a Dataset does after
+    set_epoch of that epoch: a pass broken off after its first batch, the next one, and one after set_epoch."""
+    torch = pytest.importorskip("torch")
+    from dlstore.adapters.torch import DlstoreIterableDataset
+
+    paths, _ = _numbered_files(tmp_path, [30, 50, 41])
+
+    def make():
+        return DlstoreIterableDataset(paths, world=World(rank=1, size=2), shuffle="global", seed=5, chunk_size=64 << 10)
+
+    def passes(ds, stops):
+        loader = torch.utils.data.DataLoader(ds, batch_size=4, num_workers=num_workers, collate_fn=list,
+                                             persistent_workers=persistent)
+        out = []
+        for stop in stops:
+            got = []
+            for batch in loader:
+                if len(got) == stop:
+                    break
+                got.append(_ids(batch))
+            out.append(got)
+        return out
+
+    whole = _batches(make(), num_workers)
+    k = 3
+    state = make().state_dict(k, num_workers=num_workers, records_per_batch=4)
+    for stops in ([None, None], [1, None]):
+        again = make()
+        again.load_state_dict(state)
+        first, second = passes(again, stops)
+        assert first == whole[k:k + (stops[0] or len(whole))]
+        assert second == whole, stops
+    again.set_epoch(0)  # the same epoch set again once a pass has started: its start, as a Dataset's set_epoch
+    assert passes(again, [None])[0] == whole
+
+
 @pytest.mark.slow  # DataLoaders forking workers
 def test_torch_dataset_resumes_mid_epoch_with_a_pipeline(bert):
     torch = pytest.importorskip("torch")
