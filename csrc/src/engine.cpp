@@ -24,10 +24,15 @@ void Engine::check_read(ReadRequest& r, size_t got) {
   r.data = r.slot + lead;
 }
 
-bool Engine::read_cached(ReadRequest& r) {
+bool Engine::cache_holds(const ReadRequest& r) {
   const OpenedFile& f = *r.file;
   // cache_first: the kernel tells this process about the file (page_cache_tells, asked at open).
-  if (!f.cache_first || !page_cache_holds(f.fh->fd(), r.offset, r.len, CacheProbe::Auto, true)) return false;
+  return f.cache_first && page_cache_holds(f.fh->fd(), r.offset, r.len, CacheProbe::Auto, true);
+}
+
+bool Engine::read_cached(ReadRequest& r, bool checked) {
+  const OpenedFile& f = *r.file;
+  if (!checked && !cache_holds(r)) return false;
   // A buffered descriptor for this read alone, opened by path: the files a plan holds open (a chunk's,
   // the least recently used kept) then need one descriptor each, not two. It is used only if it is
   // the file the O_DIRECT descriptor reads (not one renamed over its path since, nor a path gone).

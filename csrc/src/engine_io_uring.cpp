@@ -106,10 +106,10 @@ class Ring {
     ++queued_;
   }
 
-  // Submits the queued reads and waits for at least one completion.
-  void submit_and_wait() {
+  // Submits the queued reads and waits for at least one completion (`wait`), or returns at once.
+  void submit(bool wait = true) {
     for (;;) {
-      const int r = io_uring_enter_call(fd_, queued_, 1, IORING_ENTER_GETEVENTS);
+      const int r = io_uring_enter_call(fd_, queued_, wait ? 1 : 0, wait ? IORING_ENTER_GETEVENTS : 0);
       if (r >= 0) {
         queued_ -= std::min<unsigned>(queued_, static_cast<unsigned>(r));
         if (queued_ == 0) return;
@@ -255,41 +255,57 @@ class IoUringEngine : public Engine {
 
     std::vector<SubRead> subs;
     subs.reserve(n);
-    std::vector<uint8_t> cached(n, 0);  // read from the page cache here, not through the ring
-    for (size_t i = 0; i < n; ++i) {
-      if (read_cached(reqs[i])) {
-        cached[i] = 1;
-        continue;
-      }
+    size_t left = 0;  // sub-reads not ended yet
+    auto through_ring = [&](size_t i) {
       const ReadRequest& r = reqs[i];
       const uint64_t at = align_down(r.offset, r.file->offset_align);
       const size_t want = r.file->slot_bytes(r.offset, r.len);
-      for (size_t done = 0; done < want; done += kSplit)  // nothing for an empty request
+      for (size_t done = 0; done < want; done += kSplit, ++left)  // nothing for an empty request
         subs.push_back({i, at + done, r.slot + done, std::min(kSplit, want - done)});
+    };
+    // What the page cache holds is read from it here, not through the ring: once the device's reads are
+    // in flight, so that they do not wait for it.
+    std::vector<uint8_t> cached(n, 0);
+    for (size_t i = 0; i < n; ++i) {
+      if (cache_holds(reqs[i]))
+        cached[i] = 1;
+      else
+        through_ring(i);
     }
+    bool cache_read = std::find(cached.begin(), cached.end(), 1) == cached.end();
 
     std::vector<size_t> retry;  // sub-reads to queue again (interrupted, or short of the end)
-    size_t next = 0, inflight = 0, left = subs.size();
+    size_t next = 0, inflight = 0;
     auto queue = [&](size_t k) {
       SubRead& s = subs[k];
       const ReadRequest& r = reqs[s.request];
       ring->queue_read(r.file->fh->fd(), s.dst + s.got, static_cast<unsigned>(s.len - s.got), s.offset + s.got, k);
       ++inflight;
     };
-    while (left > 0) {
+    while (left > 0 || !cache_read) {
       while (inflight < depth && !retry.empty()) {
         queue(retry.back());
         retry.pop_back();
       }
       while (inflight < depth && next < subs.size()) queue(next++);
       try {
-        ring->submit_and_wait();
+        if (inflight > 0) ring->submit(cache_read);
+        if (!cache_read) {
+          cache_read = true;
+          for (size_t i = 0; i < n; ++i)  // a path that no longer opens the file: the device reads it after all
+            if (cached[i] && !read_cached(reqs[i], true)) {
+              cached[i] = 0;
+              through_ring(i);
+            }
+          continue;
+        }
       } catch (const Error& e) {
         // The ring itself failed (not a read): the reads already in flight still complete into
         // their slots, so wait for them before the slots can go back to their pool.
         ring->drain(inflight);
-        for (size_t i = 0; i < n; ++i)
-          if (!reqs[i].error && !cached[i]) reqs[i].error = io_error(reqs[i].file->path, reqs[i].offset, e.reason, e.err);
+        for (size_t i = 0; i < n; ++i)  // the cache's requests too where they were not read yet
+          if (!reqs[i].error && (!cached[i] || !cache_read))
+            reqs[i].error = io_error(reqs[i].file->path, reqs[i].offset, e.reason, e.err);
         return;
       }
       ring->reap([&](uint64_t tag, int res) {
