@@ -43,9 +43,14 @@ bool Engine::read_cached(ReadRequest& r, bool checked) {
     return false;  // the path no longer opens: the O_DIRECT descriptor still reads the file
   }
   if (!buffered->same_file(*f.fh)) return false;
-  // Pages evicted since the check are read from the device through the cache: the same bytes.
+  // The bytes the check covered, where the O_DIRECT read would put them (after the aligned block's lead):
+  // the rest of that block need not be cached, and is not read. Pages evicted since the check are read
+  // from the device through the cache: the same bytes.
+  const size_t lead = static_cast<size_t>(r.offset - align_down(r.offset, f.offset_align));
   try {
-    check_read(r, buffered->pread_full(r.slot, f.slot_bytes(r.offset, r.len), align_down(r.offset, f.offset_align)));
+    const size_t got = buffered->pread_full(r.slot + lead, r.len, r.offset);
+    check_read(r, lead + got);
+    r.bytes_read = got;
   } catch (const Error&) {
     r.error = std::current_exception();
   }

@@ -145,8 +145,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
   static void pread_one(ReadRequest& r);
   // For a file with cache_first: whether the page cache holds all of the request's bytes (one cachestat).
   static bool cache_holds(const ReadRequest& r);
-  // When cache_holds (asked here unless `checked`), reads the bytes through a buffered descriptor into the
-  // slot as O_DIRECT would lay them out (from the aligned block), sets from_cache, and returns true;
+  // When cache_holds (asked here unless `checked`), reads the request's bytes through a buffered descriptor
+  // into the slot where O_DIRECT would put them (after the aligned block's lead), sets from_cache, and returns true;
   // otherwise (or where the path no longer opens that file) reads nothing and returns false.
   static bool read_cached(ReadRequest& r, bool checked = false);
   // Sets r.data and r.bytes_read from `got` bytes read into the slot from the aligned start, or
