@@ -36,7 +36,7 @@ from dlstore.formats.example import bytes_feature_spans, parse_batch
 from dlstore.io.system import available_cores
 from dlstore.pipeline.decode import IMAGENET_MEAN, IMAGENET_STD
 from dlstore.pipeline.resnet50 import recordio_labels
-from dlstore.sources.source import start_at, state_at
+from dlstore.sources.source import loaded_point, start_at, state_at
 
 __all__ = ["dali_pipeline", "EncodedSamples"]
 
@@ -69,7 +69,9 @@ class EncodedSamples:
 
     :meth:`state_dict` says what it has handed out (``epoch``, ``sample_in_epoch``); DALI runs
     ``prefetch_queue_depth`` batches ahead of what ``pipe.run()`` returned, so a checkpoint taken
-    between runs is that many batches ahead of the training step.
+    between runs is that many batches ahead of the training step. A source resumed on its own
+    (``source.load_state_dict(state)``, before or after the feed was made) resumes the feed there, as
+    :meth:`load_state_dict` of that point does (:func:`~dlstore.sources.source.loaded_point`).
 
     Parameters
     ----------
@@ -97,21 +99,42 @@ class EncodedSamples:
         self.image_key, self.label_key = image_key, label_key
         self.label_spec = {label_key: (np.int64, 1)}
         self.label_offset = int(label_offset)
-        self.epoch = 0
-        self.sample_in_epoch = 0  # the source's records of `epoch` consumed: handed out, and skipped as corrupt
+        self._epoch = 0
+        self._position = 0  # the source's records of `_epoch` consumed: handed out, and skipped as corrupt
         self._delivered = 0       # samples handed out (padding not counted), on the scale of _chunk_ends
         self._chunk_ends: collections.deque = collections.deque()  # (delivered, source position) at chunk ends
         self._handed_out = collections.deque(maxlen=max(1, int(keep)))
 
+    @property
+    def epoch(self) -> int:
+        """The epoch the next batch comes from."""
+        self._take_resume_point()
+        return self._epoch
+
+    @property
+    def sample_in_epoch(self) -> int:
+        """The source's records of :attr:`epoch` consumed: handed out, and skipped as corrupt."""
+        self._take_resume_point()
+        return self._position
+
     def state_dict(self) -> dict:
         """``epoch``, ``sample_in_epoch`` and the source's state: where the next iteration starts."""
-        return {"epoch": self.epoch, "sample_in_epoch": self.sample_in_epoch,
-                "source": state_at(self.source, self.epoch, self.sample_in_epoch)}
+        self._take_resume_point()
+        return {"epoch": self._epoch, "sample_in_epoch": self._position,
+                "source": state_at(self.source, self._epoch, self._position)}
 
     def load_state_dict(self, state: dict) -> None:
         """Resumes at a :meth:`state_dict`: the next iteration goes on from there."""
-        self.epoch, self.sample_in_epoch = int(state["epoch"]), int(state["sample_in_epoch"])
-        self.source.load_state_dict(state.get("source") or state_at(self.source, self.epoch, self.sample_in_epoch))
+        self._epoch, self._position = int(state["epoch"]), int(state["sample_in_epoch"])
+        self.source.load_state_dict(state.get("source") or state_at(self.source, self._epoch, self._position))
+
+    def _take_resume_point(self) -> None:
+        """Takes a point the source was resumed at on its own as the position (the next iteration starts there),
+        as the Loader does (:func:`~dlstore.sources.source.loaded_point`). During an iteration the source keeps
+        none: its pass has started, from the point this feed put it at."""
+        point = loaded_point(self.source, (self._epoch, self._position))
+        if point is not None:
+            self._epoch, self._position = point
 
     def _samples(self, source) -> Iterator[Tuple[List[np.ndarray], np.ndarray]]:
         """Per chunk of records: image views and labels."""
@@ -134,11 +157,12 @@ class EncodedSamples:
 
     def __iter__(self) -> Iterator[Tuple[List[np.ndarray], np.ndarray]]:
         source = self.source
-        start_at(source, self.epoch, self.sample_in_epoch)  # mid-epoch when resumed
+        self._take_resume_point()
+        start_at(source, self._epoch, self._position)  # mid-epoch when resumed
         size = self.batch_size
         images: List[np.ndarray] = []
         labels: List[np.ndarray] = []
-        self._delivered = self.sample_in_epoch
+        self._delivered = self._position
         self._chunk_ends.clear()
         for chunk_images, chunk_labels in self._samples(source):
             # The source's position after this chunk, the corrupt records it skipped included (a Dataset's).
@@ -161,19 +185,19 @@ class EncodedSamples:
                 images = images + [images[-1]] * need
                 tail = np.concatenate([tail, np.repeat(tail[-1:], need)])
             yield self._hand_out(images, tail, real)
-        self.epoch, self.sample_in_epoch = self.epoch + 1, 0
+        self._epoch, self._position = self._epoch + 1, 0
 
     def _hand_out(self, images: List[np.ndarray], labels: np.ndarray,
                   real: int) -> Tuple[List[np.ndarray], np.ndarray]:
         out = (list(images), np.ascontiguousarray(labels, dtype=np.int64))
         self._handed_out.append(out)
-        self.sample_in_epoch += real
+        self._position += real
         self._delivered += real
         # Past a chunk's end, the position is the source's there (its skipped records included) plus
         # the samples handed out since: a resume starts where the source stopped.
         while self._chunk_ends and self._chunk_ends[0][0] <= self._delivered:
             end, at = self._chunk_ends.popleft()
-            self.sample_in_epoch = max(self.sample_in_epoch, at + self._delivered - end)
+            self._position = max(self._position, at + self._delivered - end)
         return out
 
 

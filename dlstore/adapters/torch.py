@@ -42,7 +42,7 @@ from dlstore.adapters.base import BatchAdapter, LastBatch, check_last_batch, imp
 from dlstore.sources.dataset import dataset_for
 from dlstore.io.cuda import parse_device
 from dlstore.placement.world import detect_world
-from dlstore.sources.source import start_at
+from dlstore.sources.source import loaded_point, start_at
 
 __all__ = ["DlstoreIterableDataset", "TorchLoader", "pinned_allocator"]  # noqa: F822 (DlstoreIterableDataset: module __getattr__)
 
@@ -113,6 +113,7 @@ class _IterableRecords:
         self._current: Any = None  # the loader of the pass under way in this process (not pickled)
         self._passes: Dict[str, Any] = {"passes": 0, "stats": {}, "stalls": None, "waits": None}  # finished, summed
         self._resume: Optional[Dict[str, int]] = None  # where the next pass of `epoch` starts (load_state_dict)
+        self._take_dataset_point()
 
     @property
     def paths(self):
@@ -179,8 +180,9 @@ class _IterableRecords:
 
         Call it before creating the epoch's DataLoader iterator: workers take a copy of the dataset then.
         Another epoch than a loaded state's forgets that state's resume point; the same epoch keeps it while
-        no pass has started from it (see :meth:`load_state_dict`).
+        no pass has started from it (see :meth:`load_state_dict`), also one loaded into the Dataset.
         """
+        self._take_dataset_point()
         self._take_epoch(epoch)
         self._board.write(self.epoch)
 
@@ -210,6 +212,7 @@ class _IterableRecords:
         if int(batches_seen) < 0 or int(num_workers) < 0:
             raise ValueError(f"batches_seen and num_workers must be non-negative, got {batches_seen} and "
                              f"{num_workers}")
+        self._take_dataset_point()
         per_item = self.batch_size if self.pipeline is not None else records_per_batch
         if per_item is None or int(per_item) < 1:
             raise ValueError("without a pipeline, state_dict needs records_per_batch: the DataLoader's batch_size")
@@ -235,7 +238,8 @@ class _IterableRecords:
         later pass of the epoch reads it whole from its start, as a Dataset does after ``set_epoch`` of that
         epoch (this dataset does not move on to the next epoch by itself: :meth:`set_epoch` does). A pass
         broken off is a pass. With ``persistent_workers``, load the state before the DataLoader's first pass:
-        workers that started earlier keep the copy they were given.
+        workers that started earlier keep the copy they were given. A point loaded into the rank's Dataset
+        before is forgotten: this state's is the one.
 
         Raises
         ------
@@ -260,6 +264,7 @@ class _IterableRecords:
         if state["seed"] != self.seed:
             raise ValueError(f"the state was saved with seed {state['seed']}, this dataset has seed {self.seed}")
         epoch, seen, workers = state["epoch"], state["batches_seen"], state["num_workers"]
+        self._take_dataset_point()  # and forgotten just below
         self._resume = None
         if seen:  # mid-epoch (or, in states saved before boundaries were normalised, at the epoch's end)
             now = self.dataset.world.with_worker(0, max(1, workers)).num_consumers
@@ -272,6 +277,24 @@ class _IterableRecords:
             # At the end every item was handed out: nothing is left of the epoch, whatever the workers.
             self._resume = dict(state, finished=int(seen == total))
             self._board.offer_resume()
+        self.epoch = epoch
+        self._board.write(self.epoch)
+
+    def _take_dataset_point(self) -> None:
+        """Takes a point loaded into the rank's Dataset on its own (``dataset.load_state_dict(state)``, before or
+        after this dataset was made) as this dataset's resume point, as the Loader takes its source's
+        (:func:`~dlstore.sources.source.loaded_point`): the epoch becomes the point's, and the next pass starts
+        at its sample, by :meth:`load_state_dict`'s rules (:meth:`set_epoch`, one pass). The Dataset hands the
+        point over: DataLoader workers read copies of it, which would find it again at each pass. Asked between
+        passes: in the main process where this dataset is told something, and in a worker where the point was
+        loaded after that (the copy holds it)."""
+        point = loaded_point(self.dataset, hand_over=True)
+        if point is None:
+            return
+        epoch, sample = point
+        # A sample of the rank's share: `_worker_share` starts the rank's reader there, and refuses it to workers.
+        self._resume = {"epoch": epoch, "sample_in_epoch": sample, "finished": 0}
+        self._board.offer_resume()
         self.epoch = epoch
         self._board.write(self.epoch)
 
@@ -310,6 +333,14 @@ class _IterableRecords:
         batches to drop are agreed empty ones it had already handed out)."""
         if state is None or state["epoch"] != self.epoch:
             return self._consumer(worker, num_workers), 0, 0
+        if "sample_in_epoch" in state:  # a point of the rank's Dataset (_take_dataset_point)
+            sample = state["sample_in_epoch"]
+            if num_workers and sample:
+                raise ValueError(f"the Dataset this reads was loaded at sample {sample} of epoch {state['epoch']} (its "
+                                 f"load_state_dict), a point in the rank's order, which the {num_workers} DataLoader "
+                                 f"workers split: resume it with num_workers=0, or from this dataset's own state "
+                                 f"(ds.state_dict(batches_seen, num_workers=...), through ds.load_state_dict)")
+            return self._consumer(worker, num_workers), sample, 0
         if state["num_workers"] != num_workers:
             # The DataLoader's worker count reaches only its workers (get_worker_info), so this is said here.
             raise ValueError(f"the state was saved at item {state['batches_seen']} of epoch {state['epoch']} reading "
@@ -326,6 +357,7 @@ class _IterableRecords:
     def share(self) -> Any:
         """The records this process (or, in a DataLoader worker, this worker) reads this epoch."""
         info = _torch().utils.data.get_worker_info()
+        self._take_dataset_point()
         return self._worker_share(info.id if info else 0, info.num_workers if info else 0, self._resume)[0]
 
     def _consumer(self, worker: int, num_workers: int, epoch: Optional[int] = None) -> Any:
@@ -358,6 +390,7 @@ class _IterableRecords:
             epoch = self._board.read()
             if epoch is not None and epoch != self.epoch:
                 self._take_epoch(epoch)  # the board already says it
+        self._take_dataset_point()
         resume = self._take_resume(info)
         if resume is not None and resume["finished"]:
             return  # a state saved after the epoch's last item: every worker's share was handed out
@@ -572,7 +605,10 @@ def _dataset_class():
         DataLoader with the same number of workers goes on with exactly the items that came next. A
         state at an epoch boundary (after the last item it is the next epoch's start) resumes with any
         number of workers or world size. The resume point serves the next pass only, as a Dataset's
-        does: a later pass of that epoch reads it whole, from its start.
+        does: a later pass of that epoch reads it whole, from its start. A point loaded into the rank's
+        Dataset itself (``dataset.load_state_dict(state)``, before or after this dataset was made) becomes
+        this dataset's, by the same rules: the next pass starts there; DataLoader workers split the rank's
+        share, so with them only a point at an epoch's start is taken (one mid-epoch is refused).
         """
 
     # Named as the module attribute it becomes, so that pickle finds it: DataLoader workers started

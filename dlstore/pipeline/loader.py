@@ -28,7 +28,7 @@ from dlstore.pipeline.prefetch import BatchRing, Prefetcher
 from dlstore.pipeline.stalls import WAIT_BUCKETS_S, StallMeter
 from dlstore.pipeline.stages import Pipeline, check_last_batch
 from dlstore.placement.world import detect_world
-from dlstore.sources.source import Source, start_at, state_at
+from dlstore.sources.source import Source, loaded_point, start_at, state_at
 
 # The positions a loader keeps after its last batches handed out (Loader.state_after): well beyond what a
 # consumer draws ahead of its step (Keras fit's iterator, a few batches).
@@ -475,17 +475,15 @@ class Loader:
         self._recent.append((self.batches_handed, epoch, position, delivered))
 
     def _take_resume_point(self) -> None:
-        """Takes the point a source resumed on its own keeps (its ``resume_point``: loaded, no pass started from
-        it, :class:`~dlstore.sources.source.SourcePosition`) as the consumer's position, where it is another:
-        the next iteration starts there. Between iterations only: during one the producer puts the source
-        where it reads, and that point is its own."""
+        """Takes the point a source resumed on its own keeps (:func:`~dlstore.sources.source.loaded_point`) as the
+        consumer's position: the next iteration starts there. Between iterations only: during one the producer
+        puts the source where it reads, and that point is its own."""
         if self._active is not None:
             return
-        point = getattr(self.source, "resume_point", None)
-        if point is None or tuple(point) == (self._epoch, self._position):  # ours (load_state_dict), or none
-            return
-        epoch, position = point
-        self._restart(epoch, position, position)  # a source's state does not count skipped records apart
+        point = loaded_point(self.source, (self._epoch, self._position))  # None: ours (load_state_dict), or none
+        if point is not None:
+            epoch, position = point
+            self._restart(epoch, position, position)  # a source's state does not count skipped records apart
 
     # ---- what happened ----
 

@@ -779,8 +779,8 @@ class Dataset(SourcePosition, ReadsWithOptions):
     def load_state_dict(self, state: Mapping[str, int]) -> None:
         """Resumes at ``state``: the next :meth:`batches` starts there, also after :meth:`set_epoch` of that
         epoch (a loop that sets each epoch resumes); another epoch forgets it. A :class:`~dlstore.pipeline.Loader`
-        over this dataset starts its next iteration there (:attr:`resume_point`). A different number of
-        consumers is accepted at an epoch boundary only.
+        over this dataset (or the DALI feed, or a DlstoreIterableDataset) starts its next iteration there
+        (:attr:`resume_point`). A different number of consumers is accepted at an epoch boundary only.
 
         Raises
         ------

@@ -20,7 +20,8 @@ from typing import Any, Dict, Iterator, Mapping, MutableMapping, Optional, Proto
 from dlstore import settings
 from dlstore.io.system import open_files_budget
 
-__all__ = ["Source", "SourceWrapper", "SourcePosition", "ReadOptions", "ON_ERROR", "state_at", "start_at"]
+__all__ = ["Source", "SourceWrapper", "SourcePosition", "ReadOptions", "ON_ERROR", "state_at", "start_at",
+           "loaded_point"]
 
 #: What a source does with a corrupt record: raise, skip (counted), or skip with a warning each.
 ON_ERROR = ("raise", "skip", "warn")
@@ -172,10 +173,10 @@ class SourcePosition:
     range(state["epoch"], n): ds.set_epoch(epoch)``, resumes where the state says rather than read the
     epoch's first records again; another epoch forgets the point, and so does the start of a pass
     (:meth:`_pass_starts`). Otherwise ``set_epoch`` starts the epoch from its first record, as after a
-    loop broken off mid-epoch. A :class:`~dlstore.pipeline.Loader` over the source starts its next iteration
-    at the point (:attr:`resume_point`), whoever loaded it. :class:`~dlstore.adapters.torch.DlstoreIterableDataset`
-    keeps a resume point of its own by the same rule: for the epoch it was saved in, forgotten at another,
-    and used by one pass.
+    loop broken off mid-epoch. A consumer over the source (a :class:`~dlstore.pipeline.Loader`, the DALI feed,
+    :class:`~dlstore.adapters.torch.DlstoreIterableDataset`) starts its next iteration at the point
+    (:attr:`resume_point`, :func:`loaded_point`), whoever loaded it. DlstoreIterableDataset keeps a resume point
+    of its own by the same rule: for the epoch it was saved in, forgotten at another, and used by one pass.
     """
 
     epoch: int = 0
@@ -344,11 +345,34 @@ def start_at(source: Source, epoch: int, sample_in_epoch: int = 0) -> None:
 
     The consumer that calls it (a loader, an adapter) counts its own position: at sample 0 the source starts
     there also where ``set_epoch`` kept a point loaded into the source for that epoch
-    (:class:`SourcePosition`). A :class:`~dlstore.pipeline.Loader` first takes such a point as its own
-    position (the source's :attr:`~SourcePosition.resume_point`), so that it starts there."""
+    (:class:`SourcePosition`). The consumer first takes such a point as its own position
+    (:func:`loaded_point`), so that it starts there."""
     if sample_in_epoch:
         source.load_state_dict(state_at(source, epoch, sample_in_epoch))
         return
     source.set_epoch(epoch)
     if getattr(source, "sample_in_epoch", 0):  # a kept point; the epoch as set_epoch set it (a wrapper may map it)
         source.load_state_dict(state_at(source, getattr(source, "epoch", epoch), 0))
+
+
+def loaded_point(source: Source, own: Optional[Tuple[int, int]] = None, *,
+                 hand_over: bool = False) -> Optional[Tuple[int, int]]:
+    """The point loaded into ``source`` on its own (``source.load_state_dict(state)``: its
+    :attr:`~SourcePosition.resume_point`, no pass started from it), ``(epoch, sample_in_epoch)``, where a
+    consumer that stands at ``own`` takes it as its position: its next pass starts there. None where the source
+    keeps no point, or keeps ``own`` (the consumer's own load put it there).
+
+    The one rule by which the consumers that count their own positions and put their source there at each pass
+    (:func:`start_at`: the :class:`~dlstore.pipeline.Loader`, the DALI feed,
+    :class:`~dlstore.adapters.torch.DlstoreIterableDataset`) resume where their source was resumed. They ask
+    between passes only: once a pass has started the source keeps no point, and a consumer's own pass puts
+    the source where it reads. ``hand_over``: the source forgets the point (its position stays), for a consumer
+    that keeps it as its own resume point and whose passes read copies of the source (DataLoader workers):
+    those would find it again at each pass.
+    """
+    point = getattr(source, "resume_point", None)
+    if point is None or tuple(point) == own:
+        return None
+    if hand_over:
+        source._pass_starts()  # the consumer's now: forgotten here as when a pass starts from it
+    return int(point[0]), int(point[1])

@@ -289,6 +289,117 @@ def test_torch_dataset_resume_point_serves_one_pass(tmp_path, num_workers, persi
     assert passes(again, [None])[0] == whole
 
 
+def test_torch_dataset_over_a_dataset_loaded_directly_resumes_there(tmp_path):
+    """``dataset.load_state_dict(state)`` on the Dataset a DlstoreIterableDataset reads, rather than the adapter's:
+    a pass counted its own position (the epoch's start) and put the Dataset back there, reading the records
+    before the point again, and a point in a later epoch was ignored. A pass starts at the point, loaded before
+    or after the adapter was made, as a Loader over that Dataset does: with the records read before the stop,
+    every record of the epoch once. The point serves one pass and follows set_epoch's rule (kept by its epoch,
+    forgotten at another), as the adapter's own does."""
+    from dlstore.adapters.torch import DlstoreIterableDataset
+
+    paths, _ = _numbered_files(tmp_path, [30, 50, 41])
+
+    def dataset():
+        return dlstore.Dataset(paths, world=World(rank=1, size=2), shuffle="global", seed=5, chunk_size=64 << 10,
+                               batch_size=4)
+
+    def records(ds):
+        return [i for batch in _batches(ds, 0) for i in batch]
+
+    whole = []
+    for epoch in (0, 1):
+        ds = DlstoreIterableDataset(dataset())
+        ds.set_epoch(epoch)
+        whole.append(records(ds))
+    read = dataset()  # the interrupted run: 12 records of epoch 0; then the epoch's rest and 4 records of epoch 1
+    batches = read.batches()
+    before = [i for _, batch in zip(range(3), batches) for i in _ids(batch_records(batch))]
+    mid = read.state_dict()
+    assert (mid["epoch"], mid["sample_in_epoch"]) == (0, 12)
+    for _ in batches:
+        pass
+    next(read.batches())
+    later = read.state_dict()
+    assert (later["epoch"], later["sample_in_epoch"]) == (1, 4)
+
+    loaded = dataset()
+    loaded.load_state_dict(mid)  # before the adapter is made
+    ds = DlstoreIterableDataset(loaded)
+    assert before + records(ds) == whole[0]
+    assert records(ds) == whole[0]  # the point served one pass
+    ds.set_epoch(1)
+    assert records(ds) == whole[1]
+
+    ds = DlstoreIterableDataset(dataset())
+    ds.dataset.load_state_dict(later)  # after, in a later epoch: that epoch, from the point
+    assert records(ds) == whole[1][4:] and ds.epoch == 1
+    ds.dataset.load_state_dict(later)
+    ds.set_epoch(1)  # its epoch keeps it
+    assert records(ds) == whole[1][4:]
+    ds.dataset.load_state_dict(later)
+    ds.set_epoch(0)  # another forgets it
+    assert records(ds) == whole[0]
+    own = ds.state_dict(0, records_per_batch=4)  # epoch 0's start
+    ds.dataset.load_state_dict(later)
+    ds.load_state_dict(own)  # the adapter's own state, loaded after: that one
+    assert records(ds) == whole[0]
+
+
+def test_torch_dataset_with_a_pipeline_over_a_dataset_loaded_directly_resumes_there(bert):
+    """The same through a pipeline: each pass's Loader was put at the adapter's position (the epoch's start) over
+    the point loaded into the Dataset. It yields the rest of the epoch from the point, the batches of a Loader
+    over that Dataset."""
+    pipeline = _pipeline()
+    from dlstore.adapters.torch import DlstoreIterableDataset
+
+    def dataset():
+        return dlstore.Dataset(bert, world=World(rank=0, size=2), shuffle="global", seed=2, batch_size=4,
+                               remainder="uneven")
+
+    def rows(ds):
+        return [row for batch in ds for row in loader_rows(batch)]
+
+    def adapter(source):
+        return DlstoreIterableDataset(source, pipeline.Bert(seq_len=128, max_predictions=20), batch_size=4)
+
+    whole = rows(adapter(dataset()))
+    loaded = dataset()
+    loaded.load_state_dict(dataset().state_dict() | {"sample_in_epoch": 8})
+    ds = adapter(loaded)
+    assert rows(ds) == whole[8:]
+    assert rows(ds) == whole
+
+
+@pytest.mark.slow  # DataLoaders forking workers
+def test_torch_dataset_over_a_dataset_loaded_directly_with_workers(tmp_path):
+    """DataLoader workers split the rank's share: a point loaded into the Dataset mid-epoch (a sample of the rank's
+    order) was ignored by them, each reading its share whole; it is refused, saying what resumes. A point at an
+    epoch's start is that epoch, read whole."""
+    from dlstore.adapters.torch import DlstoreIterableDataset
+
+    paths, _ = _numbered_files(tmp_path, [30, 50, 41])
+
+    def dataset():
+        return dlstore.Dataset(paths, world=World(rank=1, size=2), shuffle="global", seed=5, chunk_size=64 << 10)
+
+    reference = DlstoreIterableDataset(dataset())
+    reference.set_epoch(1)
+    epoch_1 = _batches(reference, 2)
+    start = dataset().state_dict() | {"epoch": 1}
+    for before in (True, False):  # loaded before the adapter is made, or after (its workers find it)
+        source = dataset()
+        if before:
+            source.load_state_dict(start)
+        ds = DlstoreIterableDataset(source)
+        if not before:
+            source.load_state_dict(start)
+        assert _batches(ds, 2) == epoch_1
+        ds.dataset.load_state_dict(start | {"sample_in_epoch": 8})
+        with pytest.raises(ValueError, match="sample 8 of epoch 1 .* 2 DataLoader workers split"):
+            _batches(ds, 2)
+
+
 @pytest.mark.slow  # DataLoaders forking workers
 def test_torch_dataset_resumes_mid_epoch_with_a_pipeline(bert):
     torch = pytest.importorskip("torch")
@@ -888,6 +999,36 @@ def test_dali_feed_resumes_exactly(imagenet):
     assert_resumes_exactly(make, stops=[1, 2, 5, 6], run=iter, values=_dali_values)
 
 
+def _into_the_source(feed, state):
+    feed.source.load_state_dict(state["source"])
+
+
+def test_dali_feed_over_a_source_loaded_directly_resumes_there(imagenet):
+    """``feed.source.load_state_dict(state)`` rather than the feed's: the feed counted its own position (sample 0
+    of epoch 0) and put the source back at the epoch's start, handing DALI the samples before the point again
+    (and a point in epoch 1 was ignored). It starts at the point the source was loaded with, before or after the
+    feed was made, as a Loader does: every sample once across the stop (stop 6 lies in epoch 1)."""
+    from dlstore.adapters.dali import EncodedSamples
+
+    def make():
+        source = dlstore.Dataset(imagenet, shuffle="block", buffer_size=4, batch_size=4, seed=3)
+        return EncodedSamples(source, 4, last_batch="FILL")
+
+    assert_resumes_exactly(make, stops=[1, 2, 5, 6], run=iter, values=_dali_values, load=_into_the_source)
+
+    read = make()  # the source loaded before the feed is made, and the feed says where it stands
+    for _ in read:
+        pass
+    next(iter(read))
+    source = dlstore.Dataset(imagenet, shuffle="block", buffer_size=4, batch_size=4, seed=3)
+    source.load_state_dict(read.state_dict()["source"])
+    feed = EncodedSamples(source, 4, last_batch="FILL")
+    assert (feed.epoch, feed.sample_in_epoch) == (1, 4)
+    given = make()
+    given.load_state_dict(read.state_dict())
+    assert [_dali_values(b) for b in feed] == [_dali_values(b) for b in given]
+
+
 def test_dali_feed_resumes_after_records_the_source_skipped(tmp_path):
     from dlstore.adapters.dali import EncodedSamples
 
@@ -899,4 +1040,5 @@ def test_dali_feed_resumes_after_records_the_source_skipped(tmp_path):
         source = dlstore.Dataset(tmp_path, shuffle="block", buffer_size=4, batch_size=4, seed=3, on_error="skip")
         return EncodedSamples(source, 4, last_batch="FILL")
 
-    assert_resumes_exactly(make, stops=[1, 2, 3, 4], run=iter, values=_dali_values)
+    for load in (None, _into_the_source):  # the feed's state, or the source's loaded into the source
+        assert_resumes_exactly(make, stops=[1, 2, 3, 4], run=iter, values=_dali_values, load=load)
