@@ -307,6 +307,9 @@ class IoUringEngine : public Engine {
           if (!reqs[i].error && (!cached[i] || !cache_read))
             reqs[i].error = io_error(reqs[i].file->path, reqs[i].offset, e.reason, e.err);
         return;
+      } catch (...) {
+        ring->drain(inflight);  // not a read's failure either (memory): no slot written after the call
+        throw;
       }
       ring->reap([&](uint64_t tag, int res) {
         --inflight;

@@ -112,7 +112,8 @@ struct ReadRequest {
   uint8_t* slot = nullptr;
   // Set by the read:
   const uint8_t* data = nullptr;  // where byte `offset` is: in the slot (after the aligned lead) or the mapping
-  uint64_t bytes_read = 0;        // bytes read from the file (O_DIRECT: whole blocks, to the file's end)
+  uint64_t bytes_read = 0;        // bytes read from the file (O_DIRECT from the device: whole blocks, to the
+                                  // file's end; from the page cache: the request's)
   std::exception_ptr error;       // this read failed (an Error naming file and offset); others may not have
   bool from_cache = false;        // an O_DIRECT file's request read from the page cache, which held it
 };

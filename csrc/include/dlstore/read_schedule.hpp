@@ -57,7 +57,7 @@ struct ScheduleOptions {
 struct PlanStats {
   uint64_t records = 0;          // emitted (PlanReader: those of the batches it built)
   uint64_t payload_bytes = 0;    // executor
-  uint64_t file_bytes_read = 0;  // bytes read from files (direct: whole aligned blocks)
+  uint64_t file_bytes_read = 0;  // bytes read from files (O_DIRECT from the device: whole aligned blocks)
   uint64_t cache_bytes_read = 0;  // of those, read by an O_DIRECT engine from the page cache, which held them
   uint64_t skipped = 0;          // corrupt records skipped under OnError::Skip
   uint64_t chunks = 0;           // chunks read
