@@ -114,19 +114,21 @@ def dataset_paths(data: Optional[str], size: str = "default", kind: str = "image
 
 # ---- one pass ----------------------------------------------------------------------------------
 
-def open_readers(paths: Sequence[str], io: str = "auto", verify: bool = True, readers: int = 1) -> list:
+def open_readers(paths: Sequence[str], io: str = "auto", verify: bool = True, readers: int = 1,
+                 device: Optional[int] = None) -> list:
     """One :class:`~dlstore.RecordReader` per reader, the files dealt round-robin among them.
 
     The engine is resolved once over the whole dataset (``io="auto"`` compares all of it with the
-    page cache), and every reader uses it and reports that reason.
+    page cache), and every reader uses it and reports that reason. ``device``: the GPU ``io="gds"``
+    reads into (a host engine's batches are copied to it by the bench, not read there).
     """
-
-    whole = open_records(list(paths), io=io, verify=verify)
+    gpu = f"cuda:{device}" if device is not None and io == "gds" else None
+    whole = open_records(list(paths), io=io, verify=verify, device=gpu)
     n = max(1, min(int(readers), len(paths)))
     if n == 1:
         return [whole]
     # The other readers get the resolved engine by name; keep the whole dataset's reason on each.
-    out = [open_records(list(paths[i::n]), io=whole.engine, verify=verify) for i in range(n)]
+    out = [open_records(list(paths[i::n]), io=whole.engine, verify=verify, device=gpu) for i in range(n)]
     for r in out:
         r.choice = whole.choice
     return out
@@ -285,8 +287,9 @@ def timed_passes(paths: Sequence[str], *, io: str = "auto", cache: str = "cold",
                  verify: bool = True, readers: int = 1, sync: bool = False, quiet: bool = True,
                  after_pass: Optional[Callable[[int], None]] = None,
                  log: Callable[[str], None] = print, sink: Optional[Callable[[Any], None]] = None,
-                 metrics: Optional[Any] = None) -> Dict:
-    """dlstore's passes through :func:`measure_passes`, with fresh readers for every pass.
+                 metrics: Optional[Any] = None, device: Optional[int] = None) -> Dict:
+    """dlstore's passes through :func:`measure_passes`, with fresh readers for every pass (``device``: the
+    GPU ``io="gds"`` reads into).
 
     ``metrics`` (a :class:`dlstore.bench.metrics.BenchMetrics`) gets each pass as it completes,
     labelled with the cache state as the tier.
@@ -304,7 +307,7 @@ def timed_passes(paths: Sequence[str], *, io: str = "auto", cache: str = "cold",
         # Fresh readers for every pass, the previous ones released first: a reader keeps its last
         # files mapped (mmap), and mapped pages survive drop_caches, so a cold pass would be warm.
         held["readers"] = None
-        held["readers"] = rs = open_readers(paths, io=io, verify=verify, readers=readers)
+        held["readers"] = rs = open_readers(paths, io=io, verify=verify, readers=readers, device=device)
         held["n"] += 1
         if metrics is not None and held["n"] == 1:  # the untimed warm-up pass: the cache state starts
             metrics.begin(cache, rs[0].engine)
@@ -486,7 +489,7 @@ def run_storage(paths: Sequence[str], *, io: str = "auto", cache: str = "both", 
     for k, mode in enumerate(modes):
         measured = timed_passes(paths, io=io, cache=mode, repeat=repeat, verify=verify, readers=readers,
                                 sync=sync, quiet=quiet, after_pass=fio_after if k == 0 else None, log=log,
-                                sink=sink, metrics=metrics)
+                                sink=sink, metrics=metrics, device=device)
         if measured["passes"][0]["records"] == 0:  # no rate to report
             shown = ", ".join(paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
             raise DlstoreError(f"{shown}: nothing to read: no records")
@@ -593,7 +596,7 @@ def run(args: argparse.Namespace) -> int:
     args.io = settings.get("io", args.io)
     device = check_gpu_request(args.io, args.device)  # says what is missing before generating any data
     paths = dataset_paths(args.data, args.size)
-    probe = open_readers(paths, io=args.io, verify=args.verify)[0]
+    probe = open_readers(paths, io=args.io, verify=args.verify, device=device)[0]
     info = sysinfo.collect(paths, probe.engine, probe.engine_reason)
     file_bytes = sum(os.path.getsize(p) for p in paths)
     if file_bytes == 0:  # before the header, as the pipeline benches refuse data short of one batch

@@ -592,15 +592,19 @@ def open_records(paths: PathSpec, *, format: str = "auto", compression: Optional
         raise TypeError(f"open_records() got unexpected keyword arguments {', '.join(sorted(read_options))}")
     files = expand_paths(paths)
     fmt, comps = detect_files(files, format, compression)
-    choice = resolve_engine(options.get("io"), files, sum(os.path.getsize(f) for f in files), device=device)
+    from dlstore.io.cuda import parse_device
+    from dlstore.placement.world import detect_world
+
+    # cuda:local: the GPU numbered as the launcher's local rank, as a Dataset reads it
+    gpu = parse_device(device, detect_world().local_rank) if device is not None else None
+    choice = resolve_engine(options.get("io"), files, sum(os.path.getsize(f) for f in files),
+                            device=device if gpu is None else f"cuda:{gpu}")
     if choice.engine == "gds":
         from dlstore.io.gds import check_source
 
         check_source(fmt, files, comps)
     reader = RecordReader(files, format=fmt, compression=comps, choice=choice, options=options)
-    from dlstore.io.cuda import parse_device
-
-    reader.device_index = parse_device(device) if device is not None else (0 if choice.engine == "gds" else None)
+    reader.device_index = gpu if gpu is not None else (0 if choice.engine == "gds" else None)
     return reader
 
 

@@ -89,6 +89,26 @@ def test_open_records_indexes_on_the_fly_and_resumes(tmp_path, payloads, stand_i
     assert dlstore.open_records(path, io="gds").count()["records"] == len(payloads)
 
 
+def test_open_records_reads_cuda_local_into_the_local_ranks_gpu(tmp_path, payloads, stand_in_gds, monkeypatch):
+    # cuda:local read into (and was checked against) cuda:0 whatever the local rank; a Dataset's did not.
+    for name, value in (("RANK", "1"), ("WORLD_SIZE", "2"), ("LOCAL_RANK", "1"), ("LOCAL_WORLD_SIZE", "2")):
+        monkeypatch.setenv(name, value)
+    path = write_tfrecord(tmp_path / "l.tfrecord", payloads)
+    reader = dlstore.open_records(path, io="gds", device="cuda:local", chunk_size=64 << 10)
+    assert reader.device_index == 1 and {b.buffer.device.id for b in reader.batches()} == {1}
+
+
+def test_bench_storage_reads_gds_into_the_device_asked_for(tmp_path, payloads, stand_in_gds):
+    # open_readers left the device out, so --io gds --device cuda:1 read into cuda:0.
+    from dlstore.bench.storage import open_readers
+
+    paths = [write_tfrecord(tmp_path / f"s{k}.tfrecord", payloads) for k in range(2)]
+    readers = open_readers(paths, io="gds", readers=2, device=1)
+    assert [r.device_index for r in readers] == [1, 1]
+    assert {b.buffer.device.id for r in readers for b in r.batches()} == {1}
+    assert open_readers(paths, io="buffered", device=1)[0].device_index is None  # the bench copies host batches
+
+
 def test_corrupt_data_is_named_as_the_host_names_it_or_skipped(tmp_path, gpu_libraries, payloads):
     path = write_tfrecord(tmp_path / "c.tfrecord", payloads)
     offsets, _ = frames_of(payloads)
@@ -159,6 +179,17 @@ def test_many_files_stay_within_the_open_file_budget(tmp_path, gpu_libraries, mo
     assert read_all(reader) == [want[i] for i in order]
     assert 16 < state["most"] <= 4 + 2 * 16  # the budget, and the files of the two chunks in flight
     assert state["open"] == 0  # the end of the pass closed the rest
+
+
+def test_the_default_budget_counts_kvikios_two_descriptors_per_file_in_gds_mode(tmp_path, gpu_libraries, monkeypatch):
+    """kvikio's FileHandle opens a file with and without O_DIRECT unless in compat mode (kvikio 26.10
+    cpp/src/compat_mode_manager.cpp): in gds mode the descriptor budget keeps half as many files open."""
+    from dlstore.io.gds import reader as gds_reader
+
+    monkeypatch.setattr(gds_reader, "open_files_budget", lambda: 100)
+    path = write_tfrecord(tmp_path / "b.tfrecord", [b"x" * 10])
+    assert plan_reader([path], [[b"x" * 10]], mode="gds")._max_open == 50
+    assert plan_reader([path], [[b"x" * 10]], mode="compat")._max_open == 100
 
 
 def test_pieces_after_a_failed_one_are_waited_before_their_buffer_goes(tmp_path, gpu_libraries, monkeypatch):

@@ -69,7 +69,7 @@ class GdsPlanReader:
     mode : str
         What :func:`dlstore.io.cuda.gds_verdict` said (``gds`` or ``compat``), until kvikio says per file.
     max_open_files : int, optional
-        As the host reader's (default :func:`dlstore.io.system.open_files_budget`), and so is the files' cap per chunk.
+        As the host reader's (so is the cap per chunk); in gds mode half, as kvikio opens each file twice.
     """
 
     def __init__(self, paths: Sequence[str], file: np.ndarray, offset: np.ndarray, size: np.ndarray,
@@ -87,12 +87,12 @@ class GdsPlanReader:
         self._offset = np.asarray(offset, dtype=np.int64)
         self._size = np.asarray(size, dtype=np.int64)
         self._file = np.asarray(file, dtype=np.int64)
-        self._max_open, depth = max(1, int(max_open_files or open_files_budget())), max(1, int(depth))
+        self._max_open = max(1, int(max_open_files or open_files_budget() // (2 if mode == "gds" else 1)))
         self._sched = _C.ReadSchedule(self.paths, self._file, self._offset, self._size, emit, mounts,
-                                      chunk_size=chunk_size, depth=depth,
+                                      chunk_size=chunk_size, depth=max(1, int(depth)),
                                       batch_size=max(1, int(batch_size)), first_batch=int(first_batch),
                                       hold_bytes=int(hold_bytes), on_error=on_error,
-                                      max_chunk_files=max(16, self._max_open // (2 * depth)))
+                                      max_chunk_files=max(16, self._max_open // (2 * max(1, int(depth)))))
         self._device = cupy.cuda.Device(int(device))
         with self._device:
             module = cupy.RawModule(code=kernels.CUDA_SOURCE)
