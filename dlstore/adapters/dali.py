@@ -104,6 +104,7 @@ class EncodedSamples:
         self._delivered = 0       # samples handed out (padding not counted), on the scale of _chunk_ends
         self._chunk_ends: collections.deque = collections.deque()  # (delivered, source position) at chunk ends
         self._handed_out = collections.deque(maxlen=max(1, int(keep)))
+        self._own_load = False  # load_state_dict ran since the last iteration started
 
     @property
     def epoch(self) -> int:
@@ -127,14 +128,16 @@ class EncodedSamples:
         """Resumes at a :meth:`state_dict`: the next iteration goes on from there."""
         self._epoch, self._position = int(state["epoch"]), int(state["sample_in_epoch"])
         self.source.load_state_dict(state.get("source") or state_at(self.source, self._epoch, self._position))
+        self._own_load = True
 
     def _take_resume_point(self) -> None:
         """Takes a point the source was resumed at on its own as the position (the next iteration starts there),
         as the Loader does (:func:`~dlstore.sources.source.loaded_point`). During an iteration the source keeps
         none: its pass has started, from the point this feed put it at."""
-        point = loaded_point(self.source, (self._epoch, self._position))
+        point = loaded_point(self.source, (self._epoch, self._position),
+                             loaded="DALI feed" if self._own_load else None)
         if point is not None:
-            self._epoch, self._position = point
+            self._epoch, self._position, self._own_load = point[0], point[1], False
 
     def _samples(self, source) -> Iterator[Tuple[List[np.ndarray], np.ndarray]]:
         """Per chunk of records: image views and labels."""
@@ -158,6 +161,7 @@ class EncodedSamples:
     def __iter__(self) -> Iterator[Tuple[List[np.ndarray], np.ndarray]]:
         source = self.source
         self._take_resume_point()
+        self._own_load = False
         start_at(source, self._epoch, self._position)  # mid-epoch when resumed
         size = self.batch_size
         images: List[np.ndarray] = []

@@ -113,6 +113,7 @@ class _IterableRecords:
         self._current: Any = None  # the loader of the pass under way in this process (not pickled)
         self._passes: Dict[str, Any] = {"passes": 0, "stats": {}, "stalls": None, "waits": None}  # finished, summed
         self._resume: Optional[Dict[str, int]] = None  # where the next pass of `epoch` starts (load_state_dict)
+        self._began: Optional[Tuple[int, int]] = None  # (epoch, sample) where a pass began at its Dataset's point
         self._take_dataset_point()
 
     @property
@@ -204,6 +205,11 @@ class _IterableRecords:
         0), as the Dataset's and the Loader's are: an epoch boundary, which resumes with any number of
         workers or world size.
 
+        ``batches_seen`` counts the epoch's items from its start, also in a pass that began at a point loaded
+        into the Dataset (its ``load_state_dict``, sample k): k records are k / ``records_per_batch`` items
+        before the pass's first; a k that is no whole number of items is refused mid-epoch, as is a count
+        short of it.
+
         Raises
         ------
         ValueError
@@ -217,6 +223,14 @@ class _IterableRecords:
         if per_item is None or int(per_item) < 1:
             raise ValueError("without a pipeline, state_dict needs records_per_batch: the DataLoader's batch_size")
         epoch, seen, num_workers, per_item = self.epoch, int(batches_seen), int(num_workers), int(per_item)
+        began = self._began[1] if self._began is not None and self._began[0] == epoch else 0
+        if seen and began and (began % per_item or seen < began // per_item):
+            why = (f"{began} records are not a whole number of items of {per_item}, so no batches_seen names a point "
+                   f"of this pass" if began % per_item else
+                   f"batches_seen counts the epoch's items from its start, so it is at least {began // per_item} here")
+            raise ValueError(f"epoch {epoch}'s pass began at sample {began}, where the Dataset was loaded (its "
+                             f"load_state_dict): {why}. Save a state at the epoch's end, or resume from this "
+                             f"dataset's own states")
         if seen and seen == self._items_in_epoch(epoch, num_workers, per_item, seen):
             epoch, seen = epoch + 1, 0
         return {"epoch": epoch, "batches_seen": seen, "num_workers": num_workers, "records_per_batch": per_item,
@@ -265,7 +279,7 @@ class _IterableRecords:
             raise ValueError(f"the state was saved with seed {state['seed']}, this dataset has seed {self.seed}")
         epoch, seen, workers = state["epoch"], state["batches_seen"], state["num_workers"]
         self._take_dataset_point()  # and forgotten just below
-        self._resume = None
+        self._resume, self._began = None, None
         if seen:  # mid-epoch (or, in states saved before boundaries were normalised, at the epoch's end)
             now = self.dataset.world.with_worker(0, max(1, workers)).num_consumers
             if now != state["num_consumers"]:
@@ -288,7 +302,8 @@ class _IterableRecords:
         point over: DataLoader workers read copies of it, which would find it again at each pass. Asked between
         passes: in the main process where this dataset is told something, and in a worker where the point was
         loaded after that (the copy holds it)."""
-        point = loaded_point(self.dataset, hand_over=True)
+        own = self._resume is not None and "batches_seen" in self._resume  # this dataset's load_state_dict's
+        point = loaded_point(self.dataset, hand_over=True, loaded="DlstoreIterableDataset" if own else None)
         if point is None:
             return
         epoch, sample = point
@@ -395,6 +410,7 @@ class _IterableRecords:
         if resume is not None and resume["finished"]:
             return  # a state saved after the epoch's last item: every worker's share was handed out
         source, start, drop = self._worker_share(info.id if info else 0, info.num_workers if info else 0, resume)
+        self._began = (self.epoch, start) if resume is not None and "sample_in_epoch" in resume else None
         if self.pipeline is None:
             start_at(source, self.epoch, start)
             yield from _records(source)

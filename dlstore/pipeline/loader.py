@@ -201,6 +201,7 @@ class Loader:
         # The position after each of the last batches handed out, by their count (the counter "batches", over
         # the loader's life): what a consumer that draws ahead of its training step resumes from (state_after).
         self._recent = collections.deque([(0, 0, 0, 0)], maxlen=_RECENT_POSITIONS)
+        self._own_load = False  # load_state_dict ran since the last pass started
         self._active: Optional[Prefetcher] = None
         self._iterator: Optional[weakref.ref] = None
         self._producer: Optional[_Producer] = None
@@ -276,6 +277,7 @@ class Loader:
     def _consume(self) -> Iterator[Dict[str, np.ndarray]]:
         # The thread starts at the first next(), so an iterator never advanced holds nothing.
         self._take_resume_point()
+        self._own_load = False  # a pass starts: a later load of the source alone is no conflict
         if self._ring is None:
             self._ring = BatchRing(self._fields, self.batch_size, self._ring_slots(), self._allocator)
         ring = self._ring
@@ -466,6 +468,7 @@ class Loader:
         delivered = int(state.get("delivered", position))  # a state saved before it was kept: as before
         self.source.load_state_dict(state.get("source") or state_at(self.source, epoch, position))
         self._restart(epoch, position, delivered)
+        self._own_load = True
 
     def _restart(self, epoch: int, position: int, delivered: int) -> None:
         """Puts the consumer at ``position`` of ``epoch``, ``delivered`` samples of it handed out, as after a
@@ -480,8 +483,10 @@ class Loader:
         puts the source where it reads, and that point is its own."""
         if self._active is not None:
             return
-        point = loaded_point(self.source, (self._epoch, self._position))  # None: ours (load_state_dict), or none
+        point = loaded_point(self.source, (self._epoch, self._position),  # None: ours (load_state_dict), or none
+                             loaded="Loader" if self._own_load else None)
         if point is not None:
+            self._own_load = False
             epoch, position = point
             self._restart(epoch, position, position)  # a source's state does not count skipped records apart
 

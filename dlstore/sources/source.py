@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import operator
+import warnings
 from dataclasses import dataclass
 from typing import Any, Dict, Iterator, Mapping, MutableMapping, Optional, Protocol, Tuple, runtime_checkable
 
@@ -355,8 +356,8 @@ def start_at(source: Source, epoch: int, sample_in_epoch: int = 0) -> None:
         source.load_state_dict(state_at(source, getattr(source, "epoch", epoch), 0))
 
 
-def loaded_point(source: Source, own: Optional[Tuple[int, int]] = None, *,
-                 hand_over: bool = False) -> Optional[Tuple[int, int]]:
+def loaded_point(source: Source, own: Optional[Tuple[int, int]] = None, *, hand_over: bool = False,
+                 loaded: Optional[str] = None) -> Optional[Tuple[int, int]]:
     """The point loaded into ``source`` on its own (``source.load_state_dict(state)``: its
     :attr:`~SourcePosition.resume_point`, no pass started from it), ``(epoch, sample_in_epoch)``, where a
     consumer that stands at ``own`` takes it as its position: its next pass starts there. None where the source
@@ -368,11 +369,19 @@ def loaded_point(source: Source, own: Optional[Tuple[int, int]] = None, *,
     between passes only: once a pass has started the source keeps no point, and a consumer's own pass puts
     the source where it reads. ``hand_over``: the source forgets the point (its position stays), for a consumer
     that keeps it as its own resume point and whose passes read copies of the source (DataLoader workers):
-    those would find it again at each pass.
+    those would find it again at each pass. ``loaded``: the consumer's name where its own state was loaded since
+    its last pass; the source's point, loaded after it, still wins (the later load), with a RuntimeWarning: a
+    checkpoint that restores both a consumer and its source restores the source ahead of the consumer (the
+    source reads ahead while a pass runs), so its records in between would be skipped.
     """
     point = getattr(source, "resume_point", None)
     if point is None or tuple(point) == own:
         return None
+    if loaded is not None:
+        warnings.warn(f"the source was resumed at epoch {point[0]}, sample {point[1]} (its load_state_dict) after this "
+                      f"{loaded}'s own load_state_dict: reading from the source's point, the later one. Restore the "
+                      f"{loaded}'s state alone (it restores its source): a source's state saved while a pass ran is "
+                      f"ahead of its consumer's by what was read ahead", RuntimeWarning, stacklevel=3)
     if hand_over:
         source._pass_starts()  # the consumer's now: forgotten here as when a pass starts from it
     return int(point[0]), int(point[1])

@@ -346,6 +346,44 @@ def test_torch_dataset_over_a_dataset_loaded_directly_resumes_there(tmp_path):
     assert records(ds) == whole[0]
 
 
+def test_torch_dataset_state_in_a_pass_begun_at_the_datasets_point_counts_from_the_epochs_start(tmp_path):
+    """A pass that began at sample 12, loaded into the Dataset: a state saved after 2 of its items named record 8
+    (2 items counted from the epoch's start), so the resume read records 8-19 again. batches_seen counts from the
+    epoch's start (3 items before the pass, so 5 here); a count short of the pass's start is refused, and so is
+    any mid-epoch count where the point is no whole number of items."""
+    from dlstore.adapters.torch import DlstoreIterableDataset
+
+    paths, _ = _numbered_files(tmp_path, [30, 50, 41])
+
+    def adapter(at=None):
+        ds = dlstore.Dataset(paths, shuffle="global", seed=5, chunk_size=64 << 10, batch_size=2)
+        if at is not None:
+            ds.load_state_dict(dict(ds.state_dict(), sample_in_epoch=at))
+        return DlstoreIterableDataset(ds)
+
+    def records(ds, stop=None):
+        return [i for batch in _batches(ds, 0, stop) for i in batch]
+
+    whole = records(adapter())
+    ds = adapter(12)
+    assert records(ds, stop=2) == whole[12:20]
+    with pytest.raises(ValueError, match="at least 3 here"):
+        ds.state_dict(2, records_per_batch=4)
+    resumed = adapter()
+    resumed.load_state_dict(ds.state_dict(5, records_per_batch=4))
+    assert records(resumed) == whole[20:]
+    both = adapter()  # a checkpoint restoring the adapter, then its Dataset: the later load wins, and says so
+    both.load_state_dict(ds.state_dict(5, records_per_batch=4))
+    both.dataset.load_state_dict(dict(both.dataset.state_dict(), sample_in_epoch=24))
+    with pytest.warns(RuntimeWarning, match="after this DlstoreIterableDataset's own load_state_dict"):
+        assert records(both) == whole[24:]
+    odd = adapter(10)
+    records(odd, stop=1)
+    with pytest.raises(ValueError, match="not a whole number of items of 4"):
+        odd.state_dict(3, records_per_batch=4)
+    assert odd.state_dict(0, records_per_batch=4)["batches_seen"] == 0
+
+
 def test_torch_dataset_with_a_pipeline_over_a_dataset_loaded_directly_resumes_there(bert):
     """The same through a pipeline: each pass's Loader was put at the adapter's position (the epoch's start) over
     the point loaded into the Dataset. It yields the rest of the epoch from the point, the batches of a Loader
@@ -1027,6 +1065,17 @@ def test_dali_feed_over_a_source_loaded_directly_resumes_there(imagenet):
     given = make()
     given.load_state_dict(read.state_dict())
     assert [_dali_values(b) for b in feed] == [_dali_values(b) for b in given]
+
+
+def test_dali_feed_warns_when_its_source_is_restored_after_it(imagenet):
+    # A checkpoint restoring the feed, then its source with another point: the later load wins, and says so.
+    from dlstore.adapters.dali import EncodedSamples
+
+    feed = EncodedSamples(dlstore.Dataset(imagenet, shuffle="block", buffer_size=4, batch_size=4, seed=3), 4)
+    feed.load_state_dict({"epoch": 0, "sample_in_epoch": 4})
+    feed.source.load_state_dict(dict(feed.source.state_dict(), sample_in_epoch=8))
+    with pytest.warns(RuntimeWarning, match="after this DALI feed's own load_state_dict"):
+        assert (feed.epoch, feed.sample_in_epoch) == (0, 8)
 
 
 def test_dali_feed_resumes_after_records_the_source_skipped(tmp_path):
