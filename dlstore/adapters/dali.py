@@ -34,7 +34,7 @@ from dlstore.sources.dataset import dataset_for
 from dlstore.errors import DlstoreError
 from dlstore.formats.example import bytes_feature_spans, parse_batch
 from dlstore.io.system import available_cores
-from dlstore.pipeline.decode import IMAGENET_MEAN, IMAGENET_STD
+from dlstore.pipeline.decode import IMAGENET_MEAN, IMAGENET_STD, check_eval_resize
 from dlstore.pipeline.resnet50 import recordio_labels
 from dlstore.sources.source import loaded_point, start_at, state_at
 
@@ -282,6 +282,8 @@ def dali_pipeline(source, batch_size: int, *, device: str = "auto", train: bool 
         raise ValueError(f"dtype must be 'float32' or 'uint8', got {dtype!r}")
     if device not in ("auto", "cpu", "gpu"):
         raise ValueError(f"device must be 'auto', 'cpu' or 'gpu', got {device!r}")
+    if eval_resize is not None:
+        check_eval_resize(train, size, eval_resize)
     gpus = _gpu_count(dali)
     if device == "auto":
         device = "gpu" if gpus else "cpu"

@@ -161,6 +161,7 @@ def crop_windows(heights, widths, seeds, *, train: bool, size: Tuple[int, int] =
     """
     from dlstore import _C
 
+    check_eval_resize(train, size, eval_resize)
     heights = np.ascontiguousarray(heights, dtype=np.int64)
     widths = np.ascontiguousarray(widths, dtype=np.int64)
     if seeds is None:

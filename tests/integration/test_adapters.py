@@ -783,6 +783,15 @@ def test_dali_pipeline_cpu_shapes_and_labels(imagenet, train, layout, dtype):
         assert -2.5 < float(np.concatenate(images).mean()) < 2.5
 
 
+def test_dali_eval_refuses_a_resize_smaller_than_the_crop(imagenet):
+    # The dlstore pipelines refuse it when made; the DALI one was built regardless (a 32-pixel crop of 24 pixels).
+    pytest.importorskip("nvidia.dali", reason="DALI is not installed")
+    from dlstore.adapters.dali import dali_pipeline
+
+    with pytest.raises(ValueError, match=r"eval_resize \(24\) must be at least the output size \(32\)"):
+        dali_pipeline(imagenet[:1], 4, device="cpu", train=False, size=32, eval_resize=24)
+
+
 def test_dali_eval_matches_a_reference_decode(imagenet):
     """Eval images are the JPEG, resized and centre-cropped: close to PIL doing the same."""
     pytest.importorskip("nvidia.dali", reason="DALI is not installed")

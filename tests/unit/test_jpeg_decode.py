@@ -449,6 +449,11 @@ def test_argument_errors():
     with pytest.raises(ValueError) as pipeline:
         ResNet50(train=False, size=224, eval_resize=200)
     assert str(direct.value) == str(pipeline.value)  # one check, one message (they differed)
+    from dlstore.pipeline.decode import crop_windows
+
+    with pytest.raises(ValueError) as windows:  # it computed windows from a resize smaller than the crop
+        crop_windows([300], [400], None, train=False, size=(224, 224), eval_resize=200)
+    assert str(windows.value) == str(direct.value)
     with pytest.raises(ValueError, match="backend"):
         decode_batch(buffer, offsets, lengths, out, train=False, backend="gpu")
     if NATIVE:
