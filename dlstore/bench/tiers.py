@@ -37,8 +37,9 @@ def host_io(given: Optional[str]) -> str:
     """
     io = settings.get("io", given)
     if io not in ("auto",) + ENGINES:
-        raise ValueError(f"io={io!r} (from {settings.SETTINGS['io'].env}) is for bench storage; "
-                         f"this bench reads with one of auto, {', '.join(ENGINES)}")
+        where = f"from {settings.SETTINGS['io'].env}" if given is None else "given"
+        raise ValueError(f"io={io!r} ({where}) is for bench storage; this bench reads with one of auto, "
+                         f"{', '.join(ENGINES)}")
     return io
 
 
