@@ -545,7 +545,7 @@ class Dataset(SourcePosition, ReadsWithOptions):
             life["bytes"] += int(batch.nbytes)
             if skips and self.sample_in_epoch - begun - handed > passed:
                 passed = self.sample_in_epoch - begun - handed
-                self.skipped_this_pass = totals.get("skipped", 0) + (live.stats()["skipped"] if live is not None else 0)
+                self.skipped_this_pass = totals.get("skipped", 0) + (self._new_skips(live) if live is not None else 0)
                 life["skipped"] = max(life["skipped"], skipped_before + self.skipped_this_pass)
             return batch
 
@@ -571,6 +571,7 @@ class Dataset(SourcePosition, ReadsWithOptions):
                         raise self._gave_up(gone.shard, gone.block, health, None) from None
                     core = self._core(plan, start)
                 ahead, tried, live = None, False, core
+                warner.next_reader()
                 total = len(plan.file) if plan.emit is None else len(plan.emit)
                 more = limit is not None and start + total < samples  # a window: the pass goes on after it
                 # The next window is planned, and its reads started, once this one's last reads are in
@@ -606,7 +607,7 @@ class Dataset(SourcePosition, ReadsWithOptions):
                 finally:
                     _add_counts(totals, core.stats())
                     live = None
-                    self._corruptions += core.corruptions()
+                    self._add_corruptions(core.corruptions(), totals)
                     notes += [n for n in core.notes() if n not in notes]
                 if error is None:
                     if more:
@@ -640,6 +641,23 @@ class Dataset(SourcePosition, ReadsWithOptions):
             life["skipped"] = max(life["skipped"], skipped_before + self.skipped_this_pass)
             life["failovers"] += health.stats.failovers
             life["retries"] += health.stats.retries
+
+    def _add_corruptions(self, found: List[Tuple[str, int, str]], totals: Dict[str, int]) -> None:
+        """Adds a reader's skipped records to the pass's, each record once: one padded into another window (or
+        met again after a restart) was counted by that reader too, and comes off ``totals["skipped"]``."""
+        listed = {(path, offset) for path, offset, _ in self._corruptions}
+        for path, offset, what in found:
+            if (path, offset) in listed:
+                totals["skipped"] -= 1
+            else:
+                listed.add((path, offset))
+                self._corruptions.append((path, offset, what))
+
+    def _new_skips(self, core: Any) -> int:
+        """Records the reader under way skipped that no earlier reader of the pass did (rare: asked when
+        records were skipped; a life count, exported as a counter, must not count one twice)."""
+        listed = {(path, offset) for path, offset, _ in self._corruptions}
+        return core.stats()["skipped"] - sum((path, offset) in listed for path, offset, _ in core.corruptions())
 
     def _read_ahead(self, epoch: int, start: int, windows: int, health: MountHealth):
         """``(start, plan, reader)`` of the window from sample ``start`` with its first reads started; None
@@ -697,7 +715,7 @@ class Dataset(SourcePosition, ReadsWithOptions):
         if self.options.on_error == "raise":
             raise CorruptRecordError(message, path=error.path, offset=offset, reason=what) from error
         totals["skipped"] = totals.get("skipped", 0) + 1
-        self._corruptions.append((error.path, offset, what))
+        self._add_corruptions([(error.path, offset, what)], totals)
         if self.options.on_error == "warn":
             warnings.warn(f"{message} (skipped)", RuntimeWarning, stacklevel=4)
         return start + replicas.emission_index(plan.emit, r) + 1

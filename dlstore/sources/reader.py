@@ -299,6 +299,11 @@ class CorruptionWarnings:
         self.enabled, self.stacklevel = enabled, stacklevel
         self.seen = self.reported = 0
         self.noted_unreported = False
+        self.warned: set = set()  # (path, offset) of each record warned of: one padded into another reader once
+
+    def next_reader(self) -> None:
+        """The reader checked from now on is another one (a window of a pass, a restart): its counts start at 0."""
+        self.seen = self.reported = 0
 
     def check(self, core) -> None:
         """Warns of what ``core`` skipped since the last call (its ``stats()`` and ``corruptions()``)."""
@@ -310,7 +315,9 @@ class CorruptionWarnings:
         self.seen = skipped
         found = core.corruptions()
         for path, offset, what in found[self.reported:]:
-            warnings.warn(f"{path}: at byte {offset}: {what} (skipped)", RuntimeWarning, stacklevel=self.stacklevel)
+            if (path, offset) not in self.warned:
+                self.warned.add((path, offset))
+                warnings.warn(f"{path}: at byte {offset}: {what} (skipped)", RuntimeWarning, stacklevel=self.stacklevel)
         self.reported = len(found)
         if skipped > self.reported and not self.noted_unreported:
             self.noted_unreported = True

@@ -70,6 +70,36 @@ def test_corrupt_records_can_be_skipped_counted_and_listed(tmp_path, policy):
 
 
 @pytest.mark.parametrize("policy", ["skip", "warn"])
+def test_a_corrupt_record_padded_into_another_window_is_counted_once(tmp_path, monkeypatch, policy):
+    # A global shuffle planned in windows: the epoch's first record (corrupt) is padded into its last window,
+    # whose reader skipped it again: counted and listed twice. Nine one-record shards, batch 2: 8 records in
+    # the first window (4 batches), then the ninth and the pad repeat of the first. The ninth is corrupt too:
+    # under warn, the second window's reader's first skip went unwarned (the counts were the first reader's).
+    monkeypatch.setenv("DLSTORE_PLAN_WINDOW_FILES", "1")
+    for d in ("clean", "damaged"):
+        (tmp_path / d).mkdir()
+    clean, damaged = ([write_tfrecord(tmp_path / d / f"s{k}.tfrecord", [b"%d" % k * 50]) for k in range(9)]
+                      for d in ("clean", "damaged"))
+    ds = Dataset(clean, batch_size=2, shuffle="global", seed=3, on_error=policy)
+    assert ds.plan(0).num_samples(0) == 10
+    order = _read(ds)
+    assert order[9] == order[0]  # the pad repeat
+    for record in (order[0], order[8]):
+        bad = damaged[int(record[:1])]
+        flip_data_byte(bad, 0, ensure_index(bad)[1])
+    ds = Dataset(damaged, batch_size=2, shuffle="global", seed=3, on_error=policy)
+    if policy == "warn":
+        with pytest.warns(RuntimeWarning, match="bad data CRC") as caught:
+            got = _read(ds)
+        assert sorted(str(w.message).split(":")[0] for w in caught) == sorted(
+            str(damaged[int(record[:1])]) for record in (order[0], order[8]))  # each bad record, once
+    else:
+        got = _read(ds)
+    assert got == order[1:8]
+    assert ds.stats()["skipped"] == 2 and ds.stats()["life"]["skipped"] == 2 and len(ds.corruptions()) == 2
+
+
+@pytest.mark.parametrize("policy", ["skip", "warn"])
 def test_a_corrupt_record_padded_into_an_epoch_again_is_skipped_and_counted_once(tmp_path, policy):
     # One corrupt record, batch_size=4, remainder="pad": the record and its three padded repeats counted as 4
     # skipped, listed and warned of 4 times; the life count (what dlstore.metrics exports) too.
