@@ -327,9 +327,10 @@ class _IterableRecords:
         ``per`` records to an item, as the Loader makes them (Loader._agree): PARTIAL and FILL top a short
         share up to the agreed count, DROP stops every share at the smallest one's full batches."""
         consumers = [self._consumer(w, num_workers, epoch) for w in range(max(1, num_workers))]
+        if self.pipeline is not None:  # each worker's Loader gives its Dataset the batch size, which pads its share
+            for consumer in consumers:
+                consumer.use_batch_size(per)
         shares = [len(c) for c in consumers]
-        if self.pipeline is not None:
-            consumers[0].use_batch_size(per)
         smallest = getattr(consumers[0], "smallest_share", None)
         if self.pipeline is not None and self.last_batch in (LastBatch.PARTIAL, LastBatch.FILL) and \
                 isinstance(consumers[0].num_batches, int):

@@ -472,6 +472,36 @@ def test_torch_dataset_resumes_mid_epoch_with_a_pipeline(bert):
         DlstoreIterableDataset(bert).state_dict(3, num_workers=2)
 
 
+@pytest.mark.slow  # DataLoaders forking workers
+def test_torch_dataset_over_a_dataset_without_a_batch_size_resumes_its_padded_shares(bert):
+    # Each worker's Loader gives its Dataset the pipeline's batch size, which pads its share (15 records to 16):
+    # the state counted the second worker's share unpadded, so resumed one item before the epoch's end, the
+    # worker that had finished restarted early and handed out records again (found by a user trial).
+    torch = pytest.importorskip("torch")
+    pipeline = _pipeline()
+    from dlstore.adapters.torch import DlstoreIterableDataset
+
+    def make():
+        ds = dlstore.Dataset(bert, shuffle="none", remainder="pad", seed=4)  # no batch_size
+        return DlstoreIterableDataset(ds, pipeline.Bert(seq_len=128, max_predictions=20), 4, seed=4)
+
+    def run(ds, stop=None):
+        out = []
+        for batch in torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2):
+            if stop is not None and len(out) == stop:
+                break
+            out.append(batch["input_ids"].tolist())
+        return out
+
+    reference = run(make())
+    assert len(reference) == 8  # 2 workers x 16 records (15 and a repeat) in batches of 4
+    first = make()
+    before = run(first, stop=7)
+    again = make()
+    again.load_state_dict(first.state_dict(7, num_workers=2))
+    assert before + run(again) == reference
+
+
 def test_torch_dataset_refuses_a_state_of_another_kind(tmp_path):
     """A Loader's state given to DlstoreIterableDataset.load_state_dict (found by a user trial: a bare
     KeyError 'batches_seen') is refused with a ValueError naming what it lacks."""
