@@ -355,9 +355,27 @@ class Dataset(SourcePosition, ReadsWithOptions):
         return self.plan().smallest_share()
 
     def use_batch_size(self, batch_size: int) -> None:
-        """Adopts the consumer's batch size when this dataset's was left unset (a loader calls it)."""
+        """Adopts the consumer's batch size when this dataset's was left unset (a loader calls it).
+
+        Raises
+        ------
+        PlacementError
+            Where a state loaded before the consumer came (mid-epoch, its batch size taken) was saved with
+            another batch size, and the shares depend on it (as :meth:`load_state_dict` refuses it).
+        """
+        state_batch = self.__dict__.get("_state_batch")
+        if state_batch is not None and int(batch_size) != state_batch[0]:
+            raise self._other_batch(*state_batch, int(batch_size))
+        self._state_batch = None
         if self.batch_size is None:
             self.batch_size = int(batch_size)
+
+    def _other_batch(self, batch: int, k: int, epoch: int, have: int) -> PlacementError:
+        return PlacementError(f"the state was saved at sample {k} of epoch {epoch} with batch size {batch}; this "
+                              f"dataset has batch size {have}, and remainder={self.remainder!r} cuts each epoch "
+                              f"among the consumers in whole batches: resuming mid-epoch would read some records "
+                              f"twice and others never. Resume with batch_size={batch}, or from an epoch's start "
+                              f"(sample_in_epoch 0); remainder='uneven' shares do not depend on the batch size")
 
     def _read_batch_size(self) -> int:
         if self.batch_size is not None:
@@ -824,13 +842,12 @@ class Dataset(SourcePosition, ReadsWithOptions):
                              int(state.get("num_consumers", self.world.num_consumers)))
         epoch, k = saved.epoch, saved.for_consumers(self.world.num_consumers).sample_in_epoch
         batch = int(state.get("batch_size") or 0)
-        if k and batch and self.remainder != "uneven" and batch != (self.batch_size or 1):
-            raise PlacementError(f"the state was saved at sample {k} of epoch {epoch} with batch size {batch}; this "
-                                 f"dataset has batch size {self.batch_size or 1}, and remainder={self.remainder!r} "
-                                 f"cuts each epoch among the consumers in whole batches: resuming mid-epoch would "
-                                 f"read some records twice and others never. Resume with batch_size={batch}, or "
-                                 f"from an epoch's start (sample_in_epoch 0); remainder='uneven' shares do not "
-                                 f"depend on the batch size")
+        self._state_batch = None
+        if k and batch and self.remainder != "uneven":
+            if self.batch_size is None:  # left to a consumer not made yet: the state's, which use_batch_size checks
+                self.batch_size, self._state_batch = batch, (batch, k, epoch)
+            elif batch != self.batch_size:
+                raise self._other_batch(batch, k, epoch, self.batch_size)
         if k and "order" in state and state["order"] != self._order_digest():  # states saved before: unchecked
             now = f"{len(self.shards):,} shards, {int(np.sum(self.counts)):,} records, shuffle {self.shuffle}"
             then = (f"{int(state.get('shards', 0)):,} shards, {int(state.get('records', 0)):,} records, shuffle "

@@ -6,6 +6,7 @@ import warnings
 
 import pytest
 
+from dlstore.errors import PlacementError
 from dlstore.sources.dataset import Dataset
 from dlstore.pipeline import bert_loader
 from dlstore.placement.world import World
@@ -120,6 +121,27 @@ def test_a_loader_over_a_dataset_loaded_directly_resumes_there(bert_dir):
     given = make()
     given.load_state_dict({"epoch": 0, "sample_in_epoch": 12, "seed": 0, "source": saved})
     assert [loader_rows(b) for b in loader] == [loader_rows(b) for b in given]
+
+
+def test_a_dataset_without_a_batch_size_loaded_before_its_loader_resumes(bert_dir):
+    """The documented flow, dataset.load_state_dict(state) before the Loader is made, was refused under the
+    default remainder="pad": the Dataset, its batch size left to the Loader, compared the state's 4 with 1. It
+    takes the state's batch size, and a Loader of another one is refused when made, as the load would be."""
+    first = bert_loader(Dataset(bert_dir, shuffle="global", seed=3), batch_size=4, copy=True)
+    it = iter(first)
+    for _ in range(3):
+        next(it)
+    saved = first.state_dict()
+    rest = [loader_rows(b) for b in it]
+    ds = Dataset(bert_dir, shuffle="global", seed=3)  # no batch_size: the Loader's
+    ds.load_state_dict(saved["source"])
+    loader = bert_loader(ds, batch_size=4, copy=True)
+    assert [loader_rows(b) for b in loader] == rest
+    other = Dataset(bert_dir, shuffle="global", seed=3)
+    other.load_state_dict(saved["source"])
+    with pytest.raises(PlacementError, match="saved at sample 12 of epoch 0 with batch size 4; this dataset has "
+                                             "batch size 8"):
+        bert_loader(other, batch_size=8)
 
 
 def test_a_dataset_state_restored_after_the_loaders_is_taken_with_a_warning(bert_dir):
