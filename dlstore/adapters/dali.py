@@ -24,7 +24,8 @@ With the PyTorch plugin, an epoch ends where the rank's records end::
 from __future__ import annotations
 
 import collections
-from typing import Any, Iterator, List, Optional, Sequence, Tuple
+import operator
+from typing import Any, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -125,10 +126,28 @@ class EncodedSamples:
                 "source": state_at(self.source, self._epoch, self._position)}
 
     def load_state_dict(self, state: dict) -> None:
-        """Resumes at a :meth:`state_dict`: the next iteration goes on from there."""
-        self._epoch, self._position = int(state["epoch"]), int(state["sample_in_epoch"])
-        self.source.load_state_dict(state.get("source") or state_at(self.source, self._epoch, self._position))
-        self._own_load = True
+        """Resumes at a :meth:`state_dict`: the next iteration goes on from there.
+
+        Raises
+        ------
+        ValueError
+            ``state`` is not one :meth:`state_dict` gives (the feed's position is unchanged); what the source
+            refuses (another dataset, order or seed) raises as the source does, also leaving it unchanged.
+        """
+        keys = ("epoch", "sample_in_epoch")
+        if not isinstance(state, Mapping) or any(k not in state for k in keys):
+            raise ValueError(f"not a DALI feed state: {state!r:.80} (feed.state_dict() gives one: epoch, "
+                             f"sample_in_epoch, source)")
+        try:
+            epoch, position = (operator.index(state[k]) for k in keys)
+        except TypeError:
+            raise ValueError(f"not a DALI feed state: its epoch and sample_in_epoch must be integers, not "
+                             f"{state['epoch']!r} and {state['sample_in_epoch']!r}") from None
+        if epoch < 0 or position < 0:
+            raise ValueError(f"not a DALI feed state: epoch {epoch} and sample_in_epoch {position} must be "
+                             f"non-negative")
+        self.source.load_state_dict(state.get("source") or state_at(self.source, epoch, position))
+        self._epoch, self._position, self._own_load = epoch, position, True
 
     def _take_resume_point(self) -> None:
         """Takes a point the source was resumed at on its own as the position (the next iteration starts there),

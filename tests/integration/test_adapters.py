@@ -1106,6 +1106,25 @@ def test_dali_feed_over_a_source_loaded_directly_resumes_there(imagenet):
     assert [_dali_values(b) for b in feed] == [_dali_values(b) for b in given]
 
 
+def test_dali_feed_refuses_a_state_of_another_kind_and_stays_where_it_was(imagenet):
+    # A bare KeyError or TypeError; and a state the source refused had moved the feed already (user trial).
+    from dlstore.adapters.dali import EncodedSamples
+
+    def make():
+        return EncodedSamples(dlstore.Dataset(imagenet, shuffle="block", buffer_size=4, batch_size=4, seed=3), 4)
+
+    whole = [labels.tolist() for _, labels in make()]
+    feed = make()
+    for bad in (None, {"sample_in_epoch": 4}, {"epoch": 0, "batches_seen": 1}, {"epoch": "x", "sample_in_epoch": 4},
+                {"epoch": 0, "sample_in_epoch": -4}):
+        with pytest.raises(ValueError, match="^not a DALI feed state"):
+            feed.load_state_dict(bad)
+    other = dlstore.Dataset(imagenet, shuffle="global", batch_size=4, seed=3)
+    with pytest.raises(dlstore.DlstoreError, match="shuffle global"):
+        feed.load_state_dict({"epoch": 0, "sample_in_epoch": 8, "source": dict(other.state_dict(), sample_in_epoch=8)})
+    assert (feed.epoch, feed.sample_in_epoch) == (0, 0) and [labels.tolist() for _, labels in feed] == whole
+
+
 def test_dali_feed_warns_when_its_source_is_restored_after_it(imagenet):
     # A checkpoint restoring the feed, then its source with another point: the later load wins, and says so.
     from dlstore.adapters.dali import EncodedSamples
