@@ -41,6 +41,8 @@ from dlstore.sources.source import loaded_point, start_at, state_at
 
 __all__ = ["dali_pipeline", "EncodedSamples"]
 
+_RECENT_STATES = 256  # states EncodedSamples.state_after keeps: well beyond DALI's prefetch queue
+
 _INSTALL = "pip install nvidia-dali-cuda130 (or the build for your CUDA), see https://docs.nvidia.com/deeplearning/dali"
 
 
@@ -68,9 +70,9 @@ class EncodedSamples:
     are referenced here, so DALI may use them without a copy (``no_copy=True``) until its prefetch
     queue has moved past them.
 
-    :meth:`state_dict` says what it has handed out (``epoch``, ``sample_in_epoch``); DALI runs
-    ``prefetch_queue_depth`` batches ahead of what ``pipe.run()`` returned, so a checkpoint taken
-    between runs is that many batches ahead of the training step. A source resumed on its own
+    :meth:`state_dict` says what it has handed out (``epoch``, ``sample_in_epoch``); DALI asks for batches
+    ahead of what ``pipe.run()`` returned, so a checkpoint takes :meth:`state_after` of the runs made, the
+    state after exactly the batches they returned. A source resumed on its own
     (``source.load_state_dict(state)``, before or after the feed was made) resumes the feed there, as
     :meth:`load_state_dict` of that point does (:func:`~dlstore.sources.source.loaded_point`).
 
@@ -106,6 +108,9 @@ class EncodedSamples:
         self._chunk_ends: collections.deque = collections.deque()  # (delivered, source position) at chunk ends
         self._handed_out = collections.deque(maxlen=max(1, int(keep)))
         self._own_load = False  # load_state_dict ran since the last iteration started
+        #: Batches handed to DALI since this feed was made.
+        self.batches_handed = 0
+        self._recent: collections.deque = collections.deque([(0, 0, 0)], maxlen=_RECENT_STATES)
 
     @property
     def epoch(self) -> int:
@@ -124,6 +129,27 @@ class EncodedSamples:
         self._take_resume_point()
         return {"epoch": self._epoch, "sample_in_epoch": self._position,
                 "source": state_at(self.source, self._epoch, self._position)}
+
+    def state_after(self, batches: int) -> dict:
+        """The state after the first ``batches`` batches this feed handed out (:attr:`batches_handed`), to save
+        with the training step that used them: pass how many batches ``pipe.run()`` has returned. DALI asks
+        the feed ahead of its runs (its prefetch queue), so :meth:`state_dict` between runs is ahead of them.
+        After an epoch's last batch, the next epoch's start.
+
+        Raises
+        ------
+        ValueError
+            For a count not among the last 256 handed out, or before the last :meth:`load_state_dict`.
+        """
+        for count, epoch, position in reversed(self._recent):
+            if count == int(batches):
+                length = len(self.source) if hasattr(self.source, "__len__") else None
+                if length is not None and position >= length:
+                    epoch, position = epoch + 1, 0
+                return {"epoch": epoch, "sample_in_epoch": position, "source": state_at(self.source, epoch, position)}
+        raise ValueError(f"no state after {batches} batches: this feed has handed out {self.batches_handed} and keeps "
+                         f"the states of the last {self._recent.maxlen} (from {self._recent[0][0]}, where it was made "
+                         f"or last loaded)")
 
     def load_state_dict(self, state: dict) -> None:
         """Resumes at a :meth:`state_dict`: the next iteration goes on from there.
@@ -148,6 +174,8 @@ class EncodedSamples:
                              f"non-negative")
         self.source.load_state_dict(state.get("source") or state_at(self.source, epoch, position))
         self._epoch, self._position, self._own_load = epoch, position, True
+        self._recent.clear()
+        self._recent.append((self.batches_handed, epoch, position))
 
     def _take_resume_point(self) -> None:
         """Takes a point the source was resumed at on its own as the position (the next iteration starts there),
@@ -157,6 +185,8 @@ class EncodedSamples:
                              loaded="DALI feed" if self._own_load else None)
         if point is not None:
             self._epoch, self._position, self._own_load = point[0], point[1], False
+            self._recent.clear()
+            self._recent.append((self.batches_handed, point[0], point[1]))
 
     def _samples(self, source) -> Iterator[Tuple[List[np.ndarray], np.ndarray]]:
         """Per chunk of records: image views and labels."""
@@ -221,6 +251,8 @@ class EncodedSamples:
         while self._chunk_ends and self._chunk_ends[0][0] <= self._delivered:
             end, at = self._chunk_ends.popleft()
             self._position = max(self._position, at + self._delivered - end)
+        self.batches_handed += 1
+        self._recent.append((self.batches_handed, self._epoch, self._position))
         return out
 
 

@@ -1106,6 +1106,51 @@ def test_dali_feed_over_a_source_loaded_directly_resumes_there(imagenet):
     assert [_dali_values(b) for b in feed] == [_dali_values(b) for b in given]
 
 
+def test_dali_pipeline_resumes_exactly_from_the_state_after_its_runs(imagenet):
+    """DALI asks the feed ahead of pipe.run() (its prefetch queue), so the feed's state_dict between runs is
+    ahead of the training step, and a resume from it lost the batches in between (a user trial: one batch per
+    resume at prefetch_queue_depth 2). state_after(runs) is the state after the batches the runs returned."""
+    pytest.importorskip("nvidia.dali", reason="DALI is not installed")
+    from dlstore.adapters.dali import dali_pipeline
+
+    def make():
+        return dali_pipeline(imagenet, 4, device="cpu", train=False, size=24, layout="NHWC", dtype="uint8",
+                             num_threads=1, shuffle="block", buffer_size=4, seed=3, prefetch_queue_depth=3)
+
+    def rows(out):
+        images, labels = out
+        return [(int(np.asarray(i).sum()), label) for i, label in zip(images, labels.as_array().tolist())]
+
+    def epochs(pipe, n=2):
+        got = []
+        for _ in range(n):
+            try:
+                while True:
+                    got += rows(pipe.run())
+            except StopIteration:
+                pipe.reset()
+        return got
+
+    whole = epochs(make())
+    assert len(whole) == 36
+    for runs in (2, 5):  # mid-epoch; the epoch's last batch (18 records in batches of 4)
+        pipe = make()
+        before = []
+        for _ in range(runs):
+            before += rows(pipe.run())
+        feed = pipe.dlstore_samples
+        state = feed.state_after(runs)
+        if runs < 5:  # DALI asked ahead, within the epoch
+            assert feed.batches_handed > runs and feed.state_dict() != state
+        else:
+            assert (state["epoch"], state["sample_in_epoch"]) == (1, 0)
+        again = make()
+        again.dlstore_samples.load_state_dict(state)
+        assert before + epochs(again, 2 if runs < 5 else 1) == whole, runs
+    with pytest.raises(ValueError, match="no state after 99 batches"):
+        make().dlstore_samples.state_after(99)
+
+
 def test_dali_feed_refuses_a_state_of_another_kind_and_stays_where_it_was(imagenet):
     # A bare KeyError or TypeError; and a state the source refused had moved the feed already (user trial).
     from dlstore.adapters.dali import EncodedSamples
