@@ -1,7 +1,11 @@
 // The mmap engine: each file mapped once; a read is a view of the mapping, or a copy out of it into
 // the slot given, with the pages faulted in ahead in one call.
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <csetjmp>
 #include <csignal>
+#include <cstdint>
 #include <cstring>
 #include <mutex>
 
@@ -19,10 +23,22 @@ namespace {
 
 // volatile: the compiler knows memcpy leaves it alone, and would otherwise drop the stores around the copy
 thread_local sigjmp_buf* volatile t_recover = nullptr;
+thread_local volatile bool t_zero_fill = false;  // a MappedTouches lives on this thread
+thread_local volatile bool t_lost = false;       // ... and a page was filled with zeros
 struct sigaction g_previous;
+uintptr_t g_page = 4096;
 
 void on_sigbus(int sig, siginfo_t* info, void* context) {
   if (t_recover != nullptr) siglongjmp(*t_recover, 1);
+  if (t_zero_fill && info != nullptr && info->si_addr != nullptr) {
+    // A page its file lost, touched in place: zeros mapped over it, and the touch runs again on return.
+    const uintptr_t page = reinterpret_cast<uintptr_t>(info->si_addr) & ~(g_page - 1);
+    if (::mmap(reinterpret_cast<void*>(page), g_page, PROT_READ, MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS, -1, 0) !=
+        MAP_FAILED) {
+      t_lost = true;
+      return;
+    }
+  }
   if ((g_previous.sa_flags & SA_SIGINFO) && g_previous.sa_sigaction != nullptr) {
     g_previous.sa_sigaction(sig, info, context);
   } else if (g_previous.sa_handler != SIG_DFL && g_previous.sa_handler != SIG_IGN) {
@@ -35,6 +51,7 @@ void on_sigbus(int sig, siginfo_t* info, void* context) {
 void install_sigbus_handler() {
   static std::once_flag once;
   std::call_once(once, [] {
+    g_page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
     struct sigaction sa;
     std::memset(&sa, 0, sizeof sa);
     sa.sa_sigaction = on_sigbus;
@@ -57,6 +74,20 @@ bool copy_from_mapping(uint8_t* dst, const uint8_t* src, size_t n) {
   t_recover = nullptr;
   return true;
 }
+
+}  // namespace
+
+MappedTouches::MappedTouches() {
+  install_sigbus_handler();
+  t_lost = false;
+  t_zero_fill = true;
+}
+
+MappedTouches::~MappedTouches() { t_zero_fill = false; }
+
+bool MappedTouches::lost() const { return t_lost; }
+
+namespace {
 
 // A read at least this large is prefaulted in one call (MADV_POPULATE_READ); smaller ones fault in as
 // they are touched, since there the system call costs more than the faults.

@@ -219,7 +219,10 @@ std::unique_ptr<PlanReader::Loaded> load_chunk(const ReadPlan& plan, std::vector
     out->len = reads[0].len;
   }
 
-  // Check each frame where it landed and find its payload.
+  // Check each frame where it landed and find its payload. In a mapping, a file cut short after the check
+  // above loses pages under the loop: they read as zeros (MappedTouches), and the file is checked again after.
+  std::unique_ptr<MappedTouches> touches;
+  if (view) touches.reset(new MappedTouches());
   for (size_t i = 0; i < pieces.size(); ++i) {
     const Piece& p = pieces[i];
     const uint8_t* at = piece_data[i];
@@ -240,6 +243,20 @@ std::unique_ptr<PlanReader::Loaded> load_chunk(const ReadPlan& plan, std::vector
         }
       }
       at += plan.size[r];
+    }
+  }
+  if (touches && touches->lost()) {
+    touches.reset();
+    try {
+      const Mapping& map = *opened[0]->map;
+      map.expect_holds(static_cast<uint64_t>(out->base - map.data()), out->len);
+      map.lost(static_cast<uint64_t>(out->base - map.data()), out->len);  // held again: gone for a moment all the same
+    } catch (const Error&) {
+      progress.pos.store(static_cast<int64_t>(pieces[0].first));
+      out->failure = std::current_exception();
+      out->failed_from = pieces[0].first;
+      out->bad.clear();  // what the lost pages' zeros failed: not corrupt records
+      out->bad_at.clear();
     }
   }
   return out;

@@ -158,6 +158,19 @@ class Engine : public std::enable_shared_from_this<Engine> {
 // Reads every request through its file's engine, consecutive requests of one engine in one call.
 void read_all(ReadRequest* reqs, size_t n);
 
+// While one lives, a page of a file mapping that its file no longer holds (cut short since it was mapped),
+// touched on this thread, reads as zeros instead of raising SIGBUS (a page of zeros is mapped over it), and
+// lost() says so: the caller then checks the file again (Mapping::expect_holds), which names it. For code
+// that reads in place in a mapping (a chunk's frames checked where they lie) and cannot stop at a signal.
+class MappedTouches {
+ public:
+  MappedTouches();
+  ~MappedTouches();
+  MappedTouches(const MappedTouches&) = delete;
+  MappedTouches& operator=(const MappedTouches&) = delete;
+  bool lost() const;
+};
+
 // The engine registered as `opts.engine`, made for these options. An engine the kernel refuses here
 // (io_uring under a seccomp filter) gives the one that replaces it, saying why in `note`. Unknown
 // names are an error listing the registered ones.
