@@ -15,7 +15,7 @@ import sys
 import time
 import warnings
 import weakref
-from typing import Any, Callable, Dict, Iterator, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, Mapping, Optional, Tuple, Union
 
 import numpy as np
 
@@ -456,6 +456,10 @@ class Loader:
         """
         if self._active is not None:
             raise RuntimeError("load_state_dict() during an iteration; close() it first")
+        if isinstance(state, Mapping) and "source" not in state and "order" in state:
+            raise ValueError("a Dataset's state (its records' order, no 'source'), not a loader's: load it with "
+                             "dataset.load_state_dict, which this loader then resumes from, or save "
+                             "loader.state_dict()")
         try:
             epoch, position, seed = int(state["epoch"]), int(state["sample_in_epoch"]), int(state["seed"])
         except (KeyError, TypeError, ValueError) as e:

@@ -830,6 +830,10 @@ class Dataset(SourcePosition, ReadsWithOptions):
         missing = [k for k in ("epoch", "sample_in_epoch") if k not in state]
         if missing:
             raise PlacementError(f"not a dataset state (it lacks {', '.join(missing)}; state_dict() gives one)")
+        if isinstance(state.get("source"), Mapping) and "order" not in state:
+            raise PlacementError("a consumer's state (a Loader's or the DALI feed's: the dataset's is its 'source'), "
+                                 "not a dataset's: load it with that consumer's load_state_dict, or this dataset's "
+                                 "part, state['source'], here")
         try:
             for key in ("epoch", "sample_in_epoch", "seed", "num_consumers", "batch_size"):
                 if state.get(key) is not None:

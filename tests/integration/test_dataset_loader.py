@@ -144,6 +144,24 @@ def test_a_dataset_without_a_batch_size_loaded_before_its_loader_resumes(bert_di
         bert_loader(other, batch_size=8)
 
 
+def test_a_loaders_state_and_a_datasets_are_not_taken_for_each_other(bert_dir):
+    # Dataset.load_state_dict(loader.state_dict()) loaded with equal seeds (its order check looks at the top
+    # level, where a Loader nests the Dataset's state under "source"), and the mirror case too (user trial).
+    loader = bert_loader(Dataset(bert_dir, shuffle="block", seed=3), batch_size=4, copy=True)
+    it = iter(loader)
+    next(it)
+    loader_state, dataset_state = loader.state_dict(), loader.source.state_dict()
+    del it
+    loader.close()
+    with pytest.raises(PlacementError, match=r"a consumer's state .* state\['source'\]"):
+        Dataset(bert_dir, shuffle="global", seed=3).load_state_dict(loader_state)
+    with pytest.raises(ValueError, match="a Dataset's state .* not a loader's"):
+        bert_loader(Dataset(bert_dir, shuffle="block", seed=3), batch_size=4).load_state_dict(dataset_state)
+    again = Dataset(bert_dir, shuffle="block", seed=3)
+    again.load_state_dict(loader_state["source"])  # its part, as the message says
+    assert again.resume_point == (0, loader_state["sample_in_epoch"])
+
+
 def test_a_dataset_state_restored_after_the_loaders_is_taken_with_a_warning(bert_dir):
     """A checkpoint that saves and restores both a Loader and its Dataset: the Dataset's state, saved while the
     loader ran, is ahead of the loader's by what was read ahead, and restored after the loader's it wins (the
