@@ -438,9 +438,21 @@ def test_torch_dataset_over_a_dataset_loaded_directly_with_workers(tmp_path):
             _batches(ds, 2)
 
 
+def _pipeline_items(dataset, stop=None):
+    """The input_ids of a DataLoader's items (batch_size=None, 2 workers) over a DlstoreIterableDataset with a
+    pipeline, the first ``stop`` only."""
+    torch = pytest.importorskip("torch")
+    out = []
+    for batch in torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=2):
+        if stop is not None and len(out) == stop:
+            break
+        out.append(batch["input_ids"].tolist())
+    return out
+
+
 @pytest.mark.slow  # DataLoaders forking workers
 def test_torch_dataset_resumes_mid_epoch_with_a_pipeline(bert):
-    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch")
     pipeline = _pipeline()
     from dlstore.adapters.torch import DlstoreIterableDataset
 
@@ -448,26 +460,18 @@ def test_torch_dataset_resumes_mid_epoch_with_a_pipeline(bert):
         return DlstoreIterableDataset(bert, pipeline.Bert(seq_len=128, max_predictions=20), batch_size=4,
                                       world=World(rank=0, size=2), shuffle="global", seed=2)
 
-    def run(ds, stop=None):
-        out = []
-        for batch in torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2):
-            if stop is not None and len(out) == stop:
-                break
-            out.append(batch["input_ids"].tolist())
-        return out
-
-    reference = run(make())
+    reference = _pipeline_items(make())
     assert [] in reference or len(reference) >= 4
     for k in (1, 3, len(reference) - 1):
         first = make()
-        before = run(first, stop=k)
+        before = _pipeline_items(first, stop=k)
         again = make()
         again.load_state_dict(first.state_dict(k, num_workers=2))
-        assert before + run(again) == reference, f"stop {k}"
+        assert before + _pipeline_items(again) == reference, f"stop {k}"
     wrong = make()
     wrong.load_state_dict(make().state_dict(1, num_workers=0))
     with pytest.raises(ValueError, match="reading with 0 DataLoader workers; this pass has 2"):
-        run(wrong)
+        _pipeline_items(wrong)
     with pytest.raises(ValueError, match="records_per_batch"):
         DlstoreIterableDataset(bert).state_dict(3, num_workers=2)
 
@@ -477,7 +481,7 @@ def test_torch_dataset_over_a_dataset_without_a_batch_size_resumes_its_padded_sh
     # Each worker's Loader gives its Dataset the pipeline's batch size, which pads its share (15 records to 16):
     # the state counted the second worker's share unpadded, so resumed one item before the epoch's end, the
     # worker that had finished restarted early and handed out records again (found by a user trial).
-    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch")
     pipeline = _pipeline()
     from dlstore.adapters.torch import DlstoreIterableDataset
 
@@ -485,21 +489,13 @@ def test_torch_dataset_over_a_dataset_without_a_batch_size_resumes_its_padded_sh
         ds = dlstore.Dataset(bert, shuffle="none", remainder="pad", seed=4)  # no batch_size
         return DlstoreIterableDataset(ds, pipeline.Bert(seq_len=128, max_predictions=20), 4, seed=4)
 
-    def run(ds, stop=None):
-        out = []
-        for batch in torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2):
-            if stop is not None and len(out) == stop:
-                break
-            out.append(batch["input_ids"].tolist())
-        return out
-
-    reference = run(make())
+    reference = _pipeline_items(make())
     assert len(reference) == 8  # 2 workers x 16 records (15 and a repeat) in batches of 4
     first = make()
-    before = run(first, stop=7)
+    before = _pipeline_items(first, stop=7)
     again = make()
     again.load_state_dict(first.state_dict(7, num_workers=2))
-    assert before + run(again) == reference
+    assert before + _pipeline_items(again) == reference
 
 
 def test_torch_dataset_refuses_a_state_of_another_kind(tmp_path):
