@@ -663,7 +663,7 @@ class Dataset(SourcePosition, ReadsWithOptions):
     def _add_corruptions(self, found: List[Tuple[str, int, str]], totals: Dict[str, int]) -> None:
         """Adds a reader's skipped records to the pass's, each record once: one padded into another window (or
         met again after a restart) was counted by that reader too, and comes off ``totals["skipped"]``."""
-        listed = {(path, offset) for path, offset, _ in self._corruptions}
+        listed = self._skipped_records()
         for path, offset, what in found:
             if (path, offset) in listed:
                 totals["skipped"] -= 1
@@ -674,8 +674,12 @@ class Dataset(SourcePosition, ReadsWithOptions):
     def _new_skips(self, core: Any) -> int:
         """Records the reader under way skipped that no earlier reader of the pass did (rare: asked when
         records were skipped; a life count, exported as a counter, must not count one twice)."""
-        listed = {(path, offset) for path, offset, _ in self._corruptions}
+        listed = self._skipped_records()
         return core.stats()["skipped"] - sum((path, offset) in listed for path, offset, _ in core.corruptions())
+
+    def _skipped_records(self) -> set:
+        """``(path, offset)`` of each record this pass skipped as corrupt so far."""
+        return {(path, offset) for path, offset, _ in self._corruptions}
 
     def _read_ahead(self, epoch: int, start: int, windows: int, health: MountHealth):
         """``(start, plan, reader)`` of the window from sample ``start`` with its first reads started; None
